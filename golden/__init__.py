@@ -1,0 +1,1 @@
+"""Versioned reference artifacts: golden/<level>/<name>__<hardware>.<ext> with a .meta.json sidecar."""

@@ -1,0 +1,1 @@
+"""The ``mxval`` console command: one entry point over the packages' command lines."""

@@ -1,0 +1,30 @@
+"""mxval numerics ... | mxval convergence ... | mxval golden ... — forwards to python -m <package>."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Sequence
+
+PACKAGES = {
+    "numerics": "tensor, layer and communication levels",
+    "convergence": "training runs and loss-curve comparison",
+    "golden": "check or regenerate the versioned reference artifacts",
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help"):
+        print("usage: mxval {" + ",".join(PACKAGES) + "} ...\n")
+        for name, text in PACKAGES.items():
+            print(f"  {name:<12} {text}")
+        return 0 if args else 2
+    if args[0] not in PACKAGES:
+        sys.stderr.write(f"error: unknown command {args[0]!r}; choose from {', '.join(PACKAGES)}\n")
+        return 2
+    return importlib.import_module(f"{args[0]}.__main__").main(args[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,34 @@
+"""python -m numerics report | layers | bench — thin dispatch to each subcommand's main()."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Sequence
+
+from numerics.cli import EXIT_BAD_INPUT, run_main
+
+# subcommand -> (module, one-line help); each module has main(argv) -> int
+SUBCOMMANDS = {
+    "report": ("numerics.report", "tensor-level report: torchao MXFP8 cast vs the oracle and vs BF16"),
+    "bench": ("numerics.bench", "throughput of the oracle against torchao's cast"),
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help"):
+        print("usage: python -m numerics {" + ",".join(SUBCOMMANDS) + "} ...\n")
+        for name, (_, text) in SUBCOMMANDS.items():
+            print(f"  {name:<8} {text}")
+        return 0 if args else EXIT_BAD_INPUT
+    name, rest = args[0], args[1:]
+    if name not in SUBCOMMANDS:
+        sys.stderr.write(f"error: unknown subcommand {name!r}; choose from {', '.join(SUBCOMMANDS)}\n")
+        return EXIT_BAD_INPUT
+    module = importlib.import_module(SUBCOMMANDS[name][0])
+    return run_main(module.main, rest)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

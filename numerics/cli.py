@@ -1,0 +1,36 @@
+"""Shared plumbing for the suite's command lines: one clear line and exit code 2 on bad input."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+
+EXIT_BAD_INPUT = 2
+
+
+class CLIError(Exception):
+    """Bad input from the user: printed as one line, exit code 2."""
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse that reports a usage error as one line (with a hint) instead of usage + message."""
+
+    def error(self, message: str):  # noqa: D401 - argparse API
+        sys.stderr.write(f"{self.prog}: error: {message} (see --help)\n")
+        raise SystemExit(EXIT_BAD_INPUT)
+
+
+def run_main(main: Callable[[Sequence[str] | None], int], argv: Sequence[str] | None = None) -> int:
+    """Run a CLI ``main``; user errors become one stderr line and exit code 2, never a traceback."""
+    try:
+        return int(main(argv) or 0)
+    except CLIError as exc:
+        sys.stderr.write(f"error: {exc}\n")
+        return EXIT_BAD_INPUT
+    except (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError) as exc:
+        sys.stderr.write(f"error: {exc.strerror or exc}: {exc.filename}\n")
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        sys.stderr.write("interrupted\n")
+        return 130

@@ -1,0 +1,88 @@
+"""What produced a result: library versions and hardware, recorded in every result file."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import platform
+import subprocess
+import sys
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _deep_ep_version() -> str | None:
+    for dist in ("deep_ep", "deep-ep", "DeepEP"):
+        v = _version(dist)
+        if v:
+            return v
+    try:
+        import deep_ep  # noqa: F401
+    except Exception:
+        return None
+    return getattr(deep_ep, "__version__", "unknown")
+
+
+def _git_commit() -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() or None
+
+
+def describe() -> dict:
+    """Versions of every library the suite tests or depends on, and the hardware it ran on."""
+    import torch
+
+    info = {
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "torch": torch.__version__,
+        "torchao": _version("torchao"),
+        "numpy": _version("numpy"),
+        "ml_dtypes": _version("ml_dtypes"),
+        "hypothesis": _version("hypothesis"),
+        "deep_ep": _deep_ep_version(),
+        "cuda": torch.version.cuda,
+        "nccl": None,
+        "driver": None,
+        "gpus": [],
+        "cpu_threads": torch.get_num_threads(),
+        "mxval_commit": _git_commit(),
+    }
+    if torch.cuda.is_available():
+        info["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+        info["capability"] = list(torch.cuda.get_device_capability(0))
+        try:
+            info["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+        except Exception:
+            pass
+        try:
+            out = subprocess.run(
+                ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                capture_output=True, text=True, timeout=10, check=False,
+            )
+            info["driver"] = out.stdout.strip().splitlines()[0] if out.stdout.strip() else None
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+    return info
+
+
+def hardware_tag() -> str:
+    """Short tag used in golden file names: ``cpu``, ``h200``, ``b200``..."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return "cpu"
+    name = torch.cuda.get_device_name(0).lower()
+    for tag in ("b200", "gb200", "h200", "h100", "h800", "a100"):
+        if tag in name:
+            return tag
+    return name.replace(" ", "-")

@@ -1,0 +1,73 @@
+"""Hardware gates and Hypothesis profiles, in one place.
+
+Markers (registered in pyproject.toml) become skips with a reason that says how to enable the test:
+``gpu`` needs CUDA, ``multigpu`` needs two or more GPUs, ``sm100`` needs MXFP8 tensor cores (B200/GB200).
+
+Hypothesis profiles, chosen with ``--hypothesis-profile NAME``:
+``ci`` (default) derandomized and database-free so a CI failure reproduces exactly;
+``dev`` randomized with the example database, for local bug hunting;
+``thorough`` thousands of examples, for nightly and GPU runs.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+settings.register_profile(
+    "ci",
+    derandomize=True,
+    database=None,
+    print_blob=True,
+    deadline=None,  # CI machines are shared; timing is not a property under test
+    max_examples=60,  # keeps the whole CPU tier within its 5-minute budget on 2 cores
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+settings.register_profile("dev", max_examples=200, deadline=None, print_blob=True)
+settings.register_profile(
+    "thorough",
+    max_examples=3000,
+    deadline=None,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+settings.load_profile("ci")  # the hypothesis plugin replaces this when --hypothesis-profile is given
+
+
+@functools.cache
+def _hardware() -> dict:
+    try:
+        import torch
+    except ImportError:  # pragma: no cover - torch is a hard dependency
+        return {"cuda": False, "gpus": 0, "capability": None}
+    if not torch.cuda.is_available():
+        return {"cuda": False, "gpus": 0, "capability": None}
+    return {
+        "cuda": True,
+        "gpus": torch.cuda.device_count(),
+        "capability": torch.cuda.get_device_capability(0),
+    }
+
+
+def hardware_skip_reason(markers: set[str], hw: dict) -> str | None:
+    """The reason a test with these markers cannot run on this hardware, or None."""
+    if {"gpu", "multigpu", "sm100"} & markers and not hw["cuda"]:
+        return "needs a CUDA GPU (none visible); run `pytest -m gpu` on a GPU machine"
+    if "multigpu" in markers and hw["gpus"] < 2:
+        return f"needs >= 2 GPUs, found {hw['gpus']}; run under a 2-GPU machine"
+    if "sm100" in markers and (hw["capability"] is None or hw["capability"][0] != 10):
+        return (
+            f"needs MXFP8 tensor cores (compute capability 10.x, B200/GB200), found {hw['capability']}; "
+            "the same comparison runs emulated-vs-emulated in the CPU tier"
+        )
+    return None
+
+
+def pytest_collection_modifyitems(config, items):
+    hw = _hardware()
+    for item in items:
+        reason = hardware_skip_reason({m.name for m in item.iter_markers()}, hw)
+        if reason:
+            item.add_marker(pytest.mark.skip(reason=reason))

@@ -1,0 +1,25 @@
+"""The repository keeps its promises: README quickstart matches CI, notebooks carry no outputs."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _quickstart_lines() -> list[str]:
+    text = (ROOT / "README.md").read_text()
+    section = text.split("## Quickstart", 1)[1]
+    block = re.search(r"```bash\n(.*?)```", section, re.S).group(1)
+    return [line for line in block.splitlines() if line.strip()]
+
+
+def test_readme_quickstart_has_exactly_two_commands():
+    assert len(_quickstart_lines()) == 2
+
+
+def test_readme_test_command_is_what_ci_runs():
+    test_cmd = _quickstart_lines()[1].strip()
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert test_cmd in ci.splitlines(), f"CI does not run the README's test command {test_cmd!r}"

@@ -1,0 +1,78 @@
+"""The oracle's element casts against ml_dtypes, an independent implementation, bit for bit."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from numerics import cases, elements, mx
+from numerics.assertions import assert_bits_equal
+
+ML = {"e4m3": ml_dtypes.float8_e4m3fn, "e5m2": ml_dtypes.float8_e5m2}
+ALL_CODES = np.arange(256, dtype=np.uint8)
+
+
+@pytest.mark.parametrize("elem", sorted(ML))
+def test_elements_decode_all_256_codes_matches_ml_dtypes(elem):
+    ours = elements.decode(ALL_CODES, elements.ELEMENTS[elem])
+    theirs = ALL_CODES.view(ML[elem]).astype(np.float64)
+    assert_bits_equal(theirs, ours, what=f"{elem} decode", canonical_nan=True)
+
+
+@pytest.mark.parametrize("elem", sorted(ML))
+def test_elements_encode_every_finite_code_round_trips(elem):
+    fmt = elements.ELEMENTS[elem]
+    values = elements.decode(ALL_CODES, fmt)
+    finite = np.isfinite(values)
+    assert_bits_equal(ALL_CODES[finite], elements.encode(values[finite], fmt), what=f"{elem} encode(decode)")
+
+
+@pytest.mark.parametrize("elem", sorted(ML))
+@given(data=st.data())
+def test_elements_encode_random_values_matches_ml_dtypes(elem, data):
+    fmt = elements.ELEMENTS[elem]
+    # within +-max_normal ml_dtypes' cast rounds half to even with no saturation question; beyond,
+    # ml_dtypes gives Inf/NaN while MX conversion saturates, so the range is the format's.
+    bound = fmt.max_normal
+    v = np.asarray(data.draw(st.lists(st.floats(-bound, bound, width=32), min_size=1, max_size=64)),
+                   dtype=np.float32).astype(np.float64)
+    assert_bits_equal(v.astype(ML[elem]).view(np.uint8), elements.encode(v, fmt), what=f"{elem} encode")
+
+
+@pytest.mark.parametrize("elem", sorted(ML))
+def test_elements_encode_rounding_midpoints_match_ml_dtypes(elem):
+    """Exactly halfway between every pair of neighbouring codes, and one float32 ulp either side.
+
+    float32 probes, as the MX cast sees: (ml_dtypes casts float64 through float32, so a float64
+    probe one float64 ulp off a midpoint is rounded twice there and is no test of the oracle.)"""
+    fmt = elements.ELEMENTS[elem]
+    pos = np.sort(elements.decode(ALL_CODES[:128], fmt)[np.isfinite(elements.decode(ALL_CODES[:128], fmt))])
+    mids = ((pos[:-1] + pos[1:]) / 2).astype(np.float32)  # exact: a few significant bits
+    probes = np.concatenate([mids, np.nextafter(mids, np.float32(0)), np.nextafter(mids, np.float32(np.inf))])
+    probes = np.concatenate([probes, -probes])
+    assert_bits_equal(probes.astype(ML[elem]).view(np.uint8), elements.encode(probes.astype(np.float64), fmt),
+                      what=f"{elem} midpoints")
+
+
+def test_elements_e8m0_bytes_match_ml_dtypes():
+    theirs = ALL_CODES.view(ml_dtypes.float8_e8m0fnu).astype(np.float64)
+    ours = elements.scale_value(ALL_CODES)
+    assert_bits_equal(theirs, ours, what="E8M0 decode", canonical_nan=True)
+    exps = np.arange(-127, 128)
+    assert_bits_equal(np.exp2(exps.astype(np.float64)).astype(ml_dtypes.float8_e8m0fnu).view(np.uint8),
+                      elements.scale_byte(exps), what="E8M0 encode")
+
+
+@pytest.mark.parametrize("case", [c for c in cases.CASES if c.scale != 0xFF], ids=lambda c: c.name)
+def test_elements_case_table_elements_match_ml_dtypes(case):
+    """The same named cases, with ml_dtypes doing the element cast of x / 2^s."""
+    x = case.block().astype(np.float64)
+    s = float(elements.scale_value(np.uint8(case.scale)))
+    fmt = elements.ELEMENTS[case.elem]
+    scaled = np.clip(x / s, -fmt.max_normal, fmt.max_normal)  # MX conversion saturates
+    assert_bits_equal(case.expected_elements(), scaled.astype(ML[case.elem]).view(np.uint8),
+                      what=f"{case.name} via ml_dtypes")
+    assert mx.quantize(case.block(), case.elem, case.mode)[0][0, 0] == case.scale

@@ -221,6 +221,41 @@ def to_json(results: Iterable[LayerResult], header: dict) -> str:
     return json.dumps({"header": header, "records": [rec for r in results for rec in r.records()]}, indent=1)
 
 
+def floors_for(layer: str, recipe: str, tensor: str, family: str = "normal") -> list:
+    """The ``numerics.tolerances`` entries a (layer, recipe, tensor) result must meet, vs BF16.
+
+    Block layers (moe, mla) have floors for Gaussian post-norm inputs only: heavy-tailed inputs make
+    attention and routing ill-conditioned, so their figures there are reported, not judged.
+    """
+    from numerics.tolerances import floor
+
+    if recipe not in MX_RECIPES:
+        return []
+    kind = "dw" if tensor.startswith("dw") else tensor
+    if tensor == "dbias" or (recipe == "mxfp8_wgrad_hp" and kind == "dw" and layer in ("linear", "grouped_mm")):
+        return [floor("layer", "mxfp8_wgrad_hp", "hp_path", "sqnr_db")]
+    if layer in ("linear", "grouped_mm"):
+        own = "gemm.normal" if family == "normal" else "gemm.heavy_tailed"
+        return [floor("layer", "mxfp8", f"{layer}.{kind}", "sqnr_db"), floor("layer", "mxfp8", own, "sqnr_db")]
+    if layer in ("moe", "mla") and family == "normal":
+        return [floor("layer", "mxfp8", f"{layer}.{kind}", "sqnr_db")]
+    return []
+
+
+def floor_violations(results: Iterable[LayerResult]) -> list[str]:
+    """One line per MXFP8 figure below its floor (SQNR against the BF16 run); empty when all pass."""
+    bad = []
+    for r in results:
+        family = r.shape.get("input", "normal")
+        for s in r.stats:
+            for tol in floors_for(r.layer, s.recipe, s.tensor, family):
+                v = s.sqnr_vs_bf16
+                if v is None or math.isnan(v) or v < tol.floor:
+                    bad.append(f"{r.layer}/{r.case}/{s.recipe}/{s.tensor}: " + tol.describe(
+                        float("nan") if v is None else v))
+    return bad
+
+
 # ---------------------------------------------------------------- the three-way runner
 
 def make_input(family: str, shape: tuple[int, ...], gen: torch.Generator, device) -> torch.Tensor:
@@ -373,3 +408,48 @@ def run_config(cfg: LayerConfig, *, device="cpu", recipes=RECIPES,
             progress(f"[{i + 1}/{len(jobs)}] {name}")
         results.append(job())
     return results
+
+
+# ---------------------------------------------------------------- kernel against kernel (SM100 tier)
+
+def _fwd_bwd(fn, x: torch.Tensor, w: torch.Tensor, grad: torch.Tensor) -> dict[str, torch.Tensor]:
+    x = x.detach().clone().requires_grad_(True)
+    w = w.detach().clone().requires_grad_(True)
+    y = fn(x, w)
+    y.backward(grad.contiguous())
+    return {"out": y.detach(), "dx": x.grad, "dw": w.grad}
+
+
+def kernel_agreement(m: int, k: int, n: int, *, kernel_a, kernel_b, group_sizes: tuple[int, ...] | None = None,
+                     recipe: str = "mxfp8", device="cpu", seed: int = 0) -> dict[str, float | bool]:
+    """Two torchao kernel preferences on identical BF16 inputs: SQNR (dB) of out/dX/dW, and whether
+    their MXFP8 casts of the input agree bit for bit (``cast_bits_equal``).
+
+    On SM100 this holds AUTO (real kernels) against EMULATED; on CPU the same code runs EMULATED
+    against EMULATED, where every figure must be exact.
+    """
+    from torchao.prototype.mx_formats.config import ScaleCalculationMode
+    from torchao.prototype.mx_formats.mx_tensor import MXTensor
+
+    g = _gen(seed, device)
+    x = torch.randn(m, k, generator=g, device=device).to(torch.bfloat16)
+    grad = torch.randn(m, n, generator=g, device=device).to(torch.bfloat16)
+    if group_sizes is None:
+        w = (torch.randn(n, k, generator=g, device=device) / math.sqrt(k)).to(torch.bfloat16)
+        runs = [_fwd_bwd(lambda a, b, kp=kp: torchao_linear(a, b, recipe, kp), x, w, grad)
+                for kp in (kernel_a, kernel_b)]
+    else:
+        if sum(group_sizes) != m:
+            raise ValueError(f"group sizes sum to {sum(group_sizes)}, not m = {m}")
+        w = (torch.randn(len(group_sizes), n, k, generator=g, device=device) / math.sqrt(k)).to(torch.bfloat16)
+        offs = torch.tensor(group_sizes, device=device).cumsum(0).to(torch.int32)
+        runs = [_fwd_bwd(lambda a, b, kp=kp: torchao_grouped_mm(a, b.transpose(-2, -1), offs, recipe, kp), x, w, grad)
+                for kp in (kernel_a, kernel_b)]
+    out: dict[str, float | bool] = {t: metrics.sqnr_db(runs[0][t], runs[1][t]) for t in ("out", "dx", "dw")}
+    casts = [MXTensor.to_mx(x, torch.float8_e4m3fn, BLOCK, ScaleCalculationMode.RCEIL, kp)
+             for kp in (kernel_a, kernel_b)]
+    out["cast_bits_equal"] = bool(
+        torch.equal(casts[0].qdata.view(torch.uint8), casts[1].qdata.view(torch.uint8))
+        and torch.equal(casts[0].scale.view(torch.uint8).reshape(-1), casts[1].scale.view(torch.uint8).reshape(-1))
+    )
+    return out

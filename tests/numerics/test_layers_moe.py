@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 
 import pytest
 import torch
@@ -20,16 +21,21 @@ def _emulated():
     return KernelPreference.EMULATED
 
 
+@functools.cache
+def _small_moe(seed: int):
+    return layers.run_moe(small().moe, seed=seed)
+
+
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_moe_block_meets_floors(seed):
-    res = layers.run_moe(small().moe, seed=seed)
+    res = _small_moe(seed)
     assert layers.floor_violations([res]) == []
     tensors = set(res.tensors())
     assert {"out", "dx", "dw:router.gate.weight", "dw:experts.w1", "dw:shared_experts.w2.weight"} <= tensors
 
 
 def test_moe_block_wgrad_hp_improves_expert_weight_gradients():
-    res = layers.run_moe(small().moe, recipes=("mxfp8", "mxfp8_wgrad_hp"))
+    res = _small_moe(0)
     for t in ("dw:experts.w1", "dw:experts.w2", "dw:experts.w3"):
         assert res.stat("mxfp8_wgrad_hp", t).sqnr_vs_fp32 > res.stat("mxfp8", t).sqnr_vs_fp32
     # the forward is the same computation in both recipes

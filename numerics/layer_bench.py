@@ -55,12 +55,12 @@ def _cases(cfg, device: str):
     bf = torch.bfloat16
     for s in cfg.linears:
         m = init_params(_Linear(nn.Linear(s.in_features, s.out_features, bias=s.bias, device=device)), g)
-        yield "linear", s.name, m, (s.tokens, s.in_features), (), (s.tokens, s.out_features), dict(keep_bf16=())
+        yield "linear", s.name, m, (s.tokens, s.in_features), (), (s.tokens, s.out_features), {"keep_bf16": ()}
     for s in cfg.grouped:
         offs = torch.tensor(s.group_sizes, device=device).cumsum(0).to(torch.int32)
         m = init_params(GroupedLinear(s.experts, s.dim, s.hidden).to(device), g)
         yield ("grouped_mm", s.name, m, (s.tokens, s.dim), (offs,), (s.tokens, s.hidden),
-               dict(pad_groups=any(n % layers.BLOCK for n in s.group_sizes)))
+               {"pad_groups": any(n % layers.BLOCK for n in s.group_sizes)})
     s = cfg.moe
     m = init_params(MoE(s).to(device), g)
     x = torch.randn(s.tokens, s.dim, generator=g, device=device)

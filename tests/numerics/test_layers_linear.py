@@ -13,7 +13,6 @@ from numerics import layers
 from numerics.layer_configs import LinearShape, small
 
 
-
 def _emulated():
     from torchao.quantization.quantize_.common import KernelPreference
 

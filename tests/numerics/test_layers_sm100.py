@@ -12,8 +12,8 @@ from numerics import layers
 from numerics.tolerances import floor
 
 CASES = [
-    pytest.param(dict(m=256, k=128, n=96), id="linear"),
-    pytest.param(dict(m=256, k=128, n=96, group_sizes=(64, 0, 160, 32)), id="grouped"),
+    pytest.param({"m": 256, "k": 128, "n": 96}, id="linear"),
+    pytest.param({"m": 256, "k": 128, "n": 96, "group_sizes": (64, 0, 160, 32)}, id="grouped"),
 ]
 
 
@@ -33,7 +33,7 @@ def test_kernel_agreement_emulated_against_itself_is_exact(case, recipe):
 
 @pytest.mark.sm100
 @pytest.mark.parametrize("recipe", layers.MX_RECIPES)
-@pytest.mark.parametrize("case", CASES + [pytest.param(dict(m=4096, k=2048, n=1408, group_sizes=(512,) * 8),
+@pytest.mark.parametrize("case", CASES + [pytest.param({"m": 4096, "k": 2048, "n": 1408, "group_sizes": (512,) * 8},
                                                        id="grouped_16b")])
 def test_kernel_agreement_real_against_emulated(case, recipe):
     kp = _kp()

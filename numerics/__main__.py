@@ -11,6 +11,7 @@ from numerics.cli import EXIT_BAD_INPUT, run_main
 # subcommand -> (module, one-line help); each module has main(argv) -> int
 SUBCOMMANDS = {
     "report": ("numerics.report", "tensor-level report: torchao MXFP8 cast vs the oracle and vs BF16"),
+    "layers": ("numerics.layers_cli", "layer level: FP32 / BF16 / MXFP8 per layer, forward and backward"),
     "bench": ("numerics.bench", "throughput of the oracle against torchao's cast"),
 }
 

@@ -43,6 +43,59 @@ _TABLE: list[Tolerance] = [
         "tensor", "e5m2", "roundtrip", "sqnr_db", 12.0,
         "derived: E5M2 has 2 mantissa bits, one fewer than E4M3, so ~6 dB below E4M3's 18 dB bar",
     ),
+    # ---- layer level: MXFP8 (emulated) against the BF16 run of the same layer, SQNR in dB ----
+    # torchao's own bars: test/prototype/moe_training/test_mxfp8_grouped_mm.py
+    # (test_mxfp8_grouped_gemm_with_dq_fwd_bwd, torchao 0.18): out 27, dX 25, dW 24 dB against BF16.
+    Tolerance("layer", "mxfp8", "grouped_mm.out", "sqnr_db", 27.0,
+              "torchao's bar for its MXFP8 grouped GEMM output vs BF16 (test_mxfp8_grouped_mm.py, 0.18)"),
+    Tolerance("layer", "mxfp8", "grouped_mm.dx", "sqnr_db", 25.0,
+              "torchao's bar for the MXFP8 grouped GEMM input gradient vs BF16 (same test)"),
+    Tolerance("layer", "mxfp8", "grouped_mm.dw", "sqnr_db", 24.0,
+              "torchao's bar for the MXFP8 grouped GEMM weight gradient vs BF16 (same test)"),
+    Tolerance("layer", "mxfp8", "linear.out", "sqnr_db", 27.0,
+              "torchao's grouped-GEMM bar applied to the dense MXFP8 linear: the same quantize-then-GEMM"),
+    Tolerance("layer", "mxfp8", "linear.dx", "sqnr_db", 25.0, "as grouped_mm.dx (same casts, same GEMM)"),
+    Tolerance("layer", "mxfp8", "linear.dw", "sqnr_db", 24.0, "as grouped_mm.dw (same casts, same GEMM)"),
+    # Our tighter floor for one MXFP8 GEMM on Gaussian operands (linear, grouped GEMM; out, dX, dW):
+    Tolerance("layer", "mxfp8", "gemm.normal", "sqnr_db", 27.5,
+              "derived: each E4M3 RCEIL operand carries ~31.5 dB of quantization noise (GPU.md), two "
+              "independent operands add their noise: 31.5 - 10log10(2) = 28.5 dB; measured 28.34-28.49 dB "
+              "(small config, 3 seeds, CPU, torch 2.13 / torchao 0.18) and 28.5 dB at 16384x2048->1408 "
+              "(GPU.md, H200); 27.5 leaves 0.8 dB for small-shape variance"),
+    Tolerance("layer", "mxfp8", "gemm.heavy_tailed", "sqnr_db", 26.5,
+              "outlier-channel and lognormal-row inputs (layers.INPUT_FAMILIES): measured minimum 27.57 dB "
+              "(weight gradient, lognormal rows, small config, 3 seeds, CPU); 1 dB margin"),
+    # torchao's MoE bar: test/prototype/moe_training/test_training.py (MoE layer vs BF16, torchao 0.18).
+    Tolerance("layer", "mxfp8", "moe.out", "sqnr_db", 23.0,
+              "torchao's bar for an MXFP8 MoE layer output vs BF16 (test_training.py, 0.18); derived "
+              "~23.7 dB: w1/w3 outputs at 28.5 dB multiply in SwiGLU (25.5 dB), then w2 adds 28.5 dB; "
+              "measured 23.39-23.57 dB (small config, 3 seeds, CPU)"),
+    Tolerance("layer", "mxfp8", "moe.dx", "sqnr_db", 22.0,
+              "torchao's test_training.py bar (dX 27 dB) uses an MSE-to-ones loss whose upstream gradient is "
+              "nearly constant and quantizes almost exactly; with the harness's Gaussian upstream gradient "
+              "dX passes two MXFP8 GEMMs in series like the output (~23.7 dB derived); measured "
+              "23.31-23.36 dB (small config, 3 seeds, CPU); ~1.3 dB margin"),
+    Tolerance("layer", "mxfp8", "moe.dw", "sqnr_db", 21.5,
+              "torchao's test_training.py bar for MoE parameter gradients is 21 dB; ours is tighter: measured "
+              "minimum 22.72 dB (router gate, whose gradient sums the experts' "
+              "MXFP8 errors; small config, 3 seeds, CPU); ~1.2 dB margin"),
+    Tolerance("layer", "mxfp8", "mla.out", "sqnr_db", 20.0,
+              "no torchao bar; derived ~22 dB: wkv_a -> wkv_b -> attention -> wo puts three MXFP8 GEMMs "
+              "in series (28.5 dB each, noise adds); measured 21.39-21.87 dB (small, 3 seeds, CPU); 1.4 dB margin"),
+    Tolerance("layer", "mxfp8", "mla.dx", "sqnr_db", 19.0,
+              "no torchao bar; measured minimum 20.23 dB (small, 3 seeds, CPU); ~1.2 dB margin"),
+    Tolerance("layer", "mxfp8", "mla.dw", "sqnr_db", 18.5,
+              "no torchao bar; measured minimum 20.07 dB (wq, small, 3 seeds, CPU); ~1.5 dB margin"),
+    # exact-by-construction identities checked statistically where the GEMM order may differ
+    Tolerance("layer", "mxfp8", "emulation_identity", "sqnr_db", 80.0,
+              "the issue's bar for 'MXFP8 output == BF16 GEMM of the oracle-dequantized operands' where "
+              "bit-exactness is not promised (different GEMM call layout); torchao's own > 80 dB for mm "
+              "AUTO-vs-EMULATED on SM100 is the same bar"),
+    Tolerance("layer", "mxfp8_wgrad_hp", "hp_path", "sqnr_db", 40.0,
+              "tensors that stay in BF16 under an MXFP8 recipe (the wgrad_hp weight gradient, bias "
+              "gradients): the same BF16 GEMM or sum as the BF16 run, differing at most in accumulation "
+              "order, i.e. at BF16 output rounding (~50 dB, the BF16-vs-FP32 figure measured here); "
+              "bit-identical on CPU (torch 2.13)"),
 ]
 
 _INDEX = {(t.level, t.recipe, t.tensor, t.metric): t for t in _TABLE}

@@ -1,4 +1,4 @@
-"""python -m numerics report | layers | bench — thin dispatch to each subcommand's main()."""
+"""python -m numerics report | layers | bench | ep — thin dispatch to each subcommand's main()."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from numerics.cli import EXIT_BAD_INPUT, run_main
 SUBCOMMANDS = {
     "report": ("numerics.report", "tensor-level report: torchao MXFP8 cast vs the oracle and vs BF16"),
     "bench": ("numerics.bench", "throughput of the oracle against torchao's cast"),
+    "ep": ("numerics.ep.__main__", "communication level: DeepEP vs an all-to-all reference (check | bench)"),
 }
 
 

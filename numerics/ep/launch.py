@@ -44,6 +44,11 @@ def _device_for(backend: str, local_rank: int) -> torch.device:
     return torch.device("cpu")
 
 
+def _device_id(device: torch.device) -> dict:
+    """Bind NCCL groups to their GPU up front (no guessing, no warning about it)."""
+    return {"device_id": device} if device.type == "cuda" else {}
+
+
 def init_from_env(timeout: datetime.timedelta, backend: str | None = None) -> tuple[int, int, torch.device]:
     """Join the group torchrun describes; returns (rank, world, device)."""
     world = int(os.environ["WORLD_SIZE"])
@@ -51,7 +56,7 @@ def init_from_env(timeout: datetime.timedelta, backend: str | None = None) -> tu
     if backend is None:
         backend = "nccl" if torch.cuda.is_available() and torch.cuda.device_count() > local_rank else "gloo"
     device = _device_for(backend, local_rank)
-    dist.init_process_group(backend, timeout=timeout)
+    dist.init_process_group(backend, timeout=timeout, **_device_id(device))
     return dist.get_rank(), world, device
 
 
@@ -113,7 +118,7 @@ def _child(rank: int, world: int, store_path: str, backend: str, timeout_s: floa
     store = dist.FileStore(store_path, world)
     device = _device_for(backend, rank)
     dist.init_process_group(backend, store=store, rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=timeout_s))
+                            timeout=datetime.timedelta(seconds=timeout_s), **_device_id(device))
     channel = None
     try:
         channel = CaseChannel(rank, world, device, factory, kwargs)
@@ -156,7 +161,8 @@ class Session:
         try:
             device = _device_for(self.comm, 0)
             dist.init_process_group(self.comm, store=dist.FileStore(store_path, self.world), rank=0,
-                                    world_size=self.world, timeout=datetime.timedelta(seconds=self.timeout_s))
+                                    world_size=self.world, timeout=datetime.timedelta(seconds=self.timeout_s),
+                                    **_device_id(device))
             self.channel = CaseChannel(0, self.world, device, self.factory, self.kwargs)
         except BaseException:
             self.__exit__(None, None, None)

@@ -1,4 +1,4 @@
-"""python -m numerics report | layers | bench — thin dispatch to each subcommand's main()."""
+"""python -m numerics report | layers | bench | ep — thin dispatch to each subcommand's main()."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ SUBCOMMANDS = {
     "report": ("numerics.report", "tensor-level report: torchao MXFP8 cast vs the oracle and vs BF16"),
     "layers": ("numerics.layers_cli", "layer level: FP32 / BF16 / MXFP8 per layer, forward and backward"),
     "bench": ("numerics.bench", "throughput of the oracle against torchao's cast"),
+    "ep": ("numerics.ep.__main__", "communication level: DeepEP vs an all-to-all reference (check | bench)"),
 }
 
 

@@ -1,0 +1,416 @@
+"""``python -m numerics.ep check``: a backend against a reference, bit for bit, on many routings.
+
+    torchrun --nproc-per-node 2 -m numerics.ep check --backend deepep --against reference
+    python -m numerics.ep check --world 2          # CPU: spawns 2 gloo ranks, reference vs simulate
+
+Every rank regenerates every rank's inputs from the case (``numerics.ep.strategies``), runs
+``simulate`` for the expectation and the row provenance, runs the backend(s), and compares bits.
+Rank 0 prints a PASS/FAIL table with, per check, the first mismatch located by rank / row / column
+and source rank and token, and the case that produced it (replay it with ``--spec``). Exit code 0
+when everything passed, 1 on any mismatch or error, 2 on bad command-line input. Bad-input cases
+(``BAD_INPUTS``) run first: the rank with the bad tensor must raise ValueError naming it, the others
+PeerInputError; the group must stay usable for the cases after them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from numerics.cli import ArgumentParser, CLIError
+from numerics.ep import compare
+from numerics.ep.backend import PeerInputError, is_fp8
+from numerics.ep.simulate import simulate
+from numerics.ep.strategies import (
+    HIDDENS,
+    MAX_TOKENS,
+    PAYLOADS,
+    CaseSpec,
+    edge_specs,
+    make_combine_input,
+    make_inputs,
+    sample_specs,
+)
+
+# defect -> (words the ValueError must contain, whether rank 0 may hold it)
+BAD_INPUTS: dict[str, tuple[tuple[str, ...], bool]] = {
+    "topk_out_of_range": (("topk_idx", "outside"), True),
+    "topk_dtype": (("topk_idx", "int64"), True),
+    "duplicate_expert": (("topk_idx", "twice"), True),
+    "x_dtype": (("x must be", "bfloat16"), True),
+    "weights_dtype": (("topk_weights", "float32"), True),
+    "fp8_scales_shape": (("x[1]", "scales"), True),
+    "experts_not_divisible": (("num_experts", "divisible"), True),
+    "hidden_mismatch": (("x hidden size", "rank 0"), False),
+    "topk_mismatch": (("top-k", "rank 0"), False),
+}
+
+
+@dataclass(frozen=True)
+class BadInputSpec:
+    world: int
+    defect: str
+    bad_rank: int
+
+
+def make_backend(name: str, device: torch.device, *, num_sms: int | None, max_hidden: int,
+                 timeout: datetime.timedelta):
+    if name == "reference":
+        from numerics.ep.reference import AllToAllReference
+        return AllToAllReference(device=device, timeout=timeout)
+    if name == "deepep":
+        from numerics.ep.deepep import DeepEPBackend
+        return DeepEPBackend(num_sms=num_sms, max_hidden=max_hidden, timeout=timeout)
+    if ":" in name:  # "package.module:Class", your own EPBackend, built as Class(device=, timeout=)
+        from numerics.ep.launch import load
+        return load(name)(device=device, timeout=timeout)
+    raise ValueError(f"unknown backend {name!r}; use reference, deepep or package.module:Class")
+
+
+def _run(backend, x, idx, w, y, num_experts: int, *, twice: bool) -> dict[str, Any]:
+    out: dict[str, Any] = {"layout": backend.layout(idx, num_experts)}
+    out["dispatch"] = d = backend.dispatch(x, idx, w, num_experts)
+    out["cached"] = backend.dispatch_cached(x, d.handle)
+    out["combine"] = backend.combine(y, d.handle)
+    if twice:  # determinism: an identical second call must give identical bits
+        out["dispatch2"] = d2 = backend.dispatch(x, idx, w, num_experts)
+        out["combine2"] = backend.combine(y, d2.handle)
+    return out
+
+
+def _payload_parts(prefix: str, x: Any) -> dict[str, torch.Tensor]:
+    if is_fp8(x):
+        return {f"{prefix}.fp8_data": x[0], f"{prefix}.fp8_scales": x[1]}
+    return {f"{prefix}.bf16": x}
+
+
+def compare_outputs(exp: dict[str, Any], got: dict[str, Any], *, rank: int, sim_rank) -> dict[str, str | None]:
+    """Check name -> None (bit-identical) or the first mismatch, for one rank and one case."""
+    rows = compare.recv_row_locator(sim_rank.recv_src_rank, sim_rank.recv_src_idx)
+    checks: dict[str, str | None] = {}
+    el, gl = exp["layout"], got["layout"]
+    checks["layout.num_tokens_per_rank"] = compare.diff(el.num_tokens_per_rank, gl.num_tokens_per_rank, rank=rank)
+    checks["layout.num_tokens_per_expert"] = compare.diff(el.num_tokens_per_expert, gl.num_tokens_per_expert,
+                                                          rank=rank)
+    checks["layout.is_token_in_rank"] = compare.diff(el.is_token_in_rank, gl.is_token_in_rank, rank=rank,
+                                                     where=compare.layout_locator)
+    ed, gd = exp["dispatch"], got["dispatch"]
+    for prefix, e_x, g_x in (("dispatch.recv_x", ed.recv_x, gd.recv_x), ("dispatch_cached.recv_x",
+                                                                         exp["cached"], got["cached"])):
+        g_parts = _payload_parts(prefix, g_x) if is_fp8(g_x) == is_fp8(e_x) else {}
+        for name, e_t in _payload_parts(prefix, e_x).items():
+            checks[name] = (compare.diff(e_t, g_parts[name], rank=rank, where=rows) if name in g_parts
+                            else f"rank {rank}: expected the {'FP8 pair' if is_fp8(e_x) else 'bf16 tensor'}")
+    checks["dispatch.recv_topk_idx"] = compare.diff(ed.recv_topk_idx, gd.recv_topk_idx, rank=rank, where=rows)
+    checks["dispatch.recv_topk_weights"] = compare.diff(ed.recv_topk_weights, gd.recv_topk_weights, rank=rank,
+                                                        where=rows)
+    checks["dispatch.num_recv_tokens_per_expert"] = compare.diff(
+        list(ed.num_recv_tokens_per_expert), list(gd.num_recv_tokens_per_expert), rank=rank)
+    checks["combine"] = compare.diff(exp["combine"], got["combine"], rank=rank, nan_any=True,
+                                     where=compare.combine_locator(sim_rank.layout.is_token_in_rank))
+    return checks
+
+
+def _determinism(got: dict[str, Any], rank: int) -> dict[str, str | None]:
+    first, second = got["dispatch"], got["dispatch2"]
+    msg = None
+    for name, a in _payload_parts("recv_x", first.recv_x).items():
+        msg = msg or compare.diff(a, _payload_parts("recv_x", second.recv_x)[name], rank=rank)
+    msg = msg or compare.diff(first.recv_topk_idx, second.recv_topk_idx, rank=rank)
+    msg = msg or compare.diff(first.recv_topk_weights, second.recv_topk_weights, rank=rank)
+    return {"determinism.dispatch": msg,
+            "determinism.combine": compare.diff(got["combine"], got["combine2"], rank=rank)}
+
+
+class CaseRunner:
+    """One per rank: runs a ``CaseSpec`` or ``BadInputSpec`` and returns this rank's verdicts."""
+
+    def __init__(self, rank: int, world: int, device: torch.device, *, backend: str = "reference",
+                 against: str = "simulate", num_sms: int | None = None, max_hidden: int = max(HIDDENS),
+                 timeout_s: float = 120.0, deterministic: bool = False):
+        self.rank, self.world, self.device = rank, world, device
+        # torch.use_deterministic_algorithms for this rank while the runner lives (restored by close)
+        self._deterministic_before = torch.are_deterministic_algorithms_enabled()
+        if deterministic:
+            torch.use_deterministic_algorithms(True)
+        timeout = datetime.timedelta(seconds=timeout_s)
+        self.subject = make_backend(backend, device, num_sms=num_sms, max_hidden=max_hidden, timeout=timeout)
+        self.target = None
+        if against != "simulate":
+            self.target = make_backend(against, device, num_sms=num_sms, max_hidden=max_hidden, timeout=timeout)
+
+    def close(self) -> None:
+        for b in (self.subject, self.target):
+            if b is not None:
+                b.close()
+        torch.use_deterministic_algorithms(self._deterministic_before)
+
+    def __call__(self, spec: CaseSpec | BadInputSpec) -> dict[str, Any]:
+        if isinstance(spec, BadInputSpec):
+            return self._bad_input(spec)
+        inputs = [make_inputs(spec, r, self.device) for r in range(spec.world)]
+        sim = simulate([i[0] for i in inputs], [i[1] for i in inputs], [i[2] for i in inputs], spec.num_experts)
+        ys = [make_combine_input(spec, r, sim.num_recv(r), None, self.device) for r in range(spec.world)]
+        sim_rank = sim.ranks[self.rank]
+        expected = {"layout": sim_rank.layout, "dispatch": sim_rank.dispatched,
+                    "cached": sim_rank.dispatched.recv_x, "combine": sim.combine(ys)[self.rank]}
+        x, idx, w = inputs[self.rank]
+        y = ys[self.rank]
+        got = _run(self.subject, x, idx, w, y, spec.num_experts, twice=True)
+        checks = _determinism(got, self.rank)
+        if self.target is None:
+            checks.update(compare_outputs(expected, got, rank=self.rank, sim_rank=sim_rank))
+        else:
+            target = _run(self.target, x, idx, w, y, spec.num_experts, twice=False)
+            checks.update(compare_outputs(target, got, rank=self.rank, sim_rank=sim_rank))
+            vs_sim = compare_outputs(expected, target, rank=self.rank, sim_rank=sim_rank)
+            bad = [f"{k}: {v}" for k, v in vs_sim.items() if v]
+            checks["against.matches_simulate"] = bad[0] if bad else None
+        return {"checks": checks}
+
+    def _bad_input(self, spec: BadInputSpec) -> dict[str, Any]:
+        base = CaseSpec(world=spec.world, seed=7, tokens=(8,) * spec.world, hidden=2048, topk=8,
+                        num_experts=16 * spec.world, payload="fp8" if spec.defect == "fp8_scales_shape" else "bf16")
+        x, idx, w = make_inputs(base, self.rank, self.device)
+        experts = base.num_experts
+        if self.rank == spec.bad_rank:
+            d = spec.defect
+            if d == "topk_out_of_range":
+                idx[0, 0] = experts
+            elif d == "topk_dtype":
+                idx = idx.to(torch.int32)
+            elif d == "duplicate_expert":
+                idx[3, 1] = idx[3, 0] = 5
+            elif d == "x_dtype":
+                x = x.float()
+            elif d == "weights_dtype":
+                w = w.double()
+            elif d == "fp8_scales_shape":
+                x = (x[0], x[1][:, :-1])
+            elif d == "experts_not_divisible":
+                experts += 1
+            elif d == "hidden_mismatch":
+                x = torch.cat([x, x[:, :128]], dim=1)
+            elif d == "topk_mismatch":
+                idx, w = idx[:, :-1].contiguous(), w[:, :-1].contiguous()
+        try:
+            self.subject.dispatch(x, idx, w, experts)
+        except (ValueError, PeerInputError) as exc:
+            return {"raised": type(exc).__name__, "message": str(exc)}
+        return {"raised": None, "message": ""}
+
+
+def judge_bad_input(spec: BadInputSpec, results: list[dict]) -> str | None:
+    words, _ = BAD_INPUTS[spec.defect]
+    for rank, res in enumerate(results):
+        if "error" in res:
+            return f"rank {rank}: {res['error']}"
+        want = "ValueError" if rank == spec.bad_rank else "PeerInputError"
+        if res["raised"] != want:
+            return f"rank {rank}: expected {want}, got {res['raised'] or 'no error'} ({res['message']})"
+        if want == "ValueError" and not all(word in res["message"] for word in words):
+            return f"rank {rank}: ValueError {res['message']!r} does not name {' and '.join(words)}"
+    return None
+
+
+def bad_input_specs(world: int) -> list[BadInputSpec]:
+    return [BadInputSpec(world, defect, (i % world) if zero_ok else 1 + i % (world - 1))
+            for i, (defect, (_, zero_ok)) in enumerate(BAD_INPUTS.items())]
+
+
+# ---------------------------------------------------------------------------------------------
+# Driving the cases (rank 0) and the report
+# ---------------------------------------------------------------------------------------------
+
+@dataclass
+class CheckRow:
+    cases: int = 0
+    failures: int = 0
+    first: str | None = None
+    first_case: str | None = None
+
+
+def drive(run: Callable[[Any], list[Any]], specs: Sequence[Any], *, progress=None) -> dict[str, CheckRow]:
+    rows: dict[str, CheckRow] = {}
+
+    def record(name: str, msg: str | None, spec: Any) -> None:
+        row = rows.setdefault(name, CheckRow())
+        row.cases += 1
+        if msg:
+            row.failures += 1
+            if row.first is None:
+                row.first = msg
+                row.first_case = spec.to_json() if isinstance(spec, CaseSpec) else repr(spec)
+
+    start = time.monotonic()
+    for i, spec in enumerate(specs):
+        results = run(spec)
+        if isinstance(spec, BadInputSpec):
+            record(f"bad_input.{spec.defect}", judge_bad_input(spec, results), spec)
+        else:
+            errors = [f"rank {r}: {res['error']}" for r, res in enumerate(results) if "error" in res]
+            record("case.completed", errors[0] if errors else None, spec)
+            names = sorted({n for res in results if "checks" in res for n in res["checks"]})
+            for name in names:
+                msgs = [res["checks"].get(name) for res in results if "checks" in res]
+                record(name, next((m for m in msgs if m), None), spec)
+        if progress and (i + 1) % 10 == 0 or progress and i + 1 == len(specs):
+            progress(f"  {i + 1}/{len(specs)} cases, {time.monotonic() - start:.1f} s")
+    return rows
+
+
+def format_table(rows: dict[str, CheckRow]) -> str:
+    width = max([len(n) for n in rows] + [5])
+    lines = [f"{'check':<{width}}  {'cases':>5}  {'fail':>4}  result  first mismatch"]
+    for name, row in rows.items():
+        verdict = "PASS" if row.failures == 0 else "FAIL"
+        lines.append(f"{name:<{width}}  {row.cases:>5}  {row.failures:>4}  {verdict:<6}  {row.first or ''}")
+        if row.first_case:
+            lines.append(f"{'':<{width}}  {'':>5}  {'':>4}  {'':<6}  case: {row.first_case}")
+    return "\n".join(lines)
+
+
+def _csv(text: str, allowed: Sequence[Any], cast=str) -> tuple:
+    try:
+        vals = tuple(cast(v) for v in text.split(",") if v)
+    except ValueError:
+        raise CLIError(f"cannot read {text!r} as a comma-separated list") from None
+    bad = [v for v in vals if v not in allowed]
+    if bad or not vals:
+        raise CLIError(f"{text!r}: choose from {', '.join(map(str, allowed))}")
+    return vals
+
+
+def build_parser() -> ArgumentParser:
+    p = ArgumentParser(prog="python -m numerics.ep check", description=__doc__.splitlines()[0])
+    p.add_argument("--backend", default="reference",
+                   help="reference, deepep, or package.module:Class (your EPBackend, built with device=, timeout=)")
+    p.add_argument("--against", choices=["simulate", "reference"], default="simulate")
+    p.add_argument("--cases", type=int, default=120, help="sampled routings after the named edge cases")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-tokens", type=int, default=MAX_TOKENS, help="tokens per rank, at most")
+    p.add_argument("--max-elements", type=int, default=None,
+                   help="cap on tokens x hidden per rank (default: none on GPU, 2**19 on CPU)")
+    p.add_argument("--payload", default=",".join(PAYLOADS), help="bf16,fp8")
+    p.add_argument("--hidden", default=",".join(map(str, HIDDENS)), help="2048,7168")
+    p.add_argument("--no-edge", action="store_true", help="skip the named edge cases")
+    p.add_argument("--no-bad-input", action="store_true", help="skip the bad-input cases")
+    p.add_argument("--spec", action="append", default=[], help="replay one case (JSON, as printed); repeatable")
+    p.add_argument("--world", type=int, default=2, help="ranks to spawn when not under torchrun")
+    p.add_argument("--num-sms", type=int, default=None, help="DeepEP SMs (even); default DeepEP's")
+    p.add_argument("--timeout", type=float, default=120.0, help="seconds before a silent peer is an error")
+    p.add_argument("--json", type=Path, default=None, help="write the report here (JSON)")
+    p.add_argument("--force", action="store_true", help="overwrite --json if it exists")
+    return p
+
+
+def _specs(args, world: int, on_gpu: bool) -> list[Any]:
+    if args.spec:
+        try:
+            specs = [CaseSpec.from_json(s) for s in args.spec]
+        except (ValueError, TypeError) as exc:
+            raise CLIError(f"--spec is not a case as printed by check: {exc}") from None
+        if any(s.world != world for s in specs):
+            raise CLIError(f"--spec was recorded for another world size than {world}")
+        return specs
+    payloads = _csv(args.payload, PAYLOADS)
+    hiddens = _csv(args.hidden, HIDDENS, int)
+    max_elements = args.max_elements or (MAX_TOKENS * max(HIDDENS) if on_gpu else 2**19)
+    space = {"world": world, "max_tokens": args.max_tokens, "max_elements": max_elements, "hiddens": hiddens,
+             "payloads": payloads}
+    specs: list[Any] = [] if args.no_bad_input else bad_input_specs(world)
+    if not args.no_edge:
+        specs += edge_specs(**space)
+    return specs + sample_specs(args.cases, seed=args.seed, **space)
+
+
+def report(args, world: int, rows: dict[str, CheckRow], seconds: float, backend: str) -> int:
+    from numerics.environment import describe
+
+    passed = all(r.failures == 0 for r in rows.values())
+    print(format_table(rows))
+    print(f"{'PASS' if passed else 'FAIL'}: {args.backend} against {args.against}, {world} ranks ({backend}), "
+          f"{max((r.cases for r in rows.values()), default=0)} cases in {seconds:.1f} s")
+    if args.json:
+        doc = {"kind": "ep-check", "version": 1, "passed": passed, "world": world, "comm_backend": backend,
+               "backend": args.backend, "against": args.against, "seconds": round(seconds, 2),
+               "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+               "checks": {n: dataclasses.asdict(r) for n, r in rows.items()}, "environment": describe()}
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(doc, indent=1) + "\n")
+        print(f"wrote {args.json}")
+    return 0 if passed else 1
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.json and args.json.exists() and not args.force:
+        raise CLIError(f"{args.json} exists; pass --force to overwrite it")
+    if args.backend not in ("reference", "deepep") and ":" not in args.backend:
+        raise CLIError(f"--backend {args.backend!r}: use reference, deepep or package.module:Class")
+    if args.cases < 0 or args.max_tokens < 0 or args.timeout <= 0:
+        raise CLIError("--cases and --max-tokens must be >= 0 and --timeout > 0")
+    if args.num_sms is not None and (args.num_sms <= 0 or args.num_sms % 2):
+        raise CLIError(f"--num-sms {args.num_sms}: DeepEP needs a positive even number of SMs")
+    uses_deepep = "deepep" in (args.backend, args.against)
+    if uses_deepep:
+        from numerics.ep.deepep import import_deep_ep
+        try:
+            import_deep_ep()
+        except ImportError as exc:
+            raise CLIError(str(exc)) from None
+    kwargs = {"backend": args.backend, "against": args.against, "num_sms": args.num_sms,
+              "timeout_s": args.timeout}
+    factory = "numerics.ep.check:CaseRunner"
+    progress = (lambda line: print(line, file=sys.stderr, flush=True))
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # under torchrun
+        return _main_torchrun(args, factory, kwargs, progress)
+    if args.world < 2:
+        raise CLIError("--world must be >= 2 (the communication level needs peers)")
+    on_gpu = torch.cuda.is_available() and torch.cuda.device_count() >= args.world
+    if uses_deepep and not on_gpu:
+        raise CLIError(f"--backend deepep needs {args.world} CUDA GPUs, found {torch.cuda.device_count()}")
+    from numerics.ep.launch import Session
+
+    specs = _specs(args, args.world, on_gpu)
+    comm = "nccl" if on_gpu else "gloo"
+    start = time.monotonic()
+    with Session(args.world, factory, kwargs, comm=comm, timeout_s=args.timeout) as session:
+        rows = drive(session.run, specs, progress=progress)
+    return report(args, args.world, rows, time.monotonic() - start, comm)
+
+
+def _main_torchrun(args, factory: str, kwargs: dict, progress) -> int:
+    import torch.distributed as dist
+
+    from numerics.ep.launch import CaseChannel, init_from_env
+
+    rank, world, device = init_from_env(datetime.timedelta(seconds=args.timeout))
+    comm = dist.get_backend()
+    channel = None
+    try:
+        channel = CaseChannel(rank, world, device, factory, kwargs)
+        if rank != 0:
+            channel.serve()
+            return 0
+        specs = _specs(args, world, device.type == "cuda")
+        start = time.monotonic()
+        try:
+            rows = drive(channel.run, specs, progress=progress)
+        finally:
+            channel.stop()
+        return report(args, world, rows, time.monotonic() - start, comm)
+    finally:
+        if channel is not None:
+            channel.close()
+        dist.destroy_process_group()

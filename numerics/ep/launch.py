@@ -1,0 +1,193 @@
+"""Process groups for the communication level: torchrun or spawn, with timeouts and clean teardown.
+
+Two ways in:
+
+* ``init_from_env()`` under ``torchrun`` (RANK / WORLD_SIZE / LOCAL_RANK set): NCCL when every rank
+  has a GPU, else gloo.
+* ``Session(world, factory)`` in one process: this process is rank 0, ranks 1..W-1 are spawned
+  children; the group meets in a ``FileStore`` in a fresh temporary folder.
+
+Either way rank 0 drives and the other ranks serve: ``CaseChannel.run(spec)`` broadcasts a case to
+every rank, each rank runs it with its ``runner`` (built once per rank by ``factory(rank, world,
+device, **kwargs)``; a dotted ``"module:name"`` so spawned children can import it), and rank 0 gets
+every rank's result. A runner's exception becomes that rank's result (``{"error": ...}``) instead of
+killing the rank. Every collective runs under the group's timeout, so a rank that stops answering
+turns into an error on the others, never a hang; ``Session`` tears the group down in ``finally`` and
+ends children that outlive it.
+"""
+
+from __future__ import annotations
+
+import datetime
+import importlib
+import multiprocessing
+import os
+import tempfile
+import traceback
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+STOP = "__stop__"
+
+
+def load(dotted: str):
+    module, _, name = dotted.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def _device_for(backend: str, local_rank: int) -> torch.device:
+    if backend == "nccl":
+        torch.cuda.set_device(local_rank)
+        return torch.device("cuda", local_rank)
+    return torch.device("cpu")
+
+
+def _device_id(device: torch.device) -> dict:
+    """Bind NCCL groups to their GPU up front (no guessing, no warning about it)."""
+    return {"device_id": device} if device.type == "cuda" else {}
+
+
+def init_from_env(timeout: datetime.timedelta, backend: str | None = None) -> tuple[int, int, torch.device]:
+    """Join the group torchrun describes; returns (rank, world, device)."""
+    world = int(os.environ["WORLD_SIZE"])
+    local_rank = int(os.environ.get("LOCAL_RANK", os.environ["RANK"]))
+    if backend is None:
+        backend = "nccl" if torch.cuda.is_available() and torch.cuda.device_count() > local_rank else "gloo"
+    device = _device_for(backend, local_rank)
+    dist.init_process_group(backend, timeout=timeout, **_device_id(device))
+    return dist.get_rank(), world, device
+
+
+def _error_text(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+class CaseChannel:
+    """Rank 0 sends cases, every rank runs them, rank 0 collects the results."""
+
+    def __init__(self, rank: int, world: int, device: torch.device, factory: str, kwargs: dict):
+        self.rank, self.world, self.device = rank, world, device
+        try:
+            self.runner, setup_error = load(factory)(rank, world, device, **kwargs), None
+        except Exception as exc:  # noqa: BLE001 - reported to every rank, then raised
+            self.runner, setup_error = None, _error_text(exc)
+        errors: list[Any] = [None] * world
+        dist.all_gather_object(errors, setup_error)
+        failed = {r: e for r, e in enumerate(errors) if e}
+        if failed:
+            raise RuntimeError("set-up failed on " + "; ".join(f"rank {r}: {e}" for r, e in failed.items()))
+
+    def _one(self, spec: Any) -> Any:
+        try:
+            return self.runner(spec)
+        except Exception as exc:  # noqa: BLE001 - a failing case is a result, not a dead rank
+            return {"error": _error_text(exc), "traceback": traceback.format_exc(limit=8)}
+
+    def run(self, spec: Any) -> list[Any]:
+        """Rank 0 only: run ``spec`` on every rank; the list of results indexed by rank."""
+        box = [spec]
+        dist.broadcast_object_list(box, src=0)
+        mine = self._one(spec)
+        results: list[Any] = [None] * self.world
+        dist.gather_object(mine, results, dst=0)
+        return results
+
+    def serve(self) -> None:
+        """Ranks other than 0: run cases until rank 0 says stop."""
+        while True:
+            box: list[Any] = [None]
+            dist.broadcast_object_list(box, src=0)
+            if box[0] == STOP:
+                return
+            dist.gather_object(self._one(box[0]), None, dst=0)
+
+    def stop(self) -> None:
+        dist.broadcast_object_list([STOP], src=0)
+
+    def close(self) -> None:
+        closer = getattr(self.runner, "close", None)
+        if closer:
+            closer()
+
+
+def _child(rank: int, world: int, store_path: str, backend: str, timeout_s: float, factory: str,
+           kwargs: dict, threads: int) -> None:
+    torch.set_num_threads(threads)
+    store = dist.FileStore(store_path, world)
+    device = _device_for(backend, rank)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=timeout_s), **_device_id(device))
+    channel = None
+    try:
+        channel = CaseChannel(rank, world, device, factory, kwargs)
+        channel.serve()
+    finally:
+        if channel is not None:
+            channel.close()
+        dist.destroy_process_group()
+
+
+class Session:
+    """``with Session(world, "pkg.mod:factory", kwargs, comm="gloo") as s: s.run(spec)``.
+
+    Rank 0 is this process; ``kwargs`` go to the factory on every rank."""
+
+    def __init__(self, world: int, factory: str, kwargs: dict | None = None, *, comm: str = "gloo",
+                 timeout_s: float = 60.0, threads: int = 1):
+        self.world, self.factory, self.comm, self.timeout_s = world, factory, comm, timeout_s
+        # CPU threads per rank while the session lasts: W ranks share the machine's cores, and
+        # oversubscribed intra-op threads made each rank several times slower on a 2-core CI box
+        self.threads = threads
+        self.kwargs = dict(kwargs or {})
+        self.children: list[multiprocessing.Process] = []
+        self.channel: CaseChannel | None = None
+
+    def __enter__(self):  # -> Session
+        if dist.is_initialized():
+            raise RuntimeError("a process group already exists in this process; Session makes its own")
+        self._tmp = tempfile.TemporaryDirectory(prefix="mxval-ep-")
+        store_path = os.path.join(self._tmp.name, "store")
+        ctx = multiprocessing.get_context("spawn")
+        for rank in range(1, self.world):
+            p = ctx.Process(target=_child, daemon=True, args=(rank, self.world, store_path, self.comm,
+                                                              self.timeout_s, self.factory, self.kwargs,
+                                                              self.threads))
+            p.start()
+            self.children.append(p)
+        self._threads_before = torch.get_num_threads()
+        torch.set_num_threads(self.threads)
+        try:
+            device = _device_for(self.comm, 0)
+            dist.init_process_group(self.comm, store=dist.FileStore(store_path, self.world), rank=0,
+                                    world_size=self.world, timeout=datetime.timedelta(seconds=self.timeout_s),
+                                    **_device_id(device))
+            self.channel = CaseChannel(0, self.world, device, self.factory, self.kwargs)
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        return self
+
+    def run(self, spec: Any) -> list[Any]:
+        assert self.channel is not None
+        return self.channel.run(spec)
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            if self.channel is not None:
+                try:
+                    self.channel.stop()
+                finally:
+                    self.channel.close()
+        finally:
+            if dist.is_initialized():
+                dist.destroy_process_group()
+            for p in self.children:
+                p.join(timeout=self.timeout_s)
+                if p.is_alive():  # a child stuck past its own timeouts: end it, by its handle
+                    p.terminate()
+                    p.join(timeout=5)
+            self._tmp.cleanup()
+            torch.set_num_threads(self._threads_before)
+        self.exitcodes = [p.exitcode for p in self.children]

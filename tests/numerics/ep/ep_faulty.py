@@ -1,0 +1,23 @@
+"""A deliberately wrong EPBackend, importable by spawned ranks, to prove the check can fail.
+
+Rank 1 flips one payload bit of received row 2 (column 5), and every rank turns -0.0 combine
+results into +0.0 — the kind of difference only a bit-exact check sees.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from numerics.ep.reference import AllToAllReference
+
+
+class FaultyBackend(AllToAllReference):
+    def dispatch(self, x, topk_idx, topk_weights, num_experts):
+        d = super().dispatch(x, topk_idx, topk_weights, num_experts)
+        if self.rank == 1 and not isinstance(d.recv_x, tuple) and d.recv_x.shape[0] > 2:
+            d.recv_x.view(torch.int16)[2, 5] ^= 1
+        return d
+
+    def combine(self, y, handle):
+        out = super().combine(y, handle)
+        return out + 0.0  # -0.0 + 0.0 = +0.0 in IEEE: only the sign of zero changes

@@ -103,7 +103,7 @@ def _noise(d: np.ndarray) -> dict:
 
 def _interval(cand: np.ndarray, bases: np.ndarray, steps: np.ndarray, tau: float, opts: CompareOptions) -> dict:
     n = len(cand)
-    length = max(int(math.ceil(TAU_WINDOWS * tau)), int(math.isqrt(n)), 1)
+    length = max(math.ceil(TAU_WINDOWS * tau), math.isqrt(n), 1)
     windows = n // length
     out = {"start_step": int(steps[0]), "end_step": int(steps[-1]), "points": n,
            "window_points": length, "windows": windows}

@@ -53,9 +53,9 @@ def _pct(x) -> str:
 def report(r: dict) -> str:
     """The short human report printed by the CLI."""
     lines = [f"verdict: {r['verdict'].upper()}  ({r['reason']})",
-             f"margin +-{r['margin']:.3%}, family confidence {r['confidence']:.0%}, "
-             f"{r['baseline_runs']} baseline run(s), alignment {r['alignment']['method']} "
-             f"({r['alignment']['points']} points)"]
+             (f"margin +-{r['margin']:.3%}, family confidence {r['confidence']:.0%}, "
+              f"{r['baseline_runs']} baseline run(s), alignment {r['alignment']['method']} "
+              f"({r['alignment']['points']} points)")]
     for name in ("overall", "final_window"):
         part = r.get(name)
         if part:

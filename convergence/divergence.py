@@ -56,7 +56,7 @@ def _spike(steps, y, *, spike_sigma, spike_min_rise, recovery_fraction) -> dict 
     thr = max(spike_sigma * sigma, float(np.log1p(spike_min_rise)))
     elevated = z > thr
     starts = np.flatnonzero(elevated & ~np.concatenate([[False], elevated[:-1]]))
-    horizon = max(1, int(round(recovery_fraction * float(steps[-1] - steps[0]))))
+    horizon = max(1, round(recovery_fraction * float(steps[-1] - steps[0])))
     ends = np.searchsorted(steps, steps + horizon, side="right")
     for i in starts[:_MAX_STARTS]:
         after = y[i + 1:ends[i]]

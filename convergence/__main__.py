@@ -9,7 +9,10 @@ from collections.abc import Sequence
 from numerics.cli import EXIT_BAD_INPUT, run_main
 
 # subcommand -> (module, one-line help); each module has main(argv) -> int
-SUBCOMMANDS: dict[str, tuple[str, str]] = {}
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "compare": ("convergence.compare_cli", "decide whether a candidate loss curve matches its baseline(s)"),
+    "calibrate": ("convergence.calibrate", "false-alarm / miss rates on synthetic truth; --bench: loader speed"),
+}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

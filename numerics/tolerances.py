@@ -96,6 +96,41 @@ _TABLE: list[Tolerance] = [
               "gradients): the same BF16 GEMM or sum as the BF16 run, differing at most in accumulation "
               "order, i.e. at BF16 output rounding (~50 dB, the BF16-vs-FP32 figure measured here); "
               "bit-identical on CPU (torch 2.13)"),
+    # ---- training level: loss-curve comparison (convergence.compare); "floor" holds the default ----
+    Tolerance(
+        "training", "any", "loss_curve", "relative_margin", 0.0025,
+        "DeepSeek-V3 Technical Report (arXiv:2412.19437, sec. 3.3, FP8 training): the FP8 run's loss "
+        "stays within 0.25% relative error of the BF16 baseline, 'within training randomness'; used as "
+        "the equivalence margin on the mean relative difference of smoothed loss",
+    ),
+    Tolerance(
+        "training", "any", "loss_curve", "confidence", 0.95,
+        "family confidence of the two intervals (whole range, final fraction): each is a two-sided "
+        "97.5% interval (Bonferroni), so false not_equivalent <= 5% and false equivalent <= 1.25% "
+        "by construction; measured rates in README-curves.md (python -m convergence calibrate)",
+    ),
+    Tolerance(
+        "training", "any", "loss_curve", "spike_sigma", 8.0,
+        "a spike is log-loss above its trailing median by > 8 robust sigmas (1.4826*MAD); Gaussian "
+        "tail at 8 sigma is ~6e-16 per point, so 1e6-point runs of pure noise flag none; measured 0 "
+        "diverged verdicts on identical synthetic AR(1) pairs (calibrate)",
+    ),
+    Tolerance(
+        "training", "any", "loss_curve", "spike_min_rise", 0.05,
+        "a spike must also raise the loss by > 5% over its trailing median: loss spikes that matter "
+        "in LLM pretraining are tens of percent (OPT/PaLM logbooks); smaller bumps are step noise",
+    ),
+    Tolerance(
+        "training", "any", "loss_curve", "recovery_fraction", 0.02,
+        "a spike recovers if the loss comes back under the threshold within 2% of the run's steps "
+        "(e.g. 2,000 of 100,000); pretraining spikes that heal do so within hundreds of steps",
+    ),
+    Tolerance(
+        "training", "any", "loss_curve", "final_rise", 0.02,
+        "diverged if the smoothed final loss exceeds the run's own smoothed minimum by > 2%: ~15x the "
+        "0.14% standard error of a 200-point window mean at 2% step noise; a healthy run with a "
+        "non-increasing LR schedule ends near its minimum",
+    ),
 ]
 
 _INDEX = {(t.level, t.recipe, t.tensor, t.metric): t for t in _TABLE}

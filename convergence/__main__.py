@@ -9,7 +9,10 @@ from collections.abc import Sequence
 from numerics.cli import EXIT_BAD_INPUT, run_main
 
 # subcommand -> (module, one-line help); each module has main(argv) -> int
-SUBCOMMANDS: dict[str, tuple[str, str]] = {}
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "train": ("convergence.train", "paired BF16 / MXFP8 pretraining runs with probes and checkpoints"),
+    "bench": ("convergence.bench", "tokens/s and MFU of bf16 and mxfp8 training steps, in one run"),
+}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

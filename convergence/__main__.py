@@ -12,6 +12,8 @@ from numerics.cli import EXIT_BAD_INPUT, run_main
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "compare": ("convergence.compare_cli", "decide whether a candidate loss curve matches its baseline(s)"),
     "calibrate": ("convergence.calibrate", "false-alarm / miss rates on synthetic truth; --bench: loader speed"),
+    "train": ("convergence.train", "paired BF16 / MXFP8 pretraining runs with probes and checkpoints"),
+    "bench": ("convergence.bench", "tokens/s and MFU of bf16 and mxfp8 training steps, in one run"),
 }
 
 

@@ -1,0 +1,144 @@
+"""DeepSeekMoE: router, token dispatch/combine, grouped-GEMM experts, shared experts.
+
+The dispatch/combine step is a seam: ``MoE.dispatcher`` is any object with the ``LocalDispatch``
+methods. ``LocalDispatch`` permutes this rank's tokens so each expert's tokens are contiguous and
+computes every expert locally; an expert-parallel backend (numerics.ep's all-to-all or DeepEP) replaces
+it by one that sends each token to the rank that owns its expert and brings the results back, with the
+local experts still run as one grouped GEMM over the received, expert-sorted tokens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def compute_dtype(x: torch.Tensor) -> torch.dtype:
+    """The active autocast dtype on x's device, else x's own dtype."""
+    dev = x.device.type
+    if torch.is_autocast_enabled(dev):
+        return torch.get_autocast_dtype(dev)
+    return x.dtype
+
+
+def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """F.linear in the compute dtype, with the casts autocast would make written out (model.py says why)."""
+    dt = compute_dtype(x)
+    return F.linear(x.to(dt), w.to(dt))
+
+
+def grouped_mm(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    """x [T, in] (expert-sorted) times each expert's w [E, out, in]^T offs: cumulative ends."""
+    dt = compute_dtype(x)
+    return torch._grouped_mm(x.to(dt), w.to(dt).transpose(-2, -1), offs=offs)
+
+
+@dataclass
+class DispatchHandle:
+    order: torch.Tensor  # [T*k] positions of the flattened (token, slot) pairs in expert-sorted order
+    num_tokens: int
+    top_k: int
+
+
+class LocalDispatch:
+    """Single-rank dispatch: sort (token, slot) pairs by expert; combine: unsort and sum the k slots."""
+
+    def dispatch(
+        self, x: torch.Tensor, topk_idx: torch.Tensor, num_experts: int
+    ) -> tuple[torch.Tensor, torch.Tensor, DispatchHandle]:
+        flat = topk_idx.reshape(-1)
+        order = torch.argsort(flat, stable=True)
+        counts = torch.zeros(num_experts, dtype=torch.int64, device=x.device)
+        counts.scatter_add_(0, flat, torch.ones_like(flat))
+        x_sorted = x[order // topk_idx.shape[1]]
+        return x_sorted, counts, DispatchHandle(order, x.shape[0], topk_idx.shape[1])
+
+    def combine(self, y_sorted: torch.Tensor, topk_weights: torch.Tensor, h: DispatchHandle) -> torch.Tensor:
+        # Unpermute then reduce over the k slots in a fixed order: deterministic on every device
+        # (an index_add_ scatter would use atomics on CUDA).
+        y = torch.empty_like(y_sorted)
+        y[h.order] = y_sorted
+        y = y.view(h.num_tokens, h.top_k, -1)
+        return (y.float() * topk_weights.unsqueeze(-1)).sum(1).to(y_sorted.dtype)
+
+
+class GroupedExperts(nn.Module):
+    """All routed experts as three [E, out, in] weights, run with torch._grouped_mm (SwiGLU)."""
+
+    def __init__(self, n_experts: int, dim: int, hidden: int):
+        super().__init__()
+        self.w1 = nn.Parameter(torch.empty(n_experts, hidden, dim))
+        self.w2 = nn.Parameter(torch.empty(n_experts, dim, hidden))
+        self.w3 = nn.Parameter(torch.empty(n_experts, hidden, dim))
+
+    def forward(self, x_sorted: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        offs = torch.cumsum(counts, 0).to(torch.int32)
+        h = F.silu(grouped_mm(x_sorted, self.w1, offs)) * grouped_mm(x_sorted, self.w3, offs)
+        return grouped_mm(h, self.w2, offs)
+
+
+class Router(nn.Module):
+    """gate: a bias-free linear to one score per expert; scoring in FP32."""
+
+    def __init__(self, dim: int, n_experts: int, gate_factory: Callable[[int, int], nn.Module]):
+        super().__init__()
+        self.gate = gate_factory(dim, n_experts)
+
+    def forward(self, x: torch.Tensor, score_func: str) -> torch.Tensor:
+        logits = self.gate(x).float()
+        return logits.softmax(-1) if score_func == "softmax" else logits.sigmoid()
+
+
+class MoE(nn.Module):
+    def __init__(
+        self, *, dim: int, hidden: int, n_experts: int, top_k: int, n_shared: int, score_func: str,
+        route_norm: bool, route_scale: float,
+        shared_factory: Callable[[int, int], nn.Module], gate_factory: Callable[[int, int], nn.Module],
+    ):
+        super().__init__()
+        if score_func not in ("softmax", "sigmoid"):
+            raise ValueError(f"score_func must be softmax or sigmoid, got {score_func!r}")
+        self.n_experts, self.top_k = n_experts, top_k
+        self.score_func, self.route_norm, self.route_scale = score_func, route_norm, route_scale
+        self.router = Router(dim, n_experts, gate_factory)
+        self.experts = GroupedExperts(n_experts, dim, hidden)
+        self.shared_experts = shared_factory(dim, hidden * n_shared) if n_shared else None
+        self.dispatcher = LocalDispatch()
+        # auxiliary-loss-free balancing: a per-expert bias added to the scores for selection only
+        self.register_buffer("expert_bias", torch.zeros(n_experts))
+        # tokens routed to each expert since the last optimizer step (metrics and bias update)
+        self.register_buffer("tokens_per_expert", torch.zeros(n_experts), persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        xf = x.reshape(-1, shape[-1])
+        scores = self.router(xf, self.score_func)
+        topk_idx = torch.topk(scores + self.expert_bias, self.top_k, dim=-1).indices
+        topk_w = scores.gather(-1, topk_idx)
+        if self.route_norm:
+            topk_w = topk_w / (topk_w.sum(-1, keepdim=True) + 1e-20)
+        topk_w = topk_w * self.route_scale
+        x_sorted, counts, handle = self.dispatcher.dispatch(xf, topk_idx, self.n_experts)
+        with torch.no_grad():
+            self.tokens_per_expert.add_(counts.to(self.tokens_per_expert.dtype))
+        out = self.dispatcher.combine(self.experts(x_sorted, counts), topk_w, handle)
+        if self.shared_experts is not None:
+            out = out + self.shared_experts(xf)
+        return out.reshape(shape)
+
+    @torch.no_grad()
+    def end_step(self, load_balance_coeff: float | None) -> float:
+        """After an optimizer step: move the expert bias toward balance, reset the counts, and return
+        the max share of routed (token, slot) pairs that one expert received in this step."""
+        counts = self.tokens_per_expert
+        total = float(counts.sum())
+        share = float(counts.max()) / total if total else 0.0
+        if load_balance_coeff:
+            delta = load_balance_coeff * torch.sign(counts.mean() - counts)
+            self.expert_bias.add_(delta - delta.mean())
+        counts.zero_()
+        return share

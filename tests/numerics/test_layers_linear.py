@@ -62,7 +62,7 @@ def test_linear_quantize_api_equals_mxfp8linear_without_bias():
 
 
 @pytest.mark.xfail(strict=True, reason="torchao 0.18: quantize_(MXFP8TrainingOpConfig) drops nn.Linear's "
-                   "bias (FINDINGS-layers.md, 'linear bias dropped')")
+                   "bias (FINDINGS.md, 'linear bias dropped')")
 def test_linear_quantize_api_keeps_bias():
     lin = nn.Linear(32, 32, bias=True).to(torch.bfloat16)
     with torch.no_grad():

@@ -43,6 +43,11 @@ _TABLE: list[Tolerance] = [
         "tensor", "e5m2", "roundtrip", "sqnr_db", 12.0,
         "derived: E5M2 has 2 mantissa bits, one fewer than E4M3, so ~6 dB below E4M3's 18 dB bar",
     ),
+    Tolerance(
+        "tensor", "e5m2", "roundtrip_normal", "sqnr_db", 24.0,
+        "measured 25.36 (FLOOR) to 25.53 dB (RCEIL/CEIL/EVEN) on 8192x7168 N(0,1) bf16 (CPU, torch 2.13, "
+        "torchao 0.18); ~6 dB below E4M3's 31.5 as one mantissa bit predicts; 24 leaves 1.3 dB margin",
+    ),
     # ---- layer level: MXFP8 (emulated) against the BF16 run of the same layer, SQNR in dB ----
     # torchao's own bars: test/prototype/moe_training/test_mxfp8_grouped_mm.py
     # (test_mxfp8_grouped_gemm_with_dq_fwd_bwd, torchao 0.18): out 27, dX 25, dW 24 dB against BF16.

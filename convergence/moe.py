@@ -25,16 +25,19 @@ def compute_dtype(x: torch.Tensor) -> torch.dtype:
     return x.dtype
 
 
-def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """F.linear in the compute dtype, with the casts autocast would make written out (model.py says why)."""
+def linear(x: torch.Tensor, w: torch.Tensor, op: Callable | None = None) -> torch.Tensor:
+    """F.linear in the compute dtype, with the casts autocast would make written out (model.py says why).
+    ``op(x, w)``, when given (a recipe's MXFP8 linear), replaces F.linear after the casts."""
     dt = compute_dtype(x)
-    return F.linear(x.to(dt), w.to(dt))
+    return (op or F.linear)(x.to(dt), w.to(dt))
 
 
-def grouped_mm(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
-    """x [T, in] (expert-sorted) times each expert's w [E, out, in]^T offs: cumulative ends."""
+def grouped_mm(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, op: Callable | None = None) -> torch.Tensor:
+    """x [T, in] (expert-sorted) times each expert's w [E, out, in]^T offs: cumulative ends.
+    ``op(x, w_t, offs)``, when given (a recipe's MXFP8 grouped GEMM), replaces torch._grouped_mm."""
     dt = compute_dtype(x)
-    return torch._grouped_mm(x.to(dt), w.to(dt).transpose(-2, -1), offs=offs)
+    x, w_t = x.to(dt), w.to(dt).transpose(-2, -1)
+    return torch._grouped_mm(x, w_t, offs=offs) if op is None else op(x, w_t, offs)
 
 
 @dataclass
@@ -74,11 +77,12 @@ class GroupedExperts(nn.Module):
         self.w1 = nn.Parameter(torch.empty(n_experts, hidden, dim))
         self.w2 = nn.Parameter(torch.empty(n_experts, dim, hidden))
         self.w3 = nn.Parameter(torch.empty(n_experts, hidden, dim))
+        self.mxfp8_op: Callable | None = None  # set by convergence.recipes.apply_recipe
 
     def forward(self, x_sorted: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-        offs = torch.cumsum(counts, 0).to(torch.int32)
-        h = F.silu(grouped_mm(x_sorted, self.w1, offs)) * grouped_mm(x_sorted, self.w3, offs)
-        return grouped_mm(h, self.w2, offs)
+        offs, op = torch.cumsum(counts, 0).to(torch.int32), self.mxfp8_op
+        h = F.silu(grouped_mm(x_sorted, self.w1, offs, op)) * grouped_mm(x_sorted, self.w3, offs, op)
+        return grouped_mm(h, self.w2, offs, op)
 
 
 class Router(nn.Module):

@@ -26,6 +26,7 @@ import dataclasses
 import hashlib
 import json
 import math
+import os
 import shutil
 import sys
 import time
@@ -40,7 +41,7 @@ from convergence import data as data_mod
 from convergence.checkpoint import JsonlLog, load_checkpoint, plain, save_checkpoint
 from convergence.model import CONFIGS, Transformer, get_config
 from convergence.recipes import RECIPES, apply_recipe, get_recipe
-from numerics.cli import ArgumentParser, CLIError
+from numerics.cli import EXIT_BAD_INPUT, ArgumentParser, CLIError
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,9 @@ class TrainConfig:
     probe_every: int = 0  # 0: no probes
     ckpt_every: int = 10
     data: data_mod.DataSpec = field(default_factory=data_mod.DataSpec)
+    ep: int = 0  # 0: single process; N >= 1: N ranks under torchrun, FSDP2 + expert parallelism
+    ep_backend: str = "reference"  # numerics.ep backend for dispatch / combine: reference or deepep
+    deterministic: bool = False  # torch.use_deterministic_algorithms(True) and friends
 
     def fields_for_resume(self) -> dict:
         """What must match for --resume to continue a run (everything that shapes the curve)."""
@@ -342,13 +346,25 @@ def config_from_args(args) -> TrainConfig:
             if v <= 0 and key not in ("probe_every", "warmup"):
                 raise CLIError(f"--{key.replace('_', '-')} must be > 0, got {v}")
             d[key] = v
+    if args.ep is not None and args.probe_every is None:
+        d["probe_every"] = 0  # probes are single-process only
     spec = data_mod.DataSpec(path=args.data, tokenizer=args.tokenizer, bin_dtype=args.data_dtype)
     return TrainConfig(model=args.model, recipes=recipes, steps=args.steps, seed=args.seed,
-                       device=args.device, data=spec, **d)
+                       device=args.device, data=spec, ep=args.ep or 0, ep_backend=args.ep_backend,
+                       deterministic=args.deterministic, **d)
+
+
+class _RankParser(ArgumentParser):
+    """Usage errors printed by rank 0 only (every torchrun rank parses the same command line)."""
+
+    def error(self, message: str):  # noqa: D401 - argparse API
+        if os.environ.get("RANK", "0") != "0":
+            raise SystemExit(EXIT_BAD_INPUT)
+        super().error(message)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = ArgumentParser(prog="python -m convergence train", description=__doc__.splitlines()[0])
+    p = _RankParser(prog="python -m convergence train", description=__doc__.splitlines()[0])
     p.add_argument("--model", required=True, help=f"one of {', '.join(CONFIGS)}")
     p.add_argument("--recipe", action="append", help=f"repeatable; one of {', '.join(RECIPES)}")
     p.add_argument("--steps", type=int, required=True)
@@ -365,12 +381,37 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     p.add_argument("--stop-after-minutes", type=float, default=None,
                    help="checkpoint and stop after this long; rerun with --resume to continue")
+    p.add_argument("--ep", type=int, default=None,
+                   help="expert-parallel size = number of torchrun processes (FSDP2 + EP); see README-distributed")
+    p.add_argument("--ep-backend", default="reference", help="reference (all-to-all) or deepep")
+    p.add_argument("--deterministic", action="store_true", help="deterministic algorithms, fixed seeds")
+    p.add_argument("--dist-timeout", type=float, default=300.0, help="seconds before a collective gives up")
     args = p.parse_args(argv)
-    cfg = config_from_args(args)
+    rank = os.environ.get("RANK", "0")
+    if args.ep is None and "WORLD_SIZE" in os.environ and os.environ["WORLD_SIZE"] != "1":
+        if rank != "0":
+            return EXIT_BAD_INPUT
+        raise CLIError(f"running under torchrun with WORLD_SIZE={os.environ['WORLD_SIZE']}: pass "
+                       f"--ep {os.environ['WORLD_SIZE']}")
     if args.threads:
         torch.set_num_threads(args.threads)
     stop = None if args.stop_after_minutes is None else 60 * args.stop_after_minutes
-    result = run(cfg, args.out, resume=args.resume, force=args.force, stop_after_s=stop)
+    if args.ep is not None:
+        from convergence.distributed import PeerFailed, run_distributed
+
+        try:
+            cfg = config_from_args(args)
+            result = run_distributed(cfg, args.out, resume=args.resume, force=args.force, stop_after_s=stop,
+                                     timeout_s=args.dist_timeout)
+        except (CLIError, PeerFailed):
+            if rank != "0":
+                return EXIT_BAD_INPUT  # rank 0 prints the one line
+            raise
+        if rank != "0":
+            return 0
+    else:
+        cfg = config_from_args(args)
+        result = run(cfg, args.out, resume=args.resume, force=args.force, stop_after_s=stop)
     if result is None:
         print(f"stopped before the end; continue with the same command and --resume (out: {args.out})")
         return 0

@@ -36,6 +36,7 @@ import datetime
 import json
 import math
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -56,11 +57,11 @@ BACKENDS = ("reference", "deepep")
 
 
 class PeerFailed(Exception):
-    """Another rank reported bad input; this rank exits quietly with code 2."""
+    """Some rank had bad input and rank 0 has printed it; every rank exits quietly with code 2."""
 
 
 def check_request(cfg, world: int) -> None:
-    """Bad input that every rank can see alone (so each decides the same, with no collective)."""
+    """Bad input that every rank can see alone (``run_distributed`` still agrees on it collectively)."""
     if cfg.ep != world:
         how = f"torchrun --nproc-per-node {cfg.ep} -m convergence train ..." if cfg.ep > 1 else "python -m"
         raise CLIError(f"--ep {cfg.ep} needs {cfg.ep} processes but the world size is {world}; launch "
@@ -111,13 +112,17 @@ def init_group(cfg, timeout: datetime.timedelta) -> tuple[int, int, torch.device
 
 
 def agree(error: str | None) -> None:
-    """Collective: raise CLIError(error) on rank 0 if any rank has one, PeerFailed elsewhere."""
+    """Collective: if any rank has an error, rank 0 prints the first as one line, and every rank raises
+    PeerFailed after a barrier (so torchrun, which ends the others when one rank exits, cannot end
+    rank 0 before it has printed)."""
     errors: list = [None] * dist.get_world_size()
     dist.all_gather_object(errors, error)
     first = next((e for e in errors if e), None)
     if first is not None:
         if dist.get_rank() == 0:
-            raise CLIError(first)
+            sys.stderr.write(f"error: {first}\n")
+            sys.stderr.flush()
+        dist.barrier()
         raise PeerFailed(first)
 
 
@@ -214,6 +219,8 @@ def train_recipe_distributed(cfg, recipe_name: str, run_dir: Path, tokens: data_
     if resume and dckpt.exists(ckpt_dir):
         meta = dckpt.load(ckpt_dir, model, opt, expert_params=experts, mesh=mesh)
         sched.load_state_dict(meta["scheduler"])
+        for group, lr in zip(opt.param_groups, sched.get_last_lr()):  # load_state_dict does not set them
+            group["lr"] = lr
         start = meta["step"]
     if rank == 0:
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -302,8 +309,6 @@ def run_distributed(cfg, out: Path, *, resume: bool = False, force: bool = False
     """All recipes of ``cfg`` on every rank of the group; rank 0 returns the verdict, others None."""
     from convergence.train import _check_run_dir, compare_and_plot
 
-    world_env = int(os.environ.get("WORLD_SIZE", "1"))
-    check_request(cfg, world_env)
     if cfg.deterministic:
         set_deterministic(cfg.device)
     torch.manual_seed(cfg.seed)
@@ -312,11 +317,12 @@ def run_distributed(cfg, out: Path, *, resume: bool = False, force: bool = False
     backend = None
     try:
         error = None
-        if rank == 0:
-            try:
+        try:
+            check_request(cfg, world)
+            if rank == 0:
                 _check_run_dir(cfg, Path(out), resume, force)
-            except CLIError as exc:
-                error = str(exc)
+        except CLIError as exc:
+            error = str(exc)
         agree(error)
         tokens = data_mod.load_tokens(cfg.data)
         data_mod.Batches(tokens.train, batch=cfg.batch, seq=cfg.seq, seed=cfg.seed)  # fail early: too few

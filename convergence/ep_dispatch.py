@@ -20,7 +20,7 @@ dispatch is a combine of the received rows' gradients. The router weights' gradi
 slot, each nonzero on exactly one rank) travel in the same combine as extra columns: each value is
 split into three bf16 pieces whose float32 sum is the value exactly (``split_exact``); a combine adds
 only +-0.0 to each piece, so ``join_exact`` restores the float32 gradient bit for bit (up to the sign
-of a zero, and values below 2**-110 lose bits under 2**-126; pieces that small are flushed to zero
+of a zero, and values below 2**-102 lose bits under 2**-126; pieces that small are flushed to zero
 before sending so no subnormal ever travels). Routed-expert gradients are summed over all ranks'
 tokens by the backward itself, so the trainer scales them by 1/W to match FSDP's gradient average.
 
@@ -49,17 +49,24 @@ ROW_ALIGN = 32
 _TINY = 2.0 ** -126  # smallest normal float32 / bf16: smaller pieces are flushed before sending
 
 
-def split_exact(v: torch.Tensor) -> torch.Tensor:
-    """float32 [...] -> bf16 [..., 3] with ``a + b + c == v`` in float32 for finite ``|v| >= 2**-110``.
+def _truncate_to_bf16(v: torch.Tensor) -> torch.Tensor:
+    """float32 -> bf16 toward zero: the top 16 bits, exactly (never overflows to inf)."""
+    return (v.view(torch.int32) & -65536).view(torch.float32).to(torch.bfloat16)
 
-    ``a = bf16(v)``; its rounding error ``v - a`` is exactly representable in float32 and has at most
-    16 significant bits, so ``b = bf16(v - a)`` and ``c = bf16(v - a - b)`` capture the rest with no
-    further rounding. Non-finite values go as (v, 0, 0)."""
-    v = v.float()
+
+def split_exact(v: torch.Tensor) -> torch.Tensor:
+    """float32 [...] -> bf16 [..., 3] with ``(a + b) + c == v`` in float32 for finite ``|v| >= 2**-102``.
+
+    ``a`` is ``v`` truncated to bf16 (its top 16 bits); ``v - a`` is exact and has at most 16
+    significant bits, ``b`` is that truncated to bf16, and ``c = v - a - b`` has at most 8 significant
+    bits, so it is a bf16 value. Pieces below 2**-126 are flushed (no subnormal travels); non-finite
+    values go as (v, 0, 0)."""
+    v = v.float().contiguous()
     finite = torch.isfinite(v)
-    a = torch.where(finite, v, torch.zeros_like(v)).to(torch.bfloat16)
-    r1 = torch.where(finite, v - a.float(), torch.zeros_like(v))
-    b = r1.to(torch.bfloat16)
+    v0 = torch.where(finite, v, torch.zeros_like(v))
+    a = _truncate_to_bf16(v0)
+    r1 = v0 - a.float()
+    b = _truncate_to_bf16(r1)
     c = (r1 - b.float()).to(torch.bfloat16)
     a = torch.where(finite, a, v.to(torch.bfloat16))
     pieces = torch.stack([a, b, c], dim=-1)

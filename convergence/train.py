@@ -403,9 +403,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             cfg = config_from_args(args)
             result = run_distributed(cfg, args.out, resume=args.resume, force=args.force, stop_after_s=stop,
                                      timeout_s=args.dist_timeout)
-        except (CLIError, PeerFailed):
+        except PeerFailed:
+            return EXIT_BAD_INPUT  # rank 0 has printed the one line
+        except CLIError:  # before any process group: every rank found the same error alone
             if rank != "0":
-                return EXIT_BAD_INPUT  # rank 0 prints the one line
+                time.sleep(1.0)  # torchrun ends the other ranks when one exits: let rank 0 print first
+                return EXIT_BAD_INPUT
             raise
         if rank != "0":
             return 0

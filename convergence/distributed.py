@@ -289,7 +289,8 @@ def train_recipe_distributed(cfg, recipe_name: str, run_dir: Path, tokens: data_
         if world > 1:
             dist.all_reduce(flag, op=dist.ReduceOp.MAX)  # rank 0's clock is not the others'
         out_of_time = bool(flag)
-        if done % cfg.ckpt_every == 0 or done == cfg.steps or out_of_time or not math.isfinite(loss_f):
+        if cfg.ckpt_every and (done % cfg.ckpt_every == 0 or done == cfg.steps or out_of_time
+                               or not math.isfinite(loss_f)):
             dckpt.save(ckpt_dir, model, opt, {
                 "step": done, "scheduler": sched.state_dict(),
                 "data_position": {"step": done, "samples": done * cfg.batch, "seed": cfg.seed},

@@ -126,7 +126,7 @@ def report(r: dict) -> str:
         ratio = (sb["tokens_per_s"] / sa["tokens_per_s"]) if sa["tokens_per_s"] and sb["tokens_per_s"] else None
         lines.append(f"  {'side':<4} {'backend':<10} {'tokens/s':>12} {'dispatch+combine':>17}")
         for side, s in (("A", sa), ("B", sb)):
-            lines.append(f"  {side:<4} {str(s.get('ep_backend')):<10} {_fmt(s['tokens_per_s'], ',.0f'):>12} "
+            lines.append(f"  {side:<4} {s.get('ep_backend')!s:<10} {_fmt(s['tokens_per_s'], ',.0f'):>12} "
                          f"{_fmt(s['dispatch_combine_share'], '.1%'):>17}")
         lines.append(f"  tokens/s B / A: {_fmt(ratio, '.3f')} (medians after step {WARMUP}, one session)")
     lines.append("verdict: " + ("IDENTICAL" if r["identical"] else "DIFFERENT"))

@@ -16,8 +16,8 @@ What a run is:
 * outputs under ``OUT/<recipe>/``: ``metrics.jsonl`` (one line per step: step, loss, grad_norm, lr,
   tokens, tokens_per_s, expert_load_max_share per MoE layer, val_loss every ``val_every`` steps),
   ``probes.jsonl`` (every ``probe_every`` steps), ``config.json`` (run config, recipe, versions),
-  ``checkpoint.pt`` (every ``ckpt_every`` steps and at the end); then ``OUT/verdict.json`` and
-  ``OUT/curves.png`` from the curve comparison.
+  ``checkpoint.pt`` (every ``ckpt_every`` steps and at the end; never with ``ckpt_every=0``); then
+  ``OUT/verdict.json`` and ``OUT/curves.png`` from the curve comparison.
 """
 
 from __future__ import annotations
@@ -241,7 +241,8 @@ def train_recipe(cfg: TrainConfig, recipe_name: str, run_dir: Path, tokens: data
         if cfg.probe_every and done % cfg.probe_every == 0:
             probe_log.append({"step": done} | probes_mod.probe(model, batch, recipe=recipe, device=device))
         out_of_time = stop_after_s is not None and time.monotonic() - t_start > stop_after_s
-        if done % cfg.ckpt_every == 0 or done == cfg.steps or out_of_time or not math.isfinite(loss_f):
+        if cfg.ckpt_every and (done % cfg.ckpt_every == 0 or done == cfg.steps or out_of_time
+                               or not math.isfinite(loss_f)):
             save_checkpoint(ckpt_path, {
                 "step": done, "model": model.state_dict(), "optimizer": opt.state_dict(),
                 "scheduler": sched.state_dict(), "rng": _rng_state(),
@@ -343,7 +344,7 @@ def config_from_args(args) -> TrainConfig:
     for key in d:
         v = getattr(args, key, None)
         if v is not None:
-            if v <= 0 and key not in ("probe_every", "warmup"):
+            if v <= 0 and key not in ("probe_every", "warmup", "ckpt_every"):  # 0: none / no warmup / never
                 raise CLIError(f"--{key.replace('_', '-')} must be > 0, got {v}")
             d[key] = v
     if args.ep is not None and args.probe_every is None:
@@ -357,7 +358,7 @@ def config_from_args(args) -> TrainConfig:
 class _RankParser(ArgumentParser):
     """Usage errors printed by rank 0 only (every torchrun rank parses the same command line)."""
 
-    def error(self, message: str):  # noqa: D401 - argparse API
+    def error(self, message: str):
         if os.environ.get("RANK", "0") != "0":
             raise SystemExit(EXIT_BAD_INPUT)
         super().error(message)

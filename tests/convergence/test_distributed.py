@@ -37,12 +37,12 @@ def _env() -> dict:
 def torchrun(nproc: int, args: list[str]) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
            "-m", "convergence", "train", *args]
-    return subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=TIMEOUT_S)
+    return subprocess.run(cmd, check=False, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=TIMEOUT_S)
 
 
 def train_single(args: list[str]) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "convergence", "train", *args]
-    return subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=TIMEOUT_S)
+    return subprocess.run(cmd, check=False, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=TIMEOUT_S)
 
 
 def _records(path: Path) -> list[dict]:

@@ -1,10 +1,11 @@
 """DeepSeekMoE: router, token dispatch/combine, grouped-GEMM experts, shared experts.
 
-The dispatch/combine step is a seam: ``MoE.dispatcher`` is any object with the ``LocalDispatch``
-methods. ``LocalDispatch`` permutes this rank's tokens so each expert's tokens are contiguous and
+The dispatch/combine step is a seam: ``MoE.dispatcher`` is any object with ``LocalDispatch.run``
+(route, run the experts, combine; return the output and this rank's tokens per expert). ``LocalDispatch`` permutes this rank's tokens so each expert's tokens are contiguous and
 computes every expert locally; an expert-parallel backend (numerics.ep's all-to-all or DeepEP) replaces
 it by one that sends each token to the rank that owns its expert and brings the results back, with the
-local experts still run as one grouped GEMM over the received, expert-sorted tokens.
+local experts still run as one grouped GEMM over the received, expert-sorted tokens
+(``convergence.ep_dispatch.EPDispatch``).
 """
 
 from __future__ import annotations
@@ -65,8 +66,24 @@ class LocalDispatch:
         # (an index_add_ scatter would use atomics on CUDA).
         y = torch.empty_like(y_sorted)
         y[h.order] = y_sorted
-        y = y.view(h.num_tokens, h.top_k, -1)
-        return (y.float() * topk_weights.unsqueeze(-1)).sum(1).to(y_sorted.dtype)
+        return weighted_slot_sum(y.view(h.num_tokens, h.top_k, -1), topk_weights).to(y_sorted.dtype)
+
+    def run(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor,
+            experts: GroupedExperts, num_experts: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Route, run the experts, combine: (output [T, H], tokens per expert [E] of this rank's tokens)."""
+        x_sorted, counts, handle = self.dispatch(x, topk_idx, num_experts)
+        return self.combine(experts(x_sorted, counts), topk_weights, handle), counts
+
+
+def weighted_slot_sum(y: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """sum_k weights[t, k] * y[t, k] in float32, folded in ascending k: y [T, K, H], weights [T, K].
+
+    One fixed order (not ``.sum(1)``, whose reduction order is the kernel's choice), shared by the
+    local and the expert-parallel combine so both round identically."""
+    acc = y[:, 0].float() * weights[:, 0:1]
+    for k in range(1, y.shape[1]):
+        acc = acc + y[:, k].float() * weights[:, k:k + 1]
+    return acc
 
 
 class GroupedExperts(nn.Module):
@@ -126,10 +143,9 @@ class MoE(nn.Module):
         if self.route_norm:
             topk_w = topk_w / (topk_w.sum(-1, keepdim=True) + 1e-20)
         topk_w = topk_w * self.route_scale
-        x_sorted, counts, handle = self.dispatcher.dispatch(xf, topk_idx, self.n_experts)
+        out, counts = self.dispatcher.run(xf, topk_idx, topk_w, self.experts, self.n_experts)
         with torch.no_grad():
             self.tokens_per_expert.add_(counts.to(self.tokens_per_expert.dtype))
-        out = self.dispatcher.combine(self.experts(x_sorted, counts), topk_w, handle)
         if self.shared_experts is not None:
             out = out + self.shared_experts(xf)
         return out.reshape(shape)

@@ -24,8 +24,10 @@ every device. The weights stay plain FP32 masters; each op sees them cast to the
 
 Kernels: torchao's ``KernelPreference.AUTO`` (real MXFP8 tensor-core kernels) needs compute capability
 10.x (B200/GB200); below that — CPU, H100/H200 — it is ``EMULATED`` (quantize to MXFP8, dequantize,
-BF16/FP32 matmul): the same numerics, without the speed. On SM100 the token groups of the grouped GEMM
-are padded to multiples of 32, as the real kernels require.
+BF16/FP32 matmul): the same numerics, without the speed. The token groups of the grouped GEMM are padded
+to multiples of 32 on every device, as torchtitan's MXFP8 dispatcher does: the real kernels require it,
+the emulated backward's BF16 grouped GEMM on CUDA asserts without it (16-byte aligned groups, seen on
+H200), and unpadded groups would share dW scale blocks across experts (FINDINGS.md L3).
 """
 
 from __future__ import annotations
@@ -128,8 +130,7 @@ def torchao_config(recipe: Recipe, device: torch.device | str):
     from numerics.layers import op_config
 
     pref = kernel_preference_for(device)
-    cfg = op_config(_layer_recipe(recipe), KernelPreference[pref],
-                    pad_groups=pref == "AUTO")  # real kernels need 32-row-aligned groups
+    cfg = op_config(_layer_recipe(recipe), KernelPreference[pref], pad_groups=True)  # module docstring says why
     if cfg.scale_calculation_mode.name != recipe.scale_calculation_mode:
         raise ValueError(f"recipe {recipe.name!r}: scale_calculation_mode {recipe.scale_calculation_mode} is not "
                          f"torchao's {cfg.scale_calculation_mode.name}, which its MXFP8 training recipes fix")

@@ -48,7 +48,7 @@ from torch.distributed.tensor import DTensor
 from convergence import data as data_mod
 from convergence import dist_checkpoint as dckpt
 from convergence.checkpoint import JsonlLog
-from convergence.ep_dispatch import COLUMN_ALIGN, PIECES, CommTimer, EPDispatch, expert_params, shard_experts
+from convergence.ep_dispatch import CommTimer, EPDispatch, combine_width, expert_params, shard_experts
 from convergence.model import get_config
 from convergence.recipes import apply_recipe, get_recipe
 from numerics.cli import CLIError
@@ -130,9 +130,8 @@ def make_backend(cfg, device: torch.device, timeout: datetime.timedelta):
     if cfg.ep_backend == "deepep":
         from numerics.ep.deepep import DeepEPBackend
 
-        top_k = get_config(cfg.model).top_k
-        extra = PIECES * top_k + (-PIECES * top_k) % COLUMN_ALIGN  # the router-gradient columns
-        return DeepEPBackend(max_hidden=max(7168, get_config(cfg.model).dim + extra), timeout=timeout)
+        model = get_config(cfg.model)
+        return DeepEPBackend(max_hidden=max(7168, combine_width(model.dim, model.top_k)), timeout=timeout)
     from numerics.ep.reference import AllToAllReference
 
     return AllToAllReference(device=device, timeout=timeout)

@@ -39,7 +39,16 @@ from convergence.moe import MoE, weighted_slot_sum
 from numerics.ep.backend import EPBackend
 
 PIECES = 3  # bf16 pieces per float32 value: 8 + 8 + 8 significand bits cover float32's 24
-COLUMN_ALIGN = 64  # extra combine columns are padded to this many (row bytes stay 16-byte aligned)
+# The backward's combine rows (hidden + router-gradient pieces) are padded to a multiple of 256 columns:
+# DeepEP v1.2.1's intranode combine returns wrong, nondeterministic sums for bf16 rows whose width is
+# not a multiple of 256 (2112 and 2176 fail, 2048, 2304 and 2560 pass on 2 x H200; FINDINGS.md E3).
+ROW_WIDTH_ALIGN = 256
+
+
+def combine_width(hidden: int, top_k: int) -> int:
+    """Columns of the backward combine: hidden, 3 bf16 pieces per router weight, zero padding."""
+    width = hidden + PIECES * top_k
+    return width + (-width) % ROW_WIDTH_ALIGN
 # torchao's emulated MXFP8 grouped GEMM quantizes the weight-gradient operands along the token
 # dimension in blocks of 32 and asserts the row count is a multiple of 32; a rank receives any number
 # of rows, so they are padded with zero rows. Zeros change no block's amax (so no real element's
@@ -128,7 +137,7 @@ class _Dispatch(torch.autograd.Function):
         if grad_w is None:
             grad_w = torch.zeros(rows, k, dtype=torch.float32, device=grad_x.device)
         extra = PIECES * k
-        pad = -extra % COLUMN_ALIGN
+        pad = combine_width(hidden, k) - hidden - extra
         packed = torch.cat([grad_x.to(torch.bfloat16), split_exact(grad_w).reshape(rows, extra),
                             grad_x.new_zeros(rows, pad, dtype=torch.bfloat16)], dim=1)
         back = ctx.timer(ctx.backend.combine, packed, ctx.handle)

@@ -128,3 +128,15 @@ def test_check_request_bad_input(kw, match):
 def test_check_request_deepep_not_importable():
     with pytest.raises(CLIError, match="deep_ep is not importable"):
         distributed.check_request(_cfg(ep_backend="deepep", device="cuda"), world=2)
+
+
+def test_backward_combine_rows_are_a_multiple_of_256_columns_for_deepep_E3():
+    """DeepEP's combine is wrong for bf16 rows not a multiple of 256 wide (FINDINGS.md E3): the padded
+    width of the backward combine must be one, for the shipped models' hidden sizes and top-k."""
+    from convergence.ep_dispatch import combine_width
+    from convergence.model import get_config
+
+    for name in ("tiny", "proxy", "16b"):
+        cfg = get_config(name)
+        width = combine_width(cfg.dim, cfg.top_k)
+        assert width % 256 == 0 and width >= cfg.dim + 3 * cfg.top_k, (name, width)

@@ -14,6 +14,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "calibrate": ("convergence.calibrate", "false-alarm / miss rates on synthetic truth; --bench: loader speed"),
     "train": ("convergence.train", "paired BF16 / MXFP8 pretraining runs with probes and checkpoints"),
     "bench": ("convergence.bench", "tokens/s and MFU of bf16 and mxfp8 training steps, in one run"),
+    "validate": ("convergence.validate", "the whole ladder on this machine -> results/<timestamp>/report.html"),
 }
 
 

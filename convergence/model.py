@@ -10,8 +10,9 @@ recipe's fully-qualified-name filter reads the same here and there.
 Mixed precision: parameters are FP32 masters. Every matmul casts its weight and input to the *compute
 dtype* (the active autocast dtype, else the input's dtype) explicitly, i.e. the FSDP ``param_dtype=bf16``
 convention. For plain tensors this is exactly what ``torch.autocast`` does; it is needed because torchao's
-MXFP8 weight wrapper intercepts ``F.linear`` at ``__torch_function__``, above autocast, and would otherwise
-see a BF16 input and an FP32 weight (FINDINGS-training.md, F-T1).
+MXFP8 ops run above autocast (its weight wrapper intercepts ``F.linear`` at ``__torch_function__``; its
+functional ops, which the recipes use, are autograd functions) and would otherwise see a BF16 input and an
+FP32 weight (FINDINGS.md T1). A recipe's MXFP8 op goes into a module's ``mxfp8_op``.
 """
 
 from __future__ import annotations
@@ -174,9 +175,10 @@ class Linear(nn.Linear):
 
     def __init__(self, in_features: int, out_features: int):
         super().__init__(in_features, out_features, bias=False)
+        self.mxfp8_op = None  # set by convergence.recipes.apply_recipe
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(x, self.weight)
+        return linear(x, self.weight, self.mxfp8_op)
 
 
 def _yarn_correction_dim(num_rot: float, dim: int, base: float, max_seq: int) -> float:

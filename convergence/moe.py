@@ -1,10 +1,11 @@
 """DeepSeekMoE: router, token dispatch/combine, grouped-GEMM experts, shared experts.
 
-The dispatch/combine step is a seam: ``MoE.dispatcher`` is any object with the ``LocalDispatch``
-methods. ``LocalDispatch`` permutes this rank's tokens so each expert's tokens are contiguous and
+The dispatch/combine step is a seam: ``MoE.dispatcher`` is any object with ``LocalDispatch.run``
+(route, run the experts, combine; return the output and this rank's tokens per expert). ``LocalDispatch`` permutes this rank's tokens so each expert's tokens are contiguous and
 computes every expert locally; an expert-parallel backend (numerics.ep's all-to-all or DeepEP) replaces
 it by one that sends each token to the rank that owns its expert and brings the results back, with the
-local experts still run as one grouped GEMM over the received, expert-sorted tokens.
+local experts still run as one grouped GEMM over the received, expert-sorted tokens
+(``convergence.ep_dispatch.EPDispatch``).
 """
 
 from __future__ import annotations
@@ -25,16 +26,19 @@ def compute_dtype(x: torch.Tensor) -> torch.dtype:
     return x.dtype
 
 
-def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """F.linear in the compute dtype, with the casts autocast would make written out (model.py says why)."""
+def linear(x: torch.Tensor, w: torch.Tensor, op: Callable | None = None) -> torch.Tensor:
+    """F.linear in the compute dtype, with the casts autocast would make written out (model.py says why).
+    ``op(x, w)``, when given (a recipe's MXFP8 linear), replaces F.linear after the casts."""
     dt = compute_dtype(x)
-    return F.linear(x.to(dt), w.to(dt))
+    return (op or F.linear)(x.to(dt), w.to(dt))
 
 
-def grouped_mm(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
-    """x [T, in] (expert-sorted) times each expert's w [E, out, in]^T offs: cumulative ends."""
+def grouped_mm(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, op: Callable | None = None) -> torch.Tensor:
+    """x [T, in] (expert-sorted) times each expert's w [E, out, in]^T offs: cumulative ends.
+    ``op(x, w_t, offs)``, when given (a recipe's MXFP8 grouped GEMM), replaces torch._grouped_mm."""
     dt = compute_dtype(x)
-    return torch._grouped_mm(x.to(dt), w.to(dt).transpose(-2, -1), offs=offs)
+    x, w_t = x.to(dt), w.to(dt).transpose(-2, -1)
+    return torch._grouped_mm(x, w_t, offs=offs) if op is None else op(x, w_t, offs)
 
 
 @dataclass
@@ -62,8 +66,24 @@ class LocalDispatch:
         # (an index_add_ scatter would use atomics on CUDA).
         y = torch.empty_like(y_sorted)
         y[h.order] = y_sorted
-        y = y.view(h.num_tokens, h.top_k, -1)
-        return (y.float() * topk_weights.unsqueeze(-1)).sum(1).to(y_sorted.dtype)
+        return weighted_slot_sum(y.view(h.num_tokens, h.top_k, -1), topk_weights).to(y_sorted.dtype)
+
+    def run(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor,
+            experts: GroupedExperts, num_experts: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Route, run the experts, combine: (output [T, H], tokens per expert [E] of this rank's tokens)."""
+        x_sorted, counts, handle = self.dispatch(x, topk_idx, num_experts)
+        return self.combine(experts(x_sorted, counts), topk_weights, handle), counts
+
+
+def weighted_slot_sum(y: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """sum_k weights[t, k] * y[t, k] in float32, folded in ascending k: y [T, K, H], weights [T, K].
+
+    One fixed order (not ``.sum(1)``, whose reduction order is the kernel's choice), shared by the
+    local and the expert-parallel combine so both round identically."""
+    acc = y[:, 0].float() * weights[:, 0:1]
+    for k in range(1, y.shape[1]):
+        acc = acc + y[:, k].float() * weights[:, k:k + 1]
+    return acc
 
 
 class GroupedExperts(nn.Module):
@@ -74,11 +94,12 @@ class GroupedExperts(nn.Module):
         self.w1 = nn.Parameter(torch.empty(n_experts, hidden, dim))
         self.w2 = nn.Parameter(torch.empty(n_experts, dim, hidden))
         self.w3 = nn.Parameter(torch.empty(n_experts, hidden, dim))
+        self.mxfp8_op: Callable | None = None  # set by convergence.recipes.apply_recipe
 
     def forward(self, x_sorted: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-        offs = torch.cumsum(counts, 0).to(torch.int32)
-        h = F.silu(grouped_mm(x_sorted, self.w1, offs)) * grouped_mm(x_sorted, self.w3, offs)
-        return grouped_mm(h, self.w2, offs)
+        offs, op = torch.cumsum(counts, 0).to(torch.int32), self.mxfp8_op
+        h = F.silu(grouped_mm(x_sorted, self.w1, offs, op)) * grouped_mm(x_sorted, self.w3, offs, op)
+        return grouped_mm(h, self.w2, offs, op)
 
 
 class Router(nn.Module):
@@ -122,10 +143,9 @@ class MoE(nn.Module):
         if self.route_norm:
             topk_w = topk_w / (topk_w.sum(-1, keepdim=True) + 1e-20)
         topk_w = topk_w * self.route_scale
-        x_sorted, counts, handle = self.dispatcher.dispatch(xf, topk_idx, self.n_experts)
+        out, counts = self.dispatcher.run(xf, topk_idx, topk_w, self.experts, self.n_experts)
         with torch.no_grad():
             self.tokens_per_expert.add_(counts.to(self.tokens_per_expert.dtype))
-        out = self.dispatcher.combine(self.experts(x_sorted, counts), topk_w, handle)
         if self.shared_experts is not None:
             out = out + self.shared_experts(xf)
         return out.reshape(shape)

@@ -6,7 +6,7 @@ Public: ``probe(model, tokens, *, recipe, device) -> dict`` (one probes.jsonl re
 For every module the ``mxfp8`` recipe would quantize (attention / dense FFN / shared-expert linears,
 routed-expert grouped GEMMs), a forward + backward of the model on the step's batch captures the
 module's input and the gradient arriving at its output. Two private copies of the module — one with
-plain BF16 weights, one put through torchao's MXFP8 ``quantize_`` with the recipe's config — are run
+plain BF16 weights, one given the recipe's torchao MXFP8 op by ``apply_recipe`` — are run
 on that input, backpropagated with that gradient, and compared: SQNR (dB) of the MXFP8 output, input
 gradient and weight gradients against BF16's (``numerics.metrics.sqnr_db``). Both bf16 and mxfp8 runs
 are probed, so a diverging pair shows which layer's error grew first and on which trajectory.
@@ -30,10 +30,13 @@ from numerics.metrics import sqnr_db
 
 
 def _plain_copy(module: nn.Module, device: torch.device) -> nn.Module:
-    """A copy of ``module`` with plain (unwrapped) FP32 parameters on ``device`` and no gradients."""
+    """A copy of ``module`` with plain (unwrapped) FP32 parameters on ``device``, no gradients and no
+    MXFP8 op (a module of an mxfp8 run carries its recipe's op; the copy starts from plain precision)."""
     twin = copy.deepcopy(module)
     for name, p in module.named_parameters(recurse=False):
         setattr(twin, name, nn.Parameter(plain(p).to(device)))
+    if hasattr(twin, "mxfp8_op"):
+        twin.mxfp8_op = None
     return twin
 
 

@@ -1,7 +1,8 @@
 """Training recipes as data: which modules run in MXFP8 and with which torchao configuration.
 
 Public: ``Recipe``, ``RECIPES``, ``get_recipe(name)``, ``apply_recipe(model, recipe, device)``,
-``quantized_fqns(model, recipe)``, ``kernel_preference_for(device)``.
+``quantized_fqns(model, recipe)``, ``kernel_preference_for(device)``, ``torchao_config(recipe, device)``,
+``TORCHAO_OPS``.
 
 The MXFP8 module selection is torchtitan's DeepSeek-V3 MXFP8 recipe
 (``torchtitan/models/deepseek_v3/config_registry.py::deepseek_v3_debugmodel_mxfp8``, read at commit
@@ -12,14 +13,26 @@ the MoE router gate (``moe.router.gate``), the output head (``output``; torchtit
 embedding and the norms. Our module names follow torchtitan's, so the same strings select the same
 layers here.
 
+API: a selected module gets torchao's functional MXFP8 autograd op in its ``mxfp8_op`` seam —
+``mxfp8_linear._to_mxfp8_then_scaled_mm`` for linears, ``_to_mxfp8_then_scaled_grouped_mm`` for the
+experts — called through ``numerics.layers.torchao_linear`` / ``torchao_grouped_mm`` with the
+``MXFP8TrainingOpConfig`` that ``torchao_config`` builds. These are the ops that
+``quantize_(MXFP8TrainingOpConfig)``'s weight wrapper dispatches to, configured the same, so the
+numbers are bit-identical (tests/convergence/test_recipes.py); ``quantize_`` itself is not used because
+torchao 0.18 refuses it on torch 2.11, the GPU machines' torch (FINDINGS.md C1). One code path on
+every device. The weights stay plain FP32 masters; each op sees them cast to the compute dtype (F-T1).
+
 Kernels: torchao's ``KernelPreference.AUTO`` (real MXFP8 tensor-core kernels) needs compute capability
 10.x (B200/GB200); below that — CPU, H100/H200 — it is ``EMULATED`` (quantize to MXFP8, dequantize,
-BF16/FP32 matmul): the same numerics, without the speed. On SM100 the token groups of the grouped GEMM
-are padded to multiples of 32, as the real kernels require.
+BF16/FP32 matmul): the same numerics, without the speed. The token groups of the grouped GEMM are padded
+to multiples of 32 on every device, as torchtitan's MXFP8 dispatcher does: the real kernels require it,
+the emulated backward's BF16 grouped GEMM on CUDA asserts without it (16-byte aligned groups, seen on
+H200), and unpadded groups would share dW scale blocks across experts (FINDINGS.md L3).
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import asdict, dataclass
 
 import torch
@@ -29,6 +42,10 @@ from convergence.moe import GroupedExperts
 
 TORCHTITAN_MXFP8_LINEAR_FQNS = ("attention", "shared_experts", "feed_forward")
 MX_BLOCK = 32
+TORCHAO_OPS = {  # what a selected module runs, recorded in config.json
+    "linear": "torchao.prototype.moe_training.mxfp8_linear._to_mxfp8_then_scaled_mm",
+    "grouped_experts": "torchao.prototype.moe_training._to_mxfp8_then_scaled_grouped_mm",
+}
 
 
 @dataclass(frozen=True)
@@ -101,33 +118,40 @@ def quantized_fqns(model: nn.Module, recipe: Recipe) -> list[str]:
     return [fqn for fqn, mod in model.named_modules() if _selected(recipe, mod, fqn)]
 
 
+def _layer_recipe(recipe: Recipe) -> str:
+    """The torchao training recipe (``numerics.layers.RECIPES`` name) that this recipe's fields select."""
+    return "mxfp8_wgrad_hp" if recipe.wgrad_with_hp else "mxfp8"
+
+
 def torchao_config(recipe: Recipe, device: torch.device | str):
-    """The torchao MXFP8TrainingOpConfig for this recipe on this device."""
-    from torchao.prototype.moe_training.config import MXFP8TrainingOpConfig
-    from torchao.prototype.mx_formats.config import ScaleCalculationMode
+    """The torchao MXFP8TrainingOpConfig whose fields the recipe's MXFP8 ops run with on this device."""
     from torchao.quantization.quantize_.common import KernelPreference
 
+    from numerics.layers import op_config
+
     pref = kernel_preference_for(device)
-    return MXFP8TrainingOpConfig(
-        kernel_preference=KernelPreference[pref],
-        out_dtype=torch.bfloat16,
-        wgrad_with_hp=recipe.wgrad_with_hp,
-        scale_calculation_mode=ScaleCalculationMode[recipe.scale_calculation_mode],
-        pad_token_groups_for_grouped_mm=pref == "AUTO",  # real kernels need 32-row-aligned groups
-    )
+    cfg = op_config(_layer_recipe(recipe), KernelPreference[pref], pad_groups=True)  # module docstring says why
+    if cfg.scale_calculation_mode.name != recipe.scale_calculation_mode:
+        raise ValueError(f"recipe {recipe.name!r}: scale_calculation_mode {recipe.scale_calculation_mode} is not "
+                         f"torchao's {cfg.scale_calculation_mode.name}, which its MXFP8 training recipes fix")
+    return cfg
 
 
 def apply_recipe(model: nn.Module, recipe: Recipe, device: torch.device | str) -> dict:
-    """Swap the selected modules' weights to torchao's MXFP8 training wrapper, in place.
+    """Put torchao's MXFP8 op into the selected modules' ``mxfp8_op`` seam, in place (see the module
+    docstring); parameters are left as they are.
 
-    Returns what was done, for config.json: the torchao config fields and the quantized FQNs.
-    Raises ValueError when a selected weight has a dimension that is not a multiple of 32.
+    Returns what was done, for config.json: the ops, the torchao config fields and the selected FQNs.
+    Raises ValueError when a selected weight has a dimension that is not a multiple of 32, TypeError
+    when a selected module has no ``mxfp8_op`` seam.
     """
     fqns = quantized_fqns(model, recipe)
     if not recipe.mxfp8:
         return {"quantized": [], "torchao_config": None}
     modules = dict(model.named_modules())
     for fqn in fqns:
+        if not hasattr(modules[fqn], "mxfp8_op"):
+            raise TypeError(f"{fqn} ({type(modules[fqn]).__name__}) has no mxfp8_op seam for the MXFP8 op")
         for pname, p in modules[fqn].named_parameters(recurse=False):
             bad = [d for d in p.shape[-2:] if d % MX_BLOCK]
             if bad:
@@ -135,13 +159,21 @@ def apply_recipe(model: nn.Module, recipe: Recipe, device: torch.device | str) -
                     f"{fqn}.{pname} has shape {tuple(p.shape)}: MXFP8 needs every matmul dimension to be "
                     f"a multiple of {MX_BLOCK}"
                 )
-    from torchao.quantization import quantize_
+    from numerics.layers import torchao_grouped_mm, torchao_linear
 
     cfg = torchao_config(recipe, device)
-    wanted = set(fqns)
-    quantize_(model, cfg, filter_fn=lambda mod, fqn: fqn in wanted)
+    name, kernel = _layer_recipe(recipe), cfg.kernel_preference
+    for fqn in fqns:
+        mod = modules[fqn]
+        mod.mxfp8_op = (
+            functools.partial(torchao_grouped_mm, recipe=name, kernel=kernel,
+                              pad_groups=cfg.pad_token_groups_for_grouped_mm)
+            if isinstance(mod, GroupedExperts) else functools.partial(torchao_linear, recipe=name, kernel=kernel)
+        )
     return {
         "quantized": fqns,
+        "torchao_api": "functional",  # not quantize_: refused on torch 2.11 (module docstring)
+        "torchao_ops": TORCHAO_OPS,
         "torchao_config": {
             "class": type(cfg).__name__,
             "kernel_preference": cfg.kernel_preference.name,

@@ -16,8 +16,8 @@ What a run is:
 * outputs under ``OUT/<recipe>/``: ``metrics.jsonl`` (one line per step: step, loss, grad_norm, lr,
   tokens, tokens_per_s, expert_load_max_share per MoE layer, val_loss every ``val_every`` steps),
   ``probes.jsonl`` (every ``probe_every`` steps), ``config.json`` (run config, recipe, versions),
-  ``checkpoint.pt`` (every ``ckpt_every`` steps and at the end); then ``OUT/verdict.json`` and
-  ``OUT/curves.png`` from the curve comparison.
+  ``checkpoint.pt`` (every ``ckpt_every`` steps and at the end; never with ``ckpt_every=0``); then
+  ``OUT/verdict.json`` and ``OUT/curves.png`` from the curve comparison.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import dataclasses
 import hashlib
 import json
 import math
+import os
 import shutil
 import sys
 import time
@@ -40,7 +41,7 @@ from convergence import data as data_mod
 from convergence.checkpoint import JsonlLog, load_checkpoint, plain, save_checkpoint
 from convergence.model import CONFIGS, Transformer, get_config
 from convergence.recipes import RECIPES, apply_recipe, get_recipe
-from numerics.cli import ArgumentParser, CLIError
+from numerics.cli import EXIT_BAD_INPUT, ArgumentParser, CLIError
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,9 @@ class TrainConfig:
     probe_every: int = 0  # 0: no probes
     ckpt_every: int = 10
     data: data_mod.DataSpec = field(default_factory=data_mod.DataSpec)
+    ep: int = 0  # 0: single process; N >= 1: N ranks under torchrun, FSDP2 + expert parallelism
+    ep_backend: str = "reference"  # numerics.ep backend for dispatch / combine: reference or deepep
+    deterministic: bool = False  # torch.use_deterministic_algorithms(True) and friends
 
     def fields_for_resume(self) -> dict:
         """What must match for --resume to continue a run (everything that shapes the curve)."""
@@ -237,7 +241,8 @@ def train_recipe(cfg: TrainConfig, recipe_name: str, run_dir: Path, tokens: data
         if cfg.probe_every and done % cfg.probe_every == 0:
             probe_log.append({"step": done} | probes_mod.probe(model, batch, recipe=recipe, device=device))
         out_of_time = stop_after_s is not None and time.monotonic() - t_start > stop_after_s
-        if done % cfg.ckpt_every == 0 or done == cfg.steps or out_of_time or not math.isfinite(loss_f):
+        if cfg.ckpt_every and (done % cfg.ckpt_every == 0 or done == cfg.steps or out_of_time
+                               or not math.isfinite(loss_f)):
             save_checkpoint(ckpt_path, {
                 "step": done, "model": model.state_dict(), "optimizer": opt.state_dict(),
                 "scheduler": sched.state_dict(), "rng": _rng_state(),
@@ -339,16 +344,28 @@ def config_from_args(args) -> TrainConfig:
     for key in d:
         v = getattr(args, key, None)
         if v is not None:
-            if v <= 0 and key not in ("probe_every", "warmup"):
+            if v <= 0 and key not in ("probe_every", "warmup", "ckpt_every"):  # 0: none / no warmup / never
                 raise CLIError(f"--{key.replace('_', '-')} must be > 0, got {v}")
             d[key] = v
+    if args.ep is not None and args.probe_every is None:
+        d["probe_every"] = 0  # probes are single-process only
     spec = data_mod.DataSpec(path=args.data, tokenizer=args.tokenizer, bin_dtype=args.data_dtype)
     return TrainConfig(model=args.model, recipes=recipes, steps=args.steps, seed=args.seed,
-                       device=args.device, data=spec, **d)
+                       device=args.device, data=spec, ep=args.ep or 0, ep_backend=args.ep_backend,
+                       deterministic=args.deterministic, **d)
+
+
+class _RankParser(ArgumentParser):
+    """Usage errors printed by rank 0 only (every torchrun rank parses the same command line)."""
+
+    def error(self, message: str):
+        if os.environ.get("RANK", "0") != "0":
+            raise SystemExit(EXIT_BAD_INPUT)
+        super().error(message)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = ArgumentParser(prog="python -m convergence train", description=__doc__.splitlines()[0])
+    p = _RankParser(prog="python -m convergence train", description=__doc__.splitlines()[0])
     p.add_argument("--model", required=True, help=f"one of {', '.join(CONFIGS)}")
     p.add_argument("--recipe", action="append", help=f"repeatable; one of {', '.join(RECIPES)}")
     p.add_argument("--steps", type=int, required=True)
@@ -365,12 +382,40 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     p.add_argument("--stop-after-minutes", type=float, default=None,
                    help="checkpoint and stop after this long; rerun with --resume to continue")
+    p.add_argument("--ep", type=int, default=None,
+                   help="expert-parallel size = number of torchrun processes (FSDP2 + EP); see README-distributed")
+    p.add_argument("--ep-backend", default="reference", help="reference (all-to-all) or deepep")
+    p.add_argument("--deterministic", action="store_true", help="deterministic algorithms, fixed seeds")
+    p.add_argument("--dist-timeout", type=float, default=300.0, help="seconds before a collective gives up")
     args = p.parse_args(argv)
-    cfg = config_from_args(args)
+    rank = os.environ.get("RANK", "0")
+    if args.ep is None and "WORLD_SIZE" in os.environ and os.environ["WORLD_SIZE"] != "1":
+        if rank != "0":
+            return EXIT_BAD_INPUT
+        raise CLIError(f"running under torchrun with WORLD_SIZE={os.environ['WORLD_SIZE']}: pass "
+                       f"--ep {os.environ['WORLD_SIZE']}")
     if args.threads:
         torch.set_num_threads(args.threads)
     stop = None if args.stop_after_minutes is None else 60 * args.stop_after_minutes
-    result = run(cfg, args.out, resume=args.resume, force=args.force, stop_after_s=stop)
+    if args.ep is not None:
+        from convergence.distributed import PeerFailed, run_distributed
+
+        try:
+            cfg = config_from_args(args)
+            result = run_distributed(cfg, args.out, resume=args.resume, force=args.force, stop_after_s=stop,
+                                     timeout_s=args.dist_timeout)
+        except PeerFailed:
+            return EXIT_BAD_INPUT  # rank 0 has printed the one line
+        except CLIError:  # before any process group: every rank found the same error alone
+            if rank != "0":
+                time.sleep(1.0)  # torchrun ends the other ranks when one exits: let rank 0 print first
+                return EXIT_BAD_INPUT
+            raise
+        if rank != "0":
+            return 0
+    else:
+        cfg = config_from_args(args)
+        result = run(cfg, args.out, resume=args.resume, force=args.force, stop_after_s=stop)
     if result is None:
         print(f"stopped before the end; continue with the same command and --resume (out: {args.out})")
         return 0

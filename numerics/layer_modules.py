@@ -5,8 +5,9 @@ Public: ``grouped_mm``, ``GroupedLinear``, ``SwiGLUExperts``, ``FeedForward``, `
 
 The same module runs in FP32 (the reference), BF16, and MXFP8 after ``numerics.layers`` converts
 it. ``grouped_mm`` is where the precisions part: FP32 computes each expert's GEMM on its own slice
-(an independent reference, not ``torch._grouped_mm``), lower precisions call ``torch._grouped_mm``,
-which torchao intercepts once the weight is an MXFP8 training tensor.
+(an independent reference, not ``torch._grouped_mm``), BF16 calls ``torch._grouped_mm``, and MXFP8
+calls the op that ``numerics.layers.to_mxfp8`` puts in an expert module's ``grouped_mm_op`` seam
+(``None``, the default, means plain precision).
 
 Layouts follow torchtitan's ``deepseek_v3``: expert weights are (experts, out, in); the MoE router
 scores with softmax in FP32 and picks top-k; shared experts are one SwiGLU FFN of hidden
@@ -18,6 +19,7 @@ it is an elementwise rotation in BF16 that no MXFP8 GEMM sees.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -26,8 +28,12 @@ from torch import nn
 from numerics.layer_configs import MLAShape, MoEShape
 
 
-def grouped_mm(x: torch.Tensor, w_t: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
-    """(tokens, K) @ (experts, K, N) -> (tokens, N); rows [offs[i-1], offs[i]) use expert i."""
+def grouped_mm(x: torch.Tensor, w_t: torch.Tensor, offs: torch.Tensor,
+               op: Callable | None = None) -> torch.Tensor:
+    """(tokens, K) @ (experts, K, N) -> (tokens, N); rows [offs[i-1], offs[i]) use expert i.
+    ``op(x, w_t, offs)``, when given, replaces the plain-precision computation (MXFP8)."""
+    if op is not None:
+        return op(x, w_t, offs)
     if x.dtype == torch.float32:
         ends = offs.tolist()
         starts = [0] + ends[:-1]
@@ -43,9 +49,10 @@ class GroupedLinear(nn.Module):
     def __init__(self, experts: int, in_features: int, out_features: int):
         super().__init__()
         self.weight = nn.Parameter(torch.empty(experts, out_features, in_features))
+        self.grouped_mm_op: Callable | None = None  # set by numerics.layers.to_mxfp8
 
     def forward(self, x: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
-        return grouped_mm(x, self.weight.transpose(-2, -1), offs)
+        return grouped_mm(x, self.weight.transpose(-2, -1), offs, self.grouped_mm_op)
 
 
 class SwiGLUExperts(nn.Module):
@@ -54,10 +61,13 @@ class SwiGLUExperts(nn.Module):
         self.w1 = nn.Parameter(torch.empty(experts, hidden, dim))
         self.w2 = nn.Parameter(torch.empty(experts, dim, hidden))
         self.w3 = nn.Parameter(torch.empty(experts, hidden, dim))
+        self.grouped_mm_op: Callable | None = None  # set by numerics.layers.to_mxfp8
 
     def forward(self, x: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
-        h = F.silu(grouped_mm(x, self.w1.transpose(-2, -1), offs)) * grouped_mm(x, self.w3.transpose(-2, -1), offs)
-        return grouped_mm(h, self.w2.transpose(-2, -1), offs)
+        def mm(a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+            return grouped_mm(a, w.transpose(-2, -1), offs, self.grouped_mm_op)
+
+        return mm(F.silu(mm(x, self.w1)) * mm(x, self.w3), self.w2)
 
 
 class FeedForward(nn.Module):

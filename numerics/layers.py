@@ -2,28 +2,35 @@
 
 Public functions: ``run_linear``, ``run_grouped_mm``, ``run_moe``, ``run_mla``, ``run_config``
 (each returns ``LayerResult``s), ``torchao_linear`` / ``torchao_grouped_mm`` (the subject, called
-the way the harness calls it), ``to_mxfp8`` (module conversion), ``default_kernel``,
-``check_mx_gemm`` (bad shapes -> ValueError naming the constraint, before torchao asserts).
+the way the harness and the training model call it), ``to_mxfp8`` (module conversion),
+``default_kernel``, ``op_config``, ``quantize_api_refusal``, ``check_mx_gemm`` (bad shapes ->
+ValueError naming the constraint, before torchao asserts).
 
-The subject is torchao 0.18's MXFP8 training path: ``MXFP8Linear`` for dense projections and
-``MXFP8TrainingOpConfig`` + ``quantize_`` for expert weights, whose ``torch._grouped_mm`` then runs
-``_to_mxfp8_then_scaled_grouped_mm``. Recipes (``RECIPES``) are torchao's two MXFP8 training
-recipes, ``mxfp8`` (RCEIL scales, every GEMM in MXFP8) and ``mxfp8_wgrad_hp`` (weight gradient in
-BF16), next to the ``bf16`` baseline. Kernels: ``KernelPreference.EMULATED`` (quantize, dequantize,
-BF16 GEMM) on CPU and SM90, ``AUTO`` (real MX tensor cores) on SM100.
+The subject is torchao 0.18's MXFP8 training path, through its functional autograd ops:
+``MXFP8Linear`` (which runs ``mxfp8_linear._to_mxfp8_then_scaled_mm``) for dense projections and
+``_to_mxfp8_then_scaled_grouped_mm`` for the experts' grouped GEMMs, put into the expert modules'
+``grouped_mm_op`` seam. These are exactly the ops that ``quantize_(MXFP8TrainingOpConfig)``'s
+weight wrapper dispatches to, with the same configuration (``op_config``), so the numbers are the
+same bit for bit (tests/numerics/test_layers_quantize_api.py); ``quantize_`` itself is not used
+because torchao 0.18 refuses it on torch 2.11, the GPU machines' torch, asking for a nightly
+(FINDINGS.md C1), while the functional ops run there. Recipes (``RECIPES``) are torchao's two
+MXFP8 training recipes, ``mxfp8`` (RCEIL scales, every GEMM in MXFP8) and ``mxfp8_wgrad_hp``
+(weight gradient in BF16), next to the ``bf16`` baseline. Kernels: ``KernelPreference.EMULATED``
+(quantize, dequantize, BF16 GEMM) on CPU and SM90, ``AUTO`` (real MX tensor cores) on SM100.
 
 Which modules become MXFP8 follows torchtitan's DeepSeek-V3 setup (docs/mxfp8.md and the
 deepseek_v3 config registry): linears with ``filter_fqns=["output", "router.gate"]`` stay BF16,
 grouped GEMMs of ``experts`` are converted.
 
 Every run's upstream gradient is passed contiguous: torchao 0.18's grouped GEMM backward rejects
-a non-contiguous one (FINDINGS-layers.md), and the harness is not the place to trip on it.
+a non-contiguous one (FINDINGS.md), and the harness is not the place to trip on it.
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import json
 import math
 from collections.abc import Callable, Iterable
@@ -113,19 +120,44 @@ def torchao_grouped_mm(x: torch.Tensor, w_t: torch.Tensor, offs: torch.Tensor, r
     )
 
 
+def quantize_api_refusal() -> str | None:
+    """Why this torch + torchao refuse ``quantize_(MXFP8TrainingOpConfig)``, or None if they take it.
+
+    torchao 0.18.0 asserts that torch has two DTensor APIs that torch 2.11 lacks (FINDINGS.md C1);
+    the functional ops this module uses do not depend on them. Tries the conversion on a tiny
+    module, so it reports what torchao does rather than what we expect it to do.
+    """
+    from torchao.quantization import quantize_
+
+    try:
+        quantize_(nn.Sequential(nn.Linear(BLOCK, BLOCK, bias=False)), op_config("mxfp8", default_kernel("cpu")),
+                  filter_fn=lambda mod, fqn: isinstance(mod, nn.Linear))
+    except AssertionError as exc:
+        return f"torchao {_version('torchao')} refuses quantize_(MXFP8TrainingOpConfig) on torch " \
+               f"{torch.__version__}: {exc}"
+    return None
+
+
+def _version(dist: str) -> str:
+    from importlib.metadata import version
+
+    return version(dist)
+
+
 def _fqn_kept_bf16(fqn: str, keep: Iterable[str]) -> bool:
     return any(k in fqn for k in keep)
 
 
 def to_mxfp8(module: nn.Module, recipe: str, kernel, *, keep_bf16: Iterable[str] = TORCHTITAN_BF16_FQNS,
              pad_groups: bool = True) -> nn.Module:
-    """Convert a BF16 module in place: nn.Linear -> torchao MXFP8Linear, 3-D expert weights -> quantize_.
+    """Convert a BF16 module in place: nn.Linear -> torchao MXFP8Linear; a module with 3-D expert
+    weights gets ``torchao_grouped_mm`` in its ``grouped_mm_op`` seam.
 
     Linears are swapped to ``MXFP8Linear`` rather than given to ``quantize_`` because torchao 0.18's
-    ``quantize_(MXFP8TrainingOpConfig)`` drops an nn.Linear's bias (FINDINGS-layers.md).
+    ``quantize_(MXFP8TrainingOpConfig)`` drops an nn.Linear's bias (FINDINGS.md) and is refused
+    on torch 2.11 (FINDINGS.md C1); experts get the functional op for the latter reason.
     """
     from torchao.prototype.moe_training.mxfp8_linear import MXFP8Linear
-    from torchao.quantization import quantize_
 
     keep = tuple(keep_bf16)
     c = op_config(recipe, kernel, pad_groups=pad_groups)
@@ -139,11 +171,12 @@ def to_mxfp8(module: nn.Module, recipe: str, kernel, *, keep_bf16: Iterable[str]
             new.load_state_dict(child.state_dict())
             parent_name, _, attr = fqn.rpartition(".")
             setattr(module.get_submodule(parent_name) if parent_name else module, attr, new)
-
-    def is_experts(mod: nn.Module, fqn: str) -> bool:
-        return (not _fqn_kept_bf16(fqn, keep) and any(p.ndim == 3 for p in mod.parameters(recurse=False)))
-
-    quantize_(module, c, filter_fn=is_experts)
+        elif any(p.ndim == 3 for p in child.parameters(recurse=False)) and not _fqn_kept_bf16(fqn, keep):
+            if not hasattr(child, "grouped_mm_op"):
+                raise TypeError(f"{fqn or 'the module'} ({type(child).__name__}) has 3-D expert weights but no "
+                                "grouped_mm_op seam to put torchao's MXFP8 grouped GEMM into")
+            child.grouped_mm_op = functools.partial(torchao_grouped_mm, recipe=recipe, kernel=kernel,
+                                                    pad_groups=pad_groups)
     return module
 
 

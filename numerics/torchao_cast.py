@@ -20,15 +20,16 @@ def _mode(mode: str):
     return ScaleCalculationMode(mode)
 
 
-def _as_tensor(x) -> torch.Tensor:
+def _as_tensor(x, device: str | None = None) -> torch.Tensor:
     t = torch.from_numpy(np.ascontiguousarray(x)) if isinstance(x, np.ndarray) else x
-    return t.contiguous()
+    return t.to(device).contiguous() if device else t.contiguous()
 
 
-def quantize(x, elem: str, mode: str, block: int = 32) -> tuple[np.ndarray, np.ndarray]:
+def quantize(x, elem: str, mode: str, block: int = 32, *, device: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """torchao's cast on ``device`` (default: where x is; NumPy input runs on CPU)."""
     from torchao.prototype.mx_formats.mx_tensor import to_mx
 
-    scale, data = to_mx(_as_tensor(x), TORCH_ELEM[elem], block, _mode(mode))
+    scale, data = to_mx(_as_tensor(x, device), TORCH_ELEM[elem], block, _mode(mode))
     return (scale.view(torch.uint8).cpu().numpy().reshape(scale.shape),
             data.view(torch.uint8).cpu().numpy())
 

@@ -1,7 +1,9 @@
 """Hardware gates and Hypothesis profiles, in one place.
 
 Markers (registered in pyproject.toml) become skips with a reason that says how to enable the test:
-``gpu`` needs CUDA, ``multigpu`` needs two or more GPUs, ``sm100`` needs MXFP8 tensor cores (B200/GB200).
+``gpu`` needs CUDA, ``multigpu`` needs two or more GPUs, ``sm100`` needs MXFP8 tensor cores (B200/GB200),
+``torchao_quantize_api`` needs a torch on which torchao accepts ``quantize_(MXFP8TrainingOpConfig)``
+(torchao 0.18.0 refuses torch 2.11; FINDINGS.md C1).
 
 Hypothesis profiles, chosen with ``--hypothesis-profile NAME``:
 ``ci`` (default) derandomized and database-free so a CI failure reproduces exactly;
@@ -65,6 +67,24 @@ def hardware_skip_reason(markers: set[str], hw: dict) -> str | None:
     return None
 
 
+@functools.cache
+def _quantize_api_refusal() -> str | None:
+    from numerics.layers import quantize_api_refusal
+
+    reason = quantize_api_refusal()
+    return None if reason is None else reason + " (FINDINGS.md C1); the functional route is tested regardless"
+
+
+@pytest.fixture
+def torch_without_mxfp8_dtensor_apis(monkeypatch):
+    """Torch as torchao 0.18 sees torch 2.11: without the two DTensor APIs whose absence makes it refuse
+    ``quantize_(MXFP8TrainingOpConfig)`` (FINDINGS.md C1), so CI exercises the GPU machines' case."""
+    from torch.distributed.tensor import _dispatch, _ops
+
+    monkeypatch.delattr(_ops, "scaled_mm_single_dim_strategy", raising=False)
+    monkeypatch.delattr(_dispatch, "is_pinned_handler", raising=False)
+
+
 def pytest_configure(config):
     """One intra-op thread per xdist worker: ``-n 2`` on 2 cores otherwise runs 4 spinning OpenMP
     threads (measured: the CPU tier took 3:00 wall / 83 s CPU, and 0:44 / 16 s with one thread)."""
@@ -79,6 +99,9 @@ def pytest_configure(config):
 def pytest_collection_modifyitems(config, items):
     hw = _hardware()
     for item in items:
-        reason = hardware_skip_reason({m.name for m in item.iter_markers()}, hw)
+        markers = {m.name for m in item.iter_markers()}
+        reason = hardware_skip_reason(markers, hw)
+        if reason is None and "torchao_quantize_api" in markers:
+            reason = _quantize_api_refusal()
         if reason:
             item.add_marker(pytest.mark.skip(reason=reason))

@@ -94,6 +94,13 @@ def _payload_parts(prefix: str, x: Any) -> dict[str, torch.Tensor]:
     return {f"{prefix}.bf16": x}
 
 
+KNOWN_E1 = "known.E1.combine_negative_zero"  # rows named known.* are findings, reported, not failed
+
+
+def is_known(check_name: str) -> bool:
+    return check_name.startswith("known.")
+
+
 def compare_outputs(exp: dict[str, Any], got: dict[str, Any], *, rank: int, sim_rank) -> dict[str, str | None]:
     """Check name -> None (bit-identical) or the first mismatch, for one rank and one case."""
     rows = compare.recv_row_locator(sim_rank.recv_src_rank, sim_rank.recv_src_idx)
@@ -116,8 +123,15 @@ def compare_outputs(exp: dict[str, Any], got: dict[str, Any], *, rank: int, sim_
                                                         where=rows)
     checks["dispatch.num_recv_tokens_per_expert"] = compare.diff(
         list(ed.num_recv_tokens_per_expert), list(gd.num_recv_tokens_per_expert), rank=rank)
-    checks["combine"] = compare.diff(exp["combine"], got["combine"], rank=rank, nan_any=True,
-                                     where=compare.combine_locator(sim_rank.layout.is_token_in_rank))
+    where = compare.combine_locator(sim_rank.layout.is_token_in_rank)
+    checks["combine"] = compare.diff(exp["combine"], got["combine"], rank=rank, nan_any=True, where=where,
+                                     ignore=compare.negative_zero_lost)
+    # Known finding E1 (FINDINGS.md): a sum of -0.0 rows comes back +0.0. Counted on its own row,
+    # so the strict combine check above still fails on any other difference.
+    lost = compare.negative_zero_lost(exp["combine"], got["combine"])
+    checks[KNOWN_E1] = (compare.diff(exp["combine"], got["combine"], rank=rank, where=where,
+                                     ignore=lambda e, a: ~compare.negative_zero_lost(e, a))
+                        if lost.any() else None)
     return checks
 
 
@@ -273,7 +287,7 @@ def format_table(rows: dict[str, CheckRow]) -> str:
     width = max([len(n) for n in rows] + [5])
     lines = [f"{'check':<{width}}  {'cases':>5}  {'fail':>4}  result  first mismatch"]
     for name, row in rows.items():
-        verdict = "PASS" if row.failures == 0 else "FAIL"
+        verdict = "PASS" if row.failures == 0 else ("KNOWN" if is_known(name) else "FAIL")
         lines.append(f"{name:<{width}}  {row.cases:>5}  {row.failures:>4}  {verdict:<6}  {row.first or ''}")
         if row.first_case:
             lines.append(f"{'':<{width}}  {'':>5}  {'':>4}  {'':<6}  case: {row.first_case}")
@@ -337,7 +351,7 @@ def _specs(args, world: int, on_gpu: bool) -> list[Any]:
 def report(args, world: int, rows: dict[str, CheckRow], seconds: float, backend: str) -> int:
     from numerics.environment import describe
 
-    passed = all(r.failures == 0 for r in rows.values())
+    passed = all(r.failures == 0 for n, r in rows.items() if not is_known(n))
     print(format_table(rows))
     print(f"{'PASS' if passed else 'FAIL'}: {args.backend} against {args.against}, {world} ranks ({backend}), "
           f"{max((r.cases for r in rows.values()), default=0)} cases in {seconds:.1f} s")

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import copy
+import dataclasses
+
 import pytest
 import torch
+from torch import nn
 
-from convergence.model import Transformer, tiny
+from convergence.checkpoint import plain
+from convergence.model import Linear, Transformer, tiny
+from convergence.moe import GroupedExperts
 from convergence.recipes import (
     RECIPES,
     apply_recipe,
@@ -14,6 +20,7 @@ from convergence.recipes import (
     quantized_fqns,
     torchao_config,
 )
+from numerics.assertions import assert_bits_equal
 
 
 def _model():
@@ -38,12 +45,80 @@ def test_bf16_quantizes_nothing():
     assert all(type(p) is torch.nn.Parameter and type(p.data) is torch.Tensor for p in m.parameters())
 
 
-def test_apply_recipe_wraps_exactly_the_selected_weights():
+def test_apply_recipe_sets_the_op_on_exactly_the_selected_modules():
     m = _model()
     done = apply_recipe(m, get_recipe("mxfp8"), "cpu")
-    wrapped = {n.rsplit(".", 1)[0] for n, p in m.named_parameters() if type(p.data) is not torch.Tensor}
-    assert wrapped == set(done["quantized"])
+    with_op = {n for n, mod in m.named_modules() if getattr(mod, "mxfp8_op", None) is not None}
+    assert with_op == set(done["quantized"])
+    ops = {type(mod).__name__: mod.mxfp8_op.func.__name__ for n, mod in m.named_modules() if n in with_op}
+    assert ops == {"Linear": "torchao_linear", "GroupedExperts": "torchao_grouped_mm"}
+    assert all(type(p) is torch.nn.Parameter and type(p.data) is torch.Tensor for p in m.parameters())
     assert done["torchao_config"]["kernel_preference"] == "EMULATED"
+    assert done["torchao_api"] == "functional" and set(done["torchao_ops"]) == {"linear", "grouped_experts"}
+
+
+def test_apply_recipe_rejects_a_selected_module_without_the_op_seam():
+    m = nn.ModuleDict({"attention": nn.Linear(32, 32, bias=False)})  # a plain nn.Linear: no mxfp8_op
+    with pytest.raises(TypeError, match="mxfp8_op"):
+        apply_recipe(m, get_recipe("mxfp8"), "cpu")
+
+
+def test_recipe_scale_mode_must_be_torchaos():
+    floor_recipe = dataclasses.replace(get_recipe("mxfp8"), scale_calculation_mode="FLOOR")
+    with pytest.raises(ValueError, match="FLOOR"):
+        torchao_config(floor_recipe, "cpu")
+
+
+def test_apply_recipe_trains_where_quantize_api_is_refused(torch_without_mxfp8_dtensor_apis):
+    """torch 2.11's case (FINDINGS.md C1): the recipe's ops run and change the numbers."""
+    gen = torch.Generator().manual_seed(1)
+    tokens = torch.randint(0, 256, (1, 32), generator=gen)
+    grads = []
+    for name in ("bf16", "mxfp8"):
+        m = _model()
+        apply_recipe(m, get_recipe(name), "cpu")
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            m(tokens).float().square().mean().backward()
+        grads.append(plain(m.layers[1].moe.experts.w1.grad))
+    assert torch.isfinite(grads[1]).all() and not torch.equal(grads[0], grads[1])
+
+
+def _fwd_bwd(module: nn.Module, args: tuple, grad: torch.Tensor) -> list[torch.Tensor]:
+    """Under BF16 autocast with FP32 master weights, as training runs: output, dX, dW."""
+    x = args[0].clone().requires_grad_(True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = module(x, *args[1:])
+    y.backward(grad.to(y.dtype))
+    return [y.detach(), x.grad] + [plain(p.grad) for p in module.parameters()]
+
+
+@pytest.mark.torchao_quantize_api
+@pytest.mark.parametrize("recipe", ["mxfp8", "mxfp8-wgrad-hp"])
+@pytest.mark.parametrize("kind", ["linear", "grouped_experts"])
+def test_apply_recipe_functional_ops_equal_quantize_api(recipe, kind):
+    """The recipe's functional ops give the bits that quantize_(torchao_config(...)) gives, forward and
+    backward, with the F-T1 casts; quantize_ is what the recipes used before torch 2.11 refused it."""
+    from torchao.quantization import quantize_
+
+    gen = torch.Generator().manual_seed(0)
+    if kind == "linear":
+        mod = Linear(64, 96)
+        args = (torch.randn(2, 32, 64, generator=gen),)
+        grad = torch.randn(2, 32, 96, generator=gen)
+    else:
+        mod = GroupedExperts(4, 64, 96)
+        args = (torch.randn(128, 64, generator=gen), torch.tensor([5, 27, 0, 96]))  # empty, unaligned groups
+        grad = torch.randn(128, 64, generator=gen)
+    with torch.no_grad():
+        for p in mod.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen) * 0.05)
+    functional, via_quantize = (nn.ModuleDict({"attention": copy.deepcopy(mod)}) for _ in range(2))
+    apply_recipe(functional, get_recipe(recipe), "cpu")
+    quantize_(via_quantize, torchao_config(get_recipe(recipe), "cpu"), filter_fn=lambda m, fqn: fqn == "attention")
+    got = _fwd_bwd(functional["attention"], args, grad)
+    want = _fwd_bwd(via_quantize["attention"], args, grad)
+    for name, a, b in zip(["out", "dx", "dw1", "dw2", "dw3"], want, got):
+        assert_bits_equal(a, b, what=f"{kind} {recipe} {name}: quantize_ vs functional")
 
 
 def test_wgrad_hp_recipe_differs_from_mxfp8_only_in_wgrad():

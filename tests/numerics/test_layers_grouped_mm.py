@@ -98,7 +98,7 @@ def test_grouped_mm_results_do_not_depend_on_how_tokens_are_split_across_calls(s
 
 @pytest.mark.parametrize("make_grad", ["sum", "expand", "transpose"])
 @pytest.mark.xfail(strict=True, raises=AssertionError, reason="torchao 0.18: grouped GEMM backward asserts "
-                   "on a non-contiguous upstream gradient (FINDINGS-layers.md, 'non-contiguous grad')")
+                   "on a non-contiguous upstream gradient (FINDINGS.md, 'non-contiguous grad')")
 def test_grouped_mm_accepts_non_contiguous_upstream_gradient(make_grad):
     x, w, _, offs = _inputs((32,), k=32, n=32)  # minimal: one expert, one 32x32 block
     x.requires_grad_(True)
@@ -120,7 +120,7 @@ def test_grouped_mm_harness_passes_contiguous_gradients():
 
 @pytest.mark.xfail(strict=True, reason="torchao 0.18 accepts group sizes that are not multiples of 32 with "
                    "pad_token_groups_for_grouped_mm=False and shares dW scale blocks across experts "
-                   "(FINDINGS-layers.md, 'unaligned groups')")
+                   "(FINDINGS.md, 'unaligned groups')")
 def test_grouped_mm_unaligned_groups_without_padding_keep_experts_independent():
     sizes = (16, 48)  # expert 0's 16 tokens share a 32-token dW block with expert 1's first 16
     x, w, grad, offs = _inputs(sizes, k=32, n=32)

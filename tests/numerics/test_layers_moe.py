@@ -44,13 +44,23 @@ def test_moe_block_wgrad_hp_improves_expert_weight_gradients():
 
 def test_moe_conversion_follows_torchtitan_filter():
     from torchao.prototype.moe_training.mxfp8_linear import MXFP8Linear
-    from torchao.prototype.moe_training.tensor import MXFP8TrainingWeightWrapperTensor
 
     m = layers.to_mxfp8(MoE(small().moe).to(torch.bfloat16), "mxfp8", _emulated())
     assert type(m.router.gate) is nn.Linear  # router.gate stays BF16 (torchtitan filter_fqns)
     for name in ("w1", "w2", "w3"):
         assert isinstance(getattr(m.shared_experts, name), MXFP8Linear)
-        assert isinstance(getattr(m.experts, name).data, MXFP8TrainingWeightWrapperTensor)
+    assert m.experts.grouped_mm_op.func is layers.torchao_grouped_mm  # routed experts' grouped GEMMs
+    assert all(type(p.data) is torch.Tensor for p in m.parameters())  # weights stay plain
+
+
+def test_moe_conversion_without_seam_is_a_typeerror():
+    class Experts(nn.Module):  # 3-D expert weights, but no grouped_mm_op for the MXFP8 op
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(torch.zeros(2, 32, 32, dtype=torch.bfloat16))
+
+    with pytest.raises(TypeError, match="grouped_mm_op"):
+        layers.to_mxfp8(nn.ModuleDict({"experts": Experts()}), "mxfp8", _emulated())
 
 
 def test_moe_block_mxfp8_changes_the_output():

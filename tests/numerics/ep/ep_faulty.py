@@ -1,7 +1,8 @@
 """A deliberately wrong EPBackend, importable by spawned ranks, to prove the check can fail.
 
-Rank 1 flips one payload bit of received row 2 (column 5), and every rank turns -0.0 combine
-results into +0.0 — the kind of difference only a bit-exact check sees.
+Rank 1 flips one payload bit of received row 2 (column 5), and every rank turns +0.0 combine
+results into -0.0 — the kind of difference only a bit-exact check sees. (The opposite, -0.0 into
++0.0, is DeepEP's known finding E1, which the check reports on its own row.)
 """
 
 from __future__ import annotations
@@ -20,4 +21,5 @@ class FaultyBackend(AllToAllReference):
 
     def combine(self, y, handle):
         out = super().combine(y, handle)
-        return out + 0.0  # -0.0 + 0.0 = +0.0 in IEEE: only the sign of zero changes
+        positive_zero = (out == 0) & ~torch.signbit(out)
+        return torch.where(positive_zero, -out, out)  # only the sign of zero changes

@@ -72,3 +72,28 @@ def test_drive_and_table_report_the_first_failure_with_its_case():
     table = format_table(rows)
     assert "FAIL" in table and "case: {" in table
     assert CaseSpec.from_json(SPEC.to_json()) == SPEC
+
+
+def test_compare_outputs_counts_lost_negative_zero_as_known_finding_E1_only():
+    """-0.0 expected, +0.0 got is DeepEP's E1: reported on its own row; the reverse still fails combine."""
+    from numerics.ep.check import KNOWN_E1
+
+    sim, exp = _expected(SPEC, 0)
+    exp["combine"].view(torch.int16)[2, 7] = -0x8000  # the reference summed only -0.0 rows here
+    got = copy.deepcopy(exp)
+    got["combine"].view(torch.int16)[2, 7] = 0  # ... and the backend returned +0.0
+    checks = compare_outputs(exp, got, rank=0, sim_rank=sim.ranks[0])
+    assert checks["combine"] is None
+    assert checks[KNOWN_E1].startswith("rank 0, token 2, col 7") and "[1 of " in checks[KNOWN_E1]
+    exp["combine"].view(torch.int16)[2, 7], got["combine"].view(torch.int16)[2, 7] = 0, -0x8000
+    checks = compare_outputs(exp, got, rank=0, sim_rank=sim.ranks[0])
+    assert checks["combine"].startswith("rank 0, token 2, col 7") and checks[KNOWN_E1] is None
+
+
+def test_table_marks_known_rows_and_they_do_not_fail_the_run():
+    from numerics.ep.check import KNOWN_E1, is_known
+
+    rows = {"combine": CheckRow(cases=3), KNOWN_E1: CheckRow(cases=3, failures=2, first="rank 1, token 9")}
+    table = format_table(rows)
+    assert "KNOWN" in table and "FAIL" not in table
+    assert all(r.failures == 0 for n, r in rows.items() if not is_known(n))

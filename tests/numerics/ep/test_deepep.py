@@ -17,7 +17,7 @@ pytest.importorskip(
 
 from hypothesis import example, given, settings
 
-from numerics.ep.check import bad_input_specs, judge_bad_input
+from numerics.ep.check import KNOWN_E1, bad_input_specs, is_known, judge_bad_input
 from numerics.ep.launch import Session
 from numerics.ep.strategies import CaseSpec, case_specs
 
@@ -28,7 +28,7 @@ RUNNER = "numerics.ep.check:CaseRunner"
 def _assert_all_pass(spec, results):
     for rank, res in enumerate(results):
         assert "error" not in res, f"rank {rank} raised on {spec}: {res.get('traceback', res['error'])}"
-        failed = {k: v for k, v in res["checks"].items() if v}
+        failed = {k: v for k, v in res["checks"].items() if v and not is_known(k)}
         assert not failed, f"rank {rank}, {spec.to_json()}: {failed}"
 
 
@@ -67,3 +67,16 @@ def test_deepep_deterministic_mode_matches_reference():
             spec = CaseSpec(world=2, seed=seed, tokens=(4096, 4095), hidden=7168, topk=8, num_experts=256,
                             specials=0.0)
             _assert_all_pass(spec, session.run(spec))
+
+
+@pytest.mark.xfail(strict=True, reason="E1: DeepEP combine returns +0.0 for a sum of -0.0 rows (FINDINGS.md)")
+def test_deepep_combine_keeps_negative_zero_E1():
+    """Shrunk from `numerics.ep check` on 2 x H200: every token goes to rank 0's experts only, so each
+    combined value is one row; rows holding -0.0 (specials) must come back -0.0, bit for bit."""
+    kwargs = {"backend": "deepep", "against": "reference", "timeout_s": 60.0}
+    spec = CaseSpec(world=2, seed=2, tokens=(0, 129), hidden=2048, topk=6, num_experts=64,
+                    routing="starve_rank", starved=1, specials=0.05)
+    with Session(2, RUNNER, kwargs, comm="nccl", timeout_s=60.0) as session:
+        results = session.run(spec)
+    _assert_all_pass(spec, results)
+    assert all(res["checks"].get(KNOWN_E1) is None for res in results), [r["checks"][KNOWN_E1] for r in results]

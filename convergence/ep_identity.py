@@ -1,0 +1,153 @@
+"""python -m convergence ep-identity RUN_A RUN_B [--recipe R ...] [--json OUT] [--force]
+
+Are two training runs the same, step for step? For the distributed level's claim that DeepEP changes
+speed, not results: the same run with ``--ep-backend reference`` and ``--ep-backend deepep``.
+
+Public: ``TIMING_FIELDS``, ``compare_runs(a, b, recipes=None) -> dict``, ``main(argv)``.
+
+Each argument is a run directory (``OUT`` of ``convergence train``, holding ``<recipe>/metrics.jsonl``)
+or one ``metrics.jsonl``. Every record's fields are compared for equality except ``TIMING_FIELDS``
+(wall time and what derives from it); JSON floats are written with ``repr``, so equal values are equal
+bits. The report names the compared fields, the first differing step and field (value in A and in B),
+and, from the same run, each side's median tokens/s and share of step time in dispatch/combine
+(steps after the first ``WARMUP``). Exit 0 identical, 1 different, 2 bad input. ``--json`` writes the
+result with versions and hardware, in the shape kept under ``golden/training/``; an existing file is
+never overwritten without ``--force``.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections.abc import Sequence
+from pathlib import Path
+
+from numerics.cli import ArgumentParser, CLIError
+
+TIMING_FIELDS = ("tokens_per_s", "dispatch_combine_s", "dispatch_combine_share")
+WARMUP = 2  # first steps left out of the speed medians (allocator and communicator warm-up)
+
+
+def _records(path: Path) -> list[dict]:
+    out = []
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            raise CLIError(f"{path}:{n}: not a JSON line") from None
+    return out
+
+
+def _runs(path: Path, recipes: Sequence[str] | None) -> dict[str, Path]:
+    if not path.exists():
+        raise CLIError(f"{path} does not exist")
+    if path.is_file():
+        return {"run": path}
+    found = {d.name: d / "metrics.jsonl" for d in sorted(path.iterdir()) if (d / "metrics.jsonl").exists()}
+    if recipes:
+        missing = [r for r in recipes if r not in found]
+        if missing:
+            raise CLIError(f"{path} has no {missing[0]}/metrics.jsonl (it has: {', '.join(found) or 'none'})")
+        found = {r: found[r] for r in recipes}
+    if not found:
+        raise CLIError(f"{path} holds no <recipe>/metrics.jsonl")
+    return found
+
+
+def _backend(metrics: Path) -> dict:
+    cfg = metrics.parent / "config.json"
+    if not cfg.exists():
+        return {}
+    d = json.loads(cfg.read_text())
+    return {k: d.get("distributed", {}).get(k) for k in ("ep", "ep_backend", "backend_class", "deterministic")}
+
+
+def _speed(recs: list[dict]) -> dict:
+    tail = recs[WARMUP:] or recs
+    out = {}
+    for key in ("tokens_per_s", "dispatch_combine_share"):
+        vals = [r[key] for r in tail if isinstance(r.get(key), (int, float))]
+        out[key] = statistics.median(vals) if vals else None
+    return out
+
+
+def first_difference(a: list[dict], b: list[dict]) -> dict | None:
+    for i, (ra, rb) in enumerate(zip(a, b)):
+        for key in sorted(set(ra) | set(rb)):
+            if key in TIMING_FIELDS:
+                continue
+            if ra.get(key, "<absent>") != rb.get(key, "<absent>"):
+                return {"step": ra.get("step", i + 1), "field": key, "a": ra.get(key, "<absent>"),
+                        "b": rb.get(key, "<absent>")}
+    if len(a) != len(b):
+        return {"step": min(len(a), len(b)) + 1, "field": "<record count>", "a": len(a), "b": len(b)}
+    return None
+
+
+def compare_runs(a: Path, b: Path, recipes: Sequence[str] | None = None) -> dict:
+    runs_a, runs_b = _runs(Path(a), recipes), _runs(Path(b), recipes)
+    if set(runs_a) == set(runs_b):
+        pairs = [(r, runs_a[r], runs_b[r]) for r in runs_a]
+    elif len(runs_a) == len(runs_b) == 1:  # a metrics.jsonl on one side at least
+        (na, pa), (nb, pb) = next(iter(runs_a.items())), next(iter(runs_b.items()))
+        pairs = [(na if na != "run" else nb, pa, pb)]
+    else:
+        raise CLIError(f"the runs hold different recipes: {', '.join(runs_a)} vs {', '.join(runs_b)}")
+    result: dict = {"a": str(a), "b": str(b), "excluded_fields": list(TIMING_FIELDS), "recipes": {}}
+    fields: set[str] = set()
+    for name, pa, pb in pairs:
+        ra, rb = _records(pa), _records(pb)
+        for r in ra + rb:
+            fields.update(k for k in r if k not in TIMING_FIELDS)
+        diff = first_difference(ra, rb)
+        result["recipes"][name] = {
+            "steps": [len(ra), len(rb)], "identical": diff is None, "first_difference": diff,
+            "a": {"metrics": str(pa), **_backend(pa), **_speed(ra)},
+            "b": {"metrics": str(pb), **_backend(pb), **_speed(rb)},
+        }
+    result["compared_fields"] = sorted(fields)
+    result["identical"] = all(r["identical"] for r in result["recipes"].values())
+    return result
+
+
+def _fmt(x, spec: str) -> str:
+    return "n/a" if x is None else format(x, spec)
+
+
+def report(r: dict) -> str:
+    lines = [f"compared fields: {', '.join(r['compared_fields'])}",
+             f"excluded (timing): {', '.join(r['excluded_fields'])}"]
+    for name, rec in r["recipes"].items():
+        d = rec["first_difference"]
+        verdict = "IDENTICAL" if d is None else (
+            f"DIFFER at step {d['step']}, field {d['field']}: A {d['a']!r} vs B {d['b']!r}")
+        lines.append(f"{name}: {rec['steps'][0]} vs {rec['steps'][1]} steps, {verdict}")
+        sa, sb = rec["a"], rec["b"]
+        ratio = (sb["tokens_per_s"] / sa["tokens_per_s"]) if sa["tokens_per_s"] and sb["tokens_per_s"] else None
+        lines.append(f"  {'side':<4} {'backend':<10} {'tokens/s':>12} {'dispatch+combine':>17}")
+        for side, s in (("A", sa), ("B", sb)):
+            lines.append(f"  {side:<4} {s.get('ep_backend')!s:<10} {_fmt(s['tokens_per_s'], ',.0f'):>12} "
+                         f"{_fmt(s['dispatch_combine_share'], '.1%'):>17}")
+        lines.append(f"  tokens/s B / A: {_fmt(ratio, '.3f')} (medians after step {WARMUP}, one session)")
+    lines.append("verdict: " + ("IDENTICAL" if r["identical"] else "DIFFERENT"))
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = ArgumentParser(prog="python -m convergence ep-identity", description=__doc__.splitlines()[2])
+    p.add_argument("a", type=Path, help="run directory or metrics.jsonl (e.g. --ep-backend reference)")
+    p.add_argument("b", type=Path, help="run directory or metrics.jsonl (e.g. --ep-backend deepep)")
+    p.add_argument("--recipe", action="append", help="compare only these recipes (repeatable)")
+    p.add_argument("--json", type=Path, metavar="OUT", help="write the result with versions and hardware")
+    p.add_argument("--force", action="store_true", help="overwrite an existing --json file")
+    args = p.parse_args(argv)
+    if args.json is not None and args.json.exists() and not args.force:
+        raise CLIError(f"{args.json} exists; pass --force to overwrite it")
+    result = compare_runs(args.a, args.b, args.recipe)
+    print(report(result))
+    if args.json is not None:
+        from numerics.environment import describe
+
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result | {"environment": describe()}, indent=2, default=str) + "\n")
+    return 0 if result["identical"] else 1

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from numerics.cli import ArgumentParser, CLIError, run_main
 
-ARTIFACTS: list[str] = ["golden.layer_stats"]
+ARTIFACTS: list[str] = ["golden.layer_stats", "golden.tensor_vectors"]
 
 
 def _modules(only: list[str] | None):

@@ -4,12 +4,15 @@ Written from the OCP Microscaling Formats (MX) v1.0 specification, section 5 (el
 and 5.4 (E8M0): no library cast is used, so ``ml_dtypes`` and torch can be checked against it.
 
 Public: ``ELEMENTS`` (name -> ``ElementFormat``), ``encode(values, fmt, saturate=True)`` (float64
--> uint8 with round-half-to-even), ``decode(bits, fmt)`` (uint8 -> float64), ``E8M0`` helpers
+-> uint8 with round-half-to-even), ``encode_f32(values, fmt)`` (float32 -> uint8, saturating: the same codes as ``encode``, through
+float32 bit arithmetic, which is what makes the oracle fast), ``decode(bits, fmt)`` (uint8 ->
+float64), ``E8M0`` helpers
 ``scale_byte(exponent)`` / ``scale_value(byte)``.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -124,6 +127,47 @@ def encode(values: np.ndarray, fmt: ElementFormat, *, saturate: bool = True) -> 
     codes = np.where(inf_in & np.bool_(saturate), max_code, codes)
     codes = np.where(np.isnan(v), np.uint8(fmt.nan_code), codes)
     return (codes | sign_bit).astype(np.uint8)
+
+
+@functools.cache
+def _magnitude_table(fmt: ElementFormat) -> np.ndarray:
+    """Code of every float32 whose low ``23 - mbits`` mantissa bits are zero, indexed by its top
+    ``9 + mbits`` bits (sign, exponent, ``mbits`` mantissa bits); built with the exact ``encode``."""
+    idx = np.arange(1 << (9 + fmt.mbits), dtype=np.uint32)
+    values = (idx << (23 - fmt.mbits)).view(np.float32)
+    with np.errstate(invalid="ignore"):
+        return encode(np.where(np.isnan(values), np.inf, values).astype(np.float64), fmt, saturate=True)
+
+
+def encode_f32(values: np.ndarray, fmt: ElementFormat) -> np.ndarray:
+    """float32 values -> uint8 codes with saturation; the same codes as ``encode(values, fmt)``.
+
+    Exact by construction: for a value ``a`` with exponent ``e`` (at least ``emin``, at most
+    ``emax + 2``), ``C = copysign(2^(e + 23 - mbits), a)`` has ulp ``2^(e - mbits)``, the element
+    quantum of ``a``'s binade, so the float32 sum ``a + C`` is ``a`` rounded half-to-even to that
+    quantum (one rounding, done by the FPU) and ``(a + C) - C`` is exact. The rounded value has at
+    most ``mbits`` mantissa bits, so its top ``9 + mbits`` bits index a table of codes built with
+    ``encode`` (saturation included). Exponents clamp to ``emax + 2``: anything that large is far
+    above ``max_normal`` and saturates whatever its rounding; +-Inf saturates too. NaN input gives
+    an unspecified code (callers mask NaN blocks). Checked against ``encode`` in
+    tests/numerics/test_elements.py.
+    """
+    a = np.ascontiguousarray(values, dtype=np.float32)
+    u = a.view(np.uint32)
+    sign = u & np.uint32(0x80000000)
+    c = u >> 23
+    c &= 0xFF
+    np.clip(c, 127 + fmt.emin, 127 + fmt.emax + 2, out=c)
+    c += 23 - fmt.mbits
+    c <<= 23
+    c |= sign
+    cf = c.view(np.float32)
+    r = a + cf
+    r -= cf
+    idx = r.view(np.uint32)
+    idx |= sign  # a value that rounds to zero keeps its sign (x - x is +0 under round-to-nearest)
+    idx >>= 23 - fmt.mbits
+    return _magnitude_table(fmt)[idx]
 
 
 def encode_max_code(fmt: ElementFormat) -> int:

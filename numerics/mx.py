@@ -19,7 +19,9 @@ magnitude and ``emax``/``max`` the element's largest normal exponent/value
 then ``s`` is clamped to E8M0's range [-127, 127] (an all-zero block gets s = -127, byte 0x00,
 which is what every rule gives for amax -> 0 after clamping), the scale byte is ``s + 127``, and each
 element is ``round_half_even(v / 2^s)`` in the element format, saturating to +-max. ``v / 2^s`` is
-exact in float64, so there is exactly one rounding, as the spec requires.
+a power-of-two rescale, exact wherever it can affect a code, so there is exactly one rounding, as
+the spec requires (``elements.encode_f32`` does it with float32 bit arithmetic, checked against the
+float64 ``elements.encode``).
 
 Where the rules are silent the oracle picks, and says so:
 
@@ -117,24 +119,34 @@ def quantize(
     _check_choice("inf", inf, INF_POLICIES)
     _check_choice("rceil", rceil, RCEIL_READINGS)
     fmt = ELEMENTS[elem]
-    blocks = x.astype(np.float64).reshape(*x.shape[:-1], x.shape[-1] // block, block)
-    mag = np.abs(blocks)
-    has_nan = np.isnan(blocks).any(axis=-1)
-    has_inf = np.isinf(blocks).any(axis=-1)
-    nan_block = has_nan | (has_inf if inf == "nan" else False)
-    amax = np.where(np.isnan(mag), 0.0, mag).max(axis=-1)
+    blocks = x.reshape(*x.shape[:-1], x.shape[-1] // block, block)
+    # amax on the bit patterns: |x|'s bits order like |x| (NaN's above Inf's), so one integer max
+    # per block gives amax and says whether the block holds a NaN or an Inf
+    mag_bits = blocks.view(np.uint32) & np.uint32(0x7FFFFFFF)
+    amax_bits = mag_bits.max(axis=-1)
+    del mag_bits
+    nan_block = amax_bits > 0x7F800000
+    if inf == "nan":
+        nan_block |= amax_bits == 0x7F800000
+    amax = np.where(nan_block, 0, amax_bits).astype(np.uint32).view(np.float32).astype(np.float64)
 
     s = scale_exponents(amax, elem, mode, rceil=rceil)
     s = np.where(amax == 0, E8M0_MIN_EXP, s)
     s = np.where(np.isinf(amax), E8M0_MAX_EXP, s)  # only reached with inf="saturate"
     s = np.clip(s, E8M0_MIN_EXP, E8M0_MAX_EXP)
+    s = np.where(nan_block, 0, s)  # NaN blocks: their bytes are set below; keep the rescale harmless
 
-    scaled = np.ldexp(blocks, -s[..., None].astype(np.int32))  # exact: a power-of-two rescale
-    codes = elements.encode(scaled, fmt, saturate=True)
-    nan_codes = np.uint8(fmt.nan_code) | (np.signbit(blocks).astype(np.uint8) << 7)
-    codes = np.where(nan_block[..., None], nan_codes, codes)
-    scale_bits = np.where(nan_block, np.uint8(E8M0_NAN), elements.scale_byte(np.where(nan_block, 0, s)))
-    return scale_bits.astype(np.uint8), codes.reshape(x.shape).astype(np.uint8)
+    # x / 2^s in float32 is exact wherever the quotient is a normal float32; below 2^-126 it may
+    # round, but every such value rounds to zero in both element formats (their smallest
+    # subnormals are 2^-9 and 2^-16), so the codes are those of the exact quotient.
+    inv_scale = np.ldexp(1.0, -s).astype(np.float32)  # 2^-s for s in [-127, 127]: exact in float32
+    scaled = blocks * inv_scale[..., None]
+    codes = elements.encode_f32(scaled, fmt).reshape(blocks.shape)
+    if nan_block.any():
+        sign = np.signbit(blocks[nan_block]).astype(np.uint8) << 7
+        codes[nan_block] = np.uint8(fmt.nan_code) | sign
+    scale_bits = np.where(nan_block, np.uint8(E8M0_NAN), elements.scale_byte(s))
+    return scale_bits.astype(np.uint8), codes.reshape(x.shape)
 
 
 def dequantize(scale_bits: np.ndarray, elem_bits: np.ndarray, elem: str, block: int = 32, *,

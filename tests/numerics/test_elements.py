@@ -76,3 +76,28 @@ def test_elements_case_table_elements_match_ml_dtypes(case):
     assert_bits_equal(case.expected_elements(), scaled.astype(ML[case.elem]).view(np.uint8),
                       what=f"{case.name} via ml_dtypes")
     assert mx.quantize(case.block(), case.elem, case.mode)[0][0, 0] == case.scale
+
+
+def _f32_probe_values(fmt, rng) -> np.ndarray:
+    """Every float32 around each element code: the code, its midpoints to both neighbours and one
+    float32 ulp either side of them, in every binade a scaled block can produce, plus random bits."""
+    codes = elements.decode(ALL_CODES, fmt)
+    grid = np.unique(np.abs(codes[np.isfinite(codes)]))
+    mids = (grid[:-1] + grid[1:]) / 2
+    above = np.array([fmt.max_normal * 1.0625, fmt.max_normal * 2, fmt.max_normal * 4, np.inf])
+    base = np.concatenate([grid, mids, above]).astype(np.float32)
+    near = [base, np.nextafter(base, np.float32(0)), np.nextafter(base, np.float32(np.inf))]
+    bits = rng.integers(0, 2**32, 200_000, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    rand = bits[~np.isnan(bits)]
+    tiny = np.ldexp(np.float32(rng.standard_normal(20_000)), rng.integers(-150, 0, 20_000)).astype(np.float32)
+    v = np.concatenate([*near, rand, tiny, np.float32([0.0, 2.0**-149, 2.0**-126])])
+    return np.concatenate([v, -v]).astype(np.float32)
+
+
+@pytest.mark.parametrize("elem", sorted(ML))
+def test_elements_encode_f32_matches_exact_encode(elem):
+    """The oracle's fast float32 path gives the float64 encode's codes on every probe value."""
+    fmt = elements.ELEMENTS[elem]
+    v = _f32_probe_values(fmt, np.random.default_rng(7))
+    assert_bits_equal(elements.encode(v.astype(np.float64), fmt), elements.encode_f32(v, fmt),
+                      what=f"{elem} encode_f32 vs encode")

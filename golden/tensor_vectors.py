@@ -1,0 +1,166 @@
+"""Golden tensor-level vectors: inputs and the oracle's MX bytes for every (element, mode).
+
+Files: ``golden/tensor/mx_vectors__any.json`` (hardware ``any``: the bytes are exact, so one file
+holds on every machine) and its ``.meta.json`` sidecar (versions, seed, generator, sha256 of the
+data file, this format's description).
+
+Data format (JSON): ``{"format": FORMAT, "block": 32, "inputs": [...], "expected": {...}}`` where
+each input is one 32-value block ``{"source": "<family>[i]" | "case:<name>", "bits": "<256 hex>"}``
+(the float32 bit patterns, big-endian hex, 8 digits per value) and ``expected["<elem>/<mode>"]``
+is ``{"scales": "<2 hex per block>", "elements": ["<64 hex per block>", ...]}``: E8M0 scale bytes
+and E4M3/E5M2 element bytes, OCP bit layouts, as ``numerics.mx.quantize`` (default readings) gives.
+
+``check()``: the checksum matches the sidecar; the oracle re-derives every byte exactly; torchao's
+cast matches every block except those a known finding claims (``numerics.findings``), which are
+counted and listed; element bytes of NaN-scale blocks are not compared for torchao (as in
+tests/numerics/test_torchao_cast.py). ``regenerate()`` rewrites both files and says how many
+bytes changed per (element, mode).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+
+NAME = "tensor_vectors"
+DIR = Path(__file__).resolve().parent / "tensor"
+FILE = "mx_vectors__any.json"
+SEED = 20261129
+BLOCKS_PER_FAMILY = 4
+FORMAT = "mxval-mx-vectors-v1"
+FORMAT_DOC = __doc__.split("Data format (JSON): ")[1].split("\n\n")[0].replace("\n", " ")
+
+
+def _inputs() -> list[tuple[str, np.ndarray]]:
+    from numerics import cases, families
+
+    out = []
+    for family in families.FAMILIES:
+        x = families.generate(family, (BLOCKS_PER_FAMILY, 32), SEED)
+        out += [(f"{family}[{i}]", x[i]) for i in range(BLOCKS_PER_FAMILY)]
+    seen = set()
+    for case in cases.CASES:  # one block per distinct named input (several cases share one)
+        blk = case.block()[0]
+        key = blk.tobytes()
+        if key not in seen:
+            seen.add(key)
+            out.append((f"case:{case.name}", blk))
+    return out
+
+
+def _hex(a: np.ndarray) -> str:
+    return a.astype(">u4").tobytes().hex() if a.dtype == np.uint32 else a.astype(np.uint8).tobytes().hex()
+
+
+def build() -> dict:
+    from numerics import mx
+
+    inputs = _inputs()
+    x = np.stack([v for _, v in inputs]).astype(np.float32)
+    expected = {}
+    for elem in ("e4m3", "e5m2"):
+        for mode in mx.MODES:
+            s, e = mx.quantize(x, elem, mode)
+            expected[f"{elem}/{mode}"] = {"scales": _hex(s[:, 0]), "elements": [_hex(row) for row in e]}
+    return {"format": FORMAT, "block": 32,
+            "inputs": [{"source": src, "bits": _hex(v.view(np.uint32))} for src, v in inputs],
+            "expected": expected}
+
+
+def decode_inputs(data: dict) -> np.ndarray:
+    rows = [np.frombuffer(bytes.fromhex(i["bits"]), dtype=">u4").astype(np.uint32) for i in data["inputs"]]
+    return np.stack(rows).view(np.float32)
+
+
+def _expected(data: dict, key: str) -> tuple[np.ndarray, np.ndarray]:
+    exp = data["expected"][key]
+    scales = np.frombuffer(bytes.fromhex(exp["scales"]), dtype=np.uint8).reshape(-1, 1)
+    elems = np.stack([np.frombuffer(bytes.fromhex(h), dtype=np.uint8) for h in exp["elements"]])
+    return scales, elems
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def check_dir(directory: Path) -> tuple[list[str], dict[str, list[str]]]:
+    """Problems, and the torchao blocks each known finding claims (``"<elem>/<mode> <source>"``)."""
+    from numerics import findings, mx, torchao_cast
+
+    path, meta_path = directory / FILE, directory / FILE.replace(".json", ".meta.json")
+    if not path.exists() or not meta_path.exists():
+        return [f"{path} or its .meta.json sidecar is missing; run python -m golden regenerate --only {NAME}"], {}
+    meta = json.loads(meta_path.read_text())
+    if meta.get("sha256") != _sha256(path):
+        return [f"{FILE}: sha256 {_sha256(path)[:12]}... does not match the sidecar's "
+                f"{str(meta.get('sha256'))[:12]}... (edited by hand?)"], {}
+    data = json.loads(path.read_text())
+    x = decode_inputs(data)
+    sources = [i["source"] for i in data["inputs"]]
+    problems, claimed = [], {}
+    for key in data["expected"]:
+        elem, mode = key.split("/")
+        want_s, want_e = _expected(data, key)
+        got_s, got_e = mx.quantize(x, elem, mode)
+        for i in np.flatnonzero((got_s[:, 0] != want_s[:, 0]) | (got_e != want_e).any(axis=1)):
+            problems.append(f"{key} {sources[i]}: the oracle gives scale 0x{got_s[i, 0]:02x} elements "
+                            f"{_hex(got_e[i])}, the file 0x{want_s[i, 0]:02x} {_hex(want_e[i])}")
+        ts, te = torchao_cast.quantize(x, elem, mode)
+        bad = (ts[:, 0] != want_s[:, 0]) | ((te != want_e).any(axis=1) & (want_s[:, 0] != 0xFF))
+        known = findings.known_blocks(x, elem, mode, want_s)
+        for i in np.flatnonzero(bad):
+            fid = next((f for f, m in known.items() if m[i, 0]), None)
+            if fid:
+                claimed.setdefault(fid, []).append(f"{key} {sources[i]}")
+            else:
+                problems.append(f"{key} {sources[i]}: torchao gives scale 0x{ts[i, 0]:02x} elements "
+                                f"{_hex(te[i])}, the oracle 0x{want_s[i, 0]:02x} {_hex(want_e[i])}")
+    return problems, claimed
+
+
+def check() -> list[str]:
+    problems, claimed = check_dir(DIR)
+    if claimed:
+        counts = ", ".join(f"{f} {len(v)}" for f, v in sorted(claimed.items()))
+        print(f"{NAME}: torchao differs only in blocks known findings claim ({counts}):")
+        for fid, where in sorted(claimed.items()):
+            print(f"    {fid}: {'; '.join(where)}")
+    return problems
+
+
+def write(directory: Path) -> str:
+    from numerics import environment
+
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / FILE
+    new = build()
+    summary = []
+    if path.exists():
+        old = json.loads(path.read_text())
+        for key in new["expected"]:
+            if key not in old.get("expected", {}) or len(old["inputs"]) != len(new["inputs"]):
+                summary.append(f"{key} new")
+                continue
+            (os_, oe), (ns, ne) = _expected(old, key), _expected(new, key)
+            changed = int((os_ != ns).sum() + (oe != ne).sum())
+            if changed:
+                summary.append(f"{key} {changed} bytes")
+        inputs_changed = old.get("inputs") != new["inputs"]
+    else:
+        summary.append("new file")
+        inputs_changed = True
+    path.write_text(json.dumps(new, indent=1, sort_keys=True) + "\n")
+    meta = {"format": FORMAT, "format_doc": FORMAT_DOC, "seed": SEED, "blocks_per_family": BLOCKS_PER_FAMILY,
+            "generator": "golden.tensor_vectors.build: numerics.families.generate(family, (4, 32), seed) "
+                         "for each family, then every distinct numerics.cases block; bytes from numerics.mx",
+            "blocks": len(new["inputs"]), "sha256": _sha256(path), "versions": environment.describe()}
+    path.with_name(FILE.replace(".json", ".meta.json")).write_text(json.dumps(meta, indent=1) + "\n")
+    what = "; ".join(summary) if summary else "no byte changed"
+    return f"{FILE}: {len(new['inputs'])} blocks{', inputs changed' if inputs_changed else ''}; {what}"
+
+
+def regenerate() -> str:
+    return write(DIR)

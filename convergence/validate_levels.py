@@ -46,7 +46,7 @@ def run_tensor(plan: Plan, out: Path, progress: Progress) -> LevelResult:
     from numerics.tolerances import floor
 
     progress(f"torchao to_mx against numerics.mx ({plan.tensor_size} profile)")
-    doc = report.tensor_report(size=plan.tensor_size, seed=plan.seed)
+    doc = report.tensor_report(size=plan.tensor_size, seed=plan.seed, device=plan.device)
     (out / "tensor").mkdir()
     (out / "tensor" / "report.json").write_text(json.dumps(doc, indent=1, default=str) + "\n")
     recs = doc["records"]
@@ -54,7 +54,11 @@ def run_tensor(plan: Plan, out: Path, progress: Progress) -> LevelResult:
                           "bit-exact", "known findings", "unexplained")]
     findings: dict[str, int] = {}
     for r in recs:
-        tol = floor("tensor", r["elem"], "roundtrip", "sqnr_db")
+        # torchao's own bar for every family; the tighter measured floor for Gaussian activations
+        tols = [floor("tensor", r["elem"], "roundtrip", "sqnr_db")]
+        if r["family"] == "normal":
+            tols.append(floor("tensor", r["elem"], "roundtrip_normal", "sqnr_db"))
+        tol = max(tols, key=lambda t: t.floor)
         known = r.get("blocks_known_findings") or {}
         for k, n in known.items():
             findings[k] = findings.get(k, 0) + int(n)
@@ -73,7 +77,8 @@ def run_tensor(plan: Plan, out: Path, progress: Progress) -> LevelResult:
     if not any(c.name.startswith("bit-exact") for c in checks):
         checks.insert(0, Check("bit-exact against the oracle", "pass",
                                f"{blocks} blocks over {len(recs)} (elem, mode, family) cells: {exact} bit-exact, "
-                               f"the rest explained by known findings {findings or '{}'}"))
+                               "the rest claimed by known findings (FINDINGS.md): "
+                               + (", ".join(f"{k} {n}" for k, n in findings.items() if n) or "none")))
     if not any(c.name.startswith("SQNR") for c in checks):
         checks.append(Check("SQNR of the round trip", "pass", "every cell above its floor (numerics/tolerances.py)"))
     sqnr = {f"{r['elem']}/{r['mode']}": min(x["sqnr_db"] for x in recs if (x["elem"], x["mode"]) == (r["elem"], r["mode"]))

@@ -16,6 +16,7 @@ from pathlib import Path
 MARK = {"pass": "PASS", "fail": "FAIL", "inconclusive": "INCONCLUSIVE", "skipped": "SKIPPED"}
 COLOR = {"pass": "#1a7f37", "fail": "#cf222e", "inconclusive": "#9a6700", "skipped": "#6e7781"}
 MAX_ROWS = 40  # longer tables: first rows here, all of them in the level's own files
+HIDDEN = ("versions", "runs")  # numbers kept in summary.json but shown as tables or the environment instead
 
 # How to read each level's result: what it compares, and where to look when it fails.
 READING = {
@@ -88,7 +89,7 @@ def markdown(summary: dict) -> str:
             out += ["", f"*How to enable / what next:* {r['enable']}"]
         if r["numbers"]:
             out += ["", "Key numbers:", ""]
-            out += [f"- {k}: {_fmt_number(v)}" for k, v in r["numbers"].items() if k != "versions"]
+            out += [f"- {k}: {_fmt_number(v)}" for k, v in r["numbers"].items() if k not in HIDDEN]
         out += [""] + [f"![{name}]({f})" for f in r["figures"]]
         if r["table"]:
             out += [""] + _md_table(r["table"])
@@ -169,7 +170,7 @@ def html(summary: dict, out: Path) -> str:
             parts.append(f"<p class='note'><b>How to enable / what next:</b> {_code(r['enable'])}</p>")
         parts += [_img(out, f) for f in r["figures"]]
         if r["numbers"]:
-            nums = [("key number", "value")] + [(k, _fmt_number(v)) for k, v in r["numbers"].items() if k != "versions"]
+            nums = [("key number", "value")] + [(k, _fmt_number(v)) for k, v in r["numbers"].items() if k not in HIDDEN]
             parts.append(_html_table(nums))
         if r["table"]:
             rows = r["table"]

@@ -110,7 +110,7 @@ def test_notebook_loss_curves_reads_files(tmp_path):
     paths = []
     for c, name in ((bases[0], "base.jsonl"), (cand, "cand.jsonl")):
         p = tmp_path / name
-        p.write_text("".join(json.dumps({"step": int(s), "loss": float(v)}) + "\n" for s, v in zip(c.steps, c.values)))
+        p.write_text("".join(json.dumps({"step": int(s), "loss": float(v)}) + "\n" for s, v in zip(c.steps, c.values, strict=True)))
         paths.append(str(p))
     text = outputs_text(execute(NOTEBOOKS[2], {"BASELINES": [paths[0]], "CANDIDATE": paths[1]}))
     assert "verdict: not_equivalent" in text  # 2 % against a 0.25 % margin
@@ -120,3 +120,14 @@ def test_notebook_ep_bandwidth_missing_file_is_one_clear_message():
     msg = error_of(NOTEBOOKS[3], {"BENCH_JSON": "golden/ep/none.json"})
     assert "bench result (BENCH_JSON) 'golden/ep/none.json' does not exist" in msg
     assert "Traceback" not in msg
+
+
+def test_notebook_ep_bandwidth_plots_a_bench_result(tmp_path):
+    from numerics.ep import bench
+
+    path = tmp_path / "bench.json"  # a real bench on 2 gloo ranks: the NCCL reference's code path, CPU-sized
+    assert bench.main(["--backends", "reference", "--shapes", "16b", "--payload", "bf16", "--tokens", "64",
+                       "--iters", "2", "--warmup", "1", "--json", str(path)]) == 0
+    text = outputs_text(execute(NOTEBOOKS[3], {"BENCH_JSON": str(path)}))
+    assert "3 rows, 2 ranks over gloo" in text
+    assert "no DeepEP rows in this result" in text

@@ -16,16 +16,16 @@ from convergence import validate
 from convergence.validate_plan import LEVELS, Check, LevelResult, level_status, make_plan
 from mxval.__main__ import main as mxval_main
 
-QUICK_LEVELS = "layer,communication,training,curves"  # + tensor once numerics.report is on main
 
 
 def test_validate_quick_run_end_to_end(tmp_path):
     """One quick run (every level it can run on CPU), then everything a reviewer reads from it."""
     out = tmp_path / "run"
-    rc = validate.main(["--quick", "--out", str(out), "--levels", QUICK_LEVELS])
+    rc = validate.main(["--quick", "--out", str(out)])
     summary = json.loads((out / "summary.json").read_text())
     assert rc == 0 and summary["exit_code"] == 0, summary
-    for name in ("report.md", "report.html", "summary.json", "layer/layers.json", "communication/check.json",
+    for name in ("report.md", "report.html", "summary.json", "tensor/report.json", "figures/tensor_sqnr.png",
+                 "layer/layers.json", "communication/check.json",
                  "curves/verdict.json", "figures/layer_sqnr.png", "figures/training.png", "figures/curves.png",
                  "logs/layer.log", "training/seed0/mxfp8/metrics.jsonl", "training/seed2/bf16/metrics.jsonl"):
         assert (out / name).is_file(), name
@@ -33,10 +33,12 @@ def test_validate_quick_run_end_to_end(tmp_path):
 
     levels = summary["levels"]
     assert list(levels) == list(LEVELS)
-    assert [levels[n]["status"] for n in ("layer", "communication", "training")] == ["pass"] * 3
+    assert [levels[n]["status"] for n in ("tensor", "layer", "communication", "training")] == ["pass"] * 4
     # 20 steps cannot resolve a 0.25 % margin: the honest answer is inconclusive, with what to do about it
     assert levels["curves"]["status"] == "inconclusive" and "--steps" in levels["curves"]["enable"]
-    assert levels["tensor"]["status"] == "skipped" and levels["tensor"]["enable"]
+    tensor = levels["tensor"]["numbers"]
+    assert tensor["blocks_unexplained"] == 0 and tensor["blocks_bit_exact"] < tensor["blocks"]
+    assert set(tensor["blocks_known_findings"]) >= {"F1", "F2"}  # known torchao findings, counted not hidden
 
     # summary.json: versions, hardware, key numbers, the skipped DeepEP part with how to enable it
     assert summary["environment"]["torch"] and summary["environment"]["torchao"]
@@ -52,7 +54,7 @@ def test_validate_quick_run_end_to_end(tmp_path):
     # report.html is self-contained: every figure embedded, nothing fetched
     html = (out / "report.html").read_text()
     srcs = re.findall(r'src="([^"]*)"', html)
-    assert len(srcs) == sum(len(r["figures"]) for r in levels.values()) == 3
+    assert len(srcs) == sum(len(r["figures"]) for r in levels.values()) == 4
     assert all(s.startswith("data:image/png;base64,") for s in srcs)
     assert 'href="http' not in html and "<link" not in html and "<script" not in html
     assert all(f"id='{name}'" in html for name in LEVELS)

@@ -217,7 +217,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     summary = validate(plan, out, levels, console)
     for name, rec in summary["levels"].items():
         print(f"{name:<14} {MARK[rec['status']]:<13} {rec['summary']}")
-    print(f"{MARK[summary['status']]} in {summary['seconds']:.0f} s: report {out / 'report.html'} "
+    from convergence.validate_report import counts
+
+    print(f"{MARK[summary['status']]} ({counts(summary)}) in {summary['seconds']:.0f} s: report {out / 'report.html'} "
           f"({out / 'report.md'}, {out / 'summary.json'})")
     return summary["exit_code"]
 

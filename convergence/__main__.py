@@ -15,6 +15,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "train": ("convergence.train", "paired BF16 / MXFP8 pretraining runs with probes and checkpoints"),
     "ep-identity": ("convergence.ep_identity", "are two runs (e.g. reference vs deepep EP) identical step for step"),
     "bench": ("convergence.bench", "tokens/s and MFU of bf16 and mxfp8 training steps, in one run"),
+    "validate": ("convergence.validate", "the whole ladder on this machine -> results/<timestamp>/report.html"),
 }
 
 

@@ -1,4 +1,7 @@
-"""mxval numerics ... | mxval convergence ... | mxval golden ... — forwards to python -m <package>."""
+"""mxval validate | numerics ... | convergence ... | golden ... — forwards to python -m <package>.
+
+``mxval validate`` is ``python -m convergence validate``: the whole ladder on this machine.
+"""
 
 from __future__ import annotations
 
@@ -7,10 +10,14 @@ import sys
 from collections.abc import Sequence
 
 PACKAGES = {
+    "validate": "run every level this machine can run and write results/<timestamp>/report.html",
     "numerics": "tensor, layer and communication levels",
     "convergence": "training runs and loss-curve comparison",
     "golden": "check or regenerate the versioned reference artifacts",
 }
+
+# commands that are another package's subcommand: name -> (package, argv prefix)
+ROUTES = {"validate": ("convergence", ["validate"])}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -23,6 +30,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args[0] not in PACKAGES:
         sys.stderr.write(f"error: unknown command {args[0]!r}; choose from {', '.join(PACKAGES)}\n")
         return 2
+    if args[0] in ROUTES:
+        package, prefix = ROUTES[args[0]]
+        return importlib.import_module(f"{package}.__main__").main([*prefix, *args[1:]])
     return importlib.import_module(f"{args[0]}.__main__").main(args[1:])
 
 

@@ -80,3 +80,13 @@ def test_deepep_combine_keeps_negative_zero_E1():
         results = session.run(spec)
     _assert_all_pass(spec, results)
     assert all(res["checks"].get(KNOWN_E1) is None for res in results), [r["checks"][KNOWN_E1] for r in results]
+
+
+@pytest.mark.xfail(strict=True, reason="E3: DeepEP combine is wrong for rows not a multiple of 256 wide (FINDINGS.md)")
+def test_deepep_combine_at_unaligned_hidden_E3():
+    """Reduced from EP=2 training through DeepEP (NaN at step 2): the backward's combine width, 2112."""
+    kwargs = {"backend": "deepep", "against": "reference", "timeout_s": 60.0}
+    spec = CaseSpec(world=2, seed=7, tokens=(4096, 4096), hidden=2112, topk=6, num_experts=16,
+                    specials=0.0)
+    with Session(2, RUNNER, kwargs, comm="nccl", timeout_s=60.0) as session:
+        _assert_all_pass(spec, session.run(spec))

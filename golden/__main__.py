@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from numerics.cli import ArgumentParser, CLIError, run_main
 
-ARTIFACTS: list[str] = ["golden.layer_stats", "golden.tensor_vectors"]
+ARTIFACTS: list[str] = ["golden.layer_stats", "golden.tensor_vectors", "golden.recorded"]
 
 
 def _modules(only: list[str] | None):

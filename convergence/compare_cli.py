@@ -1,4 +1,5 @@
-"""python -m convergence compare BASELINE CANDIDATE [--baseline MORE ...] [--margin 0.0025] [--json OUT] [--plot OUT.png]
+"""python -m convergence compare BASELINE CANDIDATE [--baseline MORE ...] [--margin 0.0025]
+[--json OUT] [--plot OUT.png]
 
 Prints a short report; exit 0 equivalent, 1 not_equivalent or diverged, 3 inconclusive, 2 bad input.
 The statistics are documented in ``convergence.compare``; the JSON is ``compare_paths``'s dict.

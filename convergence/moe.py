@@ -1,7 +1,8 @@
 """DeepSeekMoE: router, token dispatch/combine, grouped-GEMM experts, shared experts.
 
 The dispatch/combine step is a seam: ``MoE.dispatcher`` is any object with ``LocalDispatch.run``
-(route, run the experts, combine; return the output and this rank's tokens per expert). ``LocalDispatch`` permutes this rank's tokens so each expert's tokens are contiguous and
+(route, run the experts, combine; return the output and this rank's tokens per expert). ``LocalDispatch``
+permutes this rank's tokens so each expert's tokens are contiguous and
 computes every expert locally; an expert-parallel backend (numerics.ep's all-to-all or DeepEP) replaces
 it by one that sends each token to the rank that owns its expert and brings the results back, with the
 local experts still run as one grouped GEMM over the received, expert-sorted tokens

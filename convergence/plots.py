@@ -39,7 +39,8 @@ def plot_comparison(result: dict, out_png, *, force: bool = False) -> Path:
     if div:
         for ax in (top, bottom):
             ax.axvline(div["step"], color="tab:red", ls="--", lw=1.2)
-        top.annotate(f"diverged: {div['kind']} @ {div['step']}", (div["step"], 0.95), xycoords=("data", "axes fraction"),
+        top.annotate(f"diverged: {div['kind']} @ {div['step']}", (div["step"], 0.95),
+                     xycoords=("data", "axes fraction"),
                      color="tab:red", ha="right", va="top")
     top.set_ylabel("loss")
     top.legend(loc="upper right", fontsize=8)

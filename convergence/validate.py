@@ -110,8 +110,9 @@ def hardware(plan: Plan) -> dict:
 def _run_level(name: str, plan: Plan, out: Path, display: Display, done: dict[str, LevelResult]) -> LevelResult:
     need = NEEDS.get(name)
     if need and (need not in done or done[need].status == "fail" or done[need].status == "skipped"):
-        why = f"needs the {need} level's runs, which " + ("were not run" if need not in done else
-                                                           f"{'failed' if done[need].status == 'fail' else 'were skipped'}")
+        outcome = ("were not run" if need not in done
+                   else "failed" if done[need].status == "fail" else "were skipped")
+        why = f"needs the {need} level's runs, which {outcome}"
         return skipped(name, why, f"run the {need} level too (it is in the default --levels)")
     t0 = time.monotonic()
     (out / "logs").mkdir(exist_ok=True)
@@ -197,7 +198,8 @@ def _gpus_and_deep_ep() -> tuple[int, bool]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = ArgumentParser(prog="mxval validate", description=__doc__.splitlines()[0])
-    p.add_argument("--out", type=Path, default=None, help="results folder (default results/<timestamp>); must not exist")
+    p.add_argument("--out", type=Path, default=None,
+                   help="results folder (default results/<timestamp>); must not exist")
     p.add_argument("--levels", default=",".join(LEVELS), help=f"comma-separated subset of {','.join(LEVELS)}")
     p.add_argument("--quick", action="store_true", help="smaller sizes at every level (a smoke test, ~1 min on CPU)")
     p.add_argument("--steps", type=int, default=None, help="training steps per run (default 200)")

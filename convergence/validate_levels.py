@@ -81,7 +81,8 @@ def run_tensor(plan: Plan, out: Path, progress: Progress) -> LevelResult:
                                + (", ".join(f"{k} {n}" for k, n in findings.items() if n) or "none")))
     if not any(c.name.startswith("SQNR") for c in checks):
         checks.append(Check("SQNR of the round trip", "pass", "every cell above its floor (numerics/tolerances.py)"))
-    sqnr = {f"{r['elem']}/{r['mode']}": min(x["sqnr_db"] for x in recs if (x["elem"], x["mode"]) == (r["elem"], r["mode"]))
+    sqnr = {f"{r['elem']}/{r['mode']}": min(x["sqnr_db"] for x in recs
+                                            if (x["elem"], x["mode"]) == (r["elem"], r["mode"]))
             for r in recs}
     numbers = {"blocks": blocks, "blocks_bit_exact": exact, "blocks_unexplained": unexplained,
                "blocks_known_findings": findings, "min_sqnr_db": sqnr, "versions": doc.get("header")}
@@ -188,8 +189,9 @@ def run_communication(plan: Plan, out: Path, progress: Progress) -> LevelResult:
     for group, rows in groups.items():
         failed = [(n, r) for n, r in rows if r["failures"]]
         cases = max(r["cases"] for _, r in rows)
+        passed_text = COMM_GROUPS.get(group, "{n} checks x {cases} cases, bit for bit")
         detail = (f"{failed[0][0]}: {failed[0][1]['first']} (case {failed[0][1]['first_case']})" if failed
-                  else COMM_GROUPS.get(group, "{n} checks x {cases} cases, bit for bit").format(n=len(rows), cases=cases))
+                  else passed_text.format(n=len(rows), cases=cases))
         checks.append(Check(group, "fail" if failed else "pass", detail))
         for n, r in rows:
             table.append((n, str(r["cases"]), str(r["failures"]), r["first"] or ""))
@@ -229,7 +231,8 @@ def _train_config(plan: Plan, seed: int, *, probes: bool = True):
 
 def runs(plan: Plan, out: Path) -> dict[str, Path]:
     """name -> run folder: ``mxfp8`` and ``bf16`` at the plan's seed, ``bf16_seed<N>`` for the others."""
-    d = {"bf16": out / "training" / f"seed{plan.seed}" / "bf16", "mxfp8": out / "training" / f"seed{plan.seed}" / "mxfp8"}
+    seed_dir = out / "training" / f"seed{plan.seed}"
+    d = {"bf16": seed_dir / "bf16", "mxfp8": seed_dir / "mxfp8"}
     for s in baseline_seeds(plan)[1:]:
         d[f"bf16_seed{s}"] = out / "training" / f"seed{s}" / "bf16"
     return d
@@ -247,7 +250,8 @@ def run_training(plan: Plan, out: Path, progress: Progress) -> LevelResult:
         recipe = "mxfp8" if name == "mxfp8" else "bf16"
         seed = int(run_dir.parent.name.removeprefix("seed"))
         progress(f"{name}: {plan.train_model} model, {plan.train_steps} steps")
-        train.train_recipe(_train_config(plan, seed, probes=recipe == "mxfp8"), recipe, run_dir, tokens, resume=False, progress=True)
+        train.train_recipe(_train_config(plan, seed, probes=recipe == "mxfp8"), recipe, run_dir, tokens,
+                           resume=False, progress=True)
         (run_dir / "checkpoint.pt").unlink(missing_ok=True)
         recs = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
         losses = [r["loss"] for r in recs]

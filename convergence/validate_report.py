@@ -102,9 +102,11 @@ def markdown(summary: dict) -> str:
 CSS = """
 body{font-family:-apple-system,Segoe UI,Helvetica,Arial,sans-serif;max-width:1100px;margin:24px auto;padding:0 16px;
 color:#1f2328;line-height:1.45}
-h1{font-size:26px;margin-bottom:4px}h2{font-size:19px;border-bottom:1px solid #d0d7de;padding-bottom:4px;margin-top:32px}
+h1{font-size:26px;margin-bottom:4px}
+h2{font-size:19px;border-bottom:1px solid #d0d7de;padding-bottom:4px;margin-top:32px}
 .badge{display:inline-block;padding:2px 9px;border-radius:12px;color:#fff;font-weight:600;font-size:13px}
-table{border-collapse:collapse;font-size:13px;margin:8px 0}td,th{border:1px solid #d0d7de;padding:3px 8px;text-align:left}
+table{border-collapse:collapse;font-size:13px;margin:8px 0}
+td,th{border:1px solid #d0d7de;padding:3px 8px;text-align:left}
 th{background:#f6f8fa}.muted{color:#656d76;font-size:13px}img{max-width:100%;border:1px solid #d0d7de;margin:8px 0}
 ul.checks{padding-left:18px}ul.checks li{margin:2px 0}code{background:#f6f8fa;padding:1px 4px;border-radius:4px}
 .note{background:#fff8c5;border:1px solid #d4a72c66;padding:6px 10px;border-radius:6px;font-size:14px}

@@ -55,8 +55,8 @@ def cast(*, elements: int = DEFAULT_ELEMENTS, elem: str = "e4m3", modes: Sequenc
     t = torch.from_numpy(x)
     rows = []
     for mode in modes:
-        t_oracle = _best(lambda: mx.quantize(x, elem, mode), repeat)
-        t_torchao = _best(lambda: torchao_cast.quantize(t, elem, mode), repeat)
+        t_oracle = _best(lambda mode=mode: mx.quantize(x, elem, mode), repeat)
+        t_torchao = _best(lambda mode=mode: torchao_cast.quantize(t, elem, mode), repeat)
         rows.append({"mode": mode, "elem": elem, "elements": elements,
                      "oracle_s": t_oracle, "torchao_s": t_torchao,
                      "oracle_elem_per_s": elements / t_oracle, "torchao_elem_per_s": elements / t_torchao,

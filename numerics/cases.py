@@ -2,7 +2,8 @@
 
 Each case is one 32-value block: ``values`` lists (index, value) pairs, every other value is +0.0.
 ``scale`` is the expected E8M0 byte, ``elements`` the expected bytes at the listed indices (the
-rest are 0x00, or the NaN code in a NaN block). The comment on each case derives its bytes from the rules in ``numerics.mx``:
+rest are 0x00, or the NaN code in a NaN block). The comment on each case derives its bytes from the
+rules in ``numerics.mx``:
 E4M3 codes are S.EEEE.MMM with bias 7 (1.0 = 0x38, 448 = 0x7E), E5M2 codes S.EEEEE.MM with bias
 15 (1.0 = 0x3C, 57344 = 0x7B), E8M0 stores 2^s as s + 127.
 ``finding`` names the FINDINGS.md entry torchao 0.18 trips on this case, if any.
@@ -56,7 +57,8 @@ CASES: tuple[Case, ...] = (
     Case("e4m3_rceil_exact_max", "e4m3", "rceil", ((0, 448.0),), 0x7F, (0x7E,)),
     # RCEIL one float32 ulp above 57344 = 1.75 * 2^15: mantissa > 1.75, so s = 15 - 8 + 1 = 8 (byte 135);
     # 57344.004 / 2^8 = 224.00002 rounds to 224 = 1.75 * 2^7 -> 0x76. torchao 0.18 picks s = 7 and saturates (F2).
-    Case("e4m3_rceil_above_max_at_2^15", "e4m3", "rceil", ((0, float(np.nextafter(np.float32(57344.0), np.float32(np.inf)))),),
+    Case("e4m3_rceil_above_max_at_2^15", "e4m3", "rceil",
+         ((0, float(np.nextafter(np.float32(57344.0), np.float32(np.inf)))),),
          0x87, (0x76,), finding="F2"),
     # CEIL at a power of two: ceil(log2 2) = 1, s = 1 - 8 = -7 (byte 120); 2 * 128 = 256 -> 0x78.
     Case("e4m3_ceil_power_of_two", "e4m3", "ceil", ((0, 2.0),), 0x78, (0x78,)),

@@ -4,10 +4,10 @@ Written from the OCP Microscaling Formats (MX) v1.0 specification, section 5 (el
 and 5.4 (E8M0): no library cast is used, so ``ml_dtypes`` and torch can be checked against it.
 
 Public: ``ELEMENTS`` (name -> ``ElementFormat``), ``encode(values, fmt, saturate=True)`` (float64
--> uint8 with round-half-to-even), ``encode_f32(values, fmt)`` (float32 -> uint8, saturating: the same codes as ``encode``, through
-float32 bit arithmetic, which is what makes the oracle fast), ``decode(bits, fmt)`` (uint8 ->
-float64), ``E8M0`` helpers
-``scale_byte(exponent)`` / ``scale_value(byte)``.
+-> uint8 with round-half-to-even), ``encode_f32(values, fmt)`` (float32 -> uint8, saturating: the
+same codes as ``encode``, through float32 bit arithmetic, which is what makes the oracle fast),
+``decode(bits, fmt)`` (uint8 -> float64), and the E8M0 helpers ``scale_byte(exponent)`` /
+``scale_value(byte)``.
 """
 
 from __future__ import annotations

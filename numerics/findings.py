@@ -85,7 +85,8 @@ FINDINGS: tuple[Finding, ...] = (
 BY_ID = {f.id: f for f in FINDINGS}
 
 
-def known_blocks(x: np.ndarray, elem: str, mode: str, oracle_scale: np.ndarray, block: int = 32) -> dict[str, np.ndarray]:
+def known_blocks(x: np.ndarray, elem: str, mode: str, oracle_scale: np.ndarray,
+                 block: int = 32) -> dict[str, np.ndarray]:
     """Mask of blocks each applicable finding claims, keyed by finding id."""
     blocks = x.reshape(*x.shape[:-1], x.shape[-1] // block, block)
     return {f.id: f.affects(blocks, elem, mode, oracle_scale) for f in FINDINGS if f.applies(elem, mode)}

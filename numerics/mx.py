@@ -163,7 +163,8 @@ def dequantize(scale_bits: np.ndarray, elem_bits: np.ndarray, elem: str, block: 
         raise ValueError(f"elem_bits' last dim must be a multiple of block={block}, got {elem_bits.shape}")
     expected = elem_bits.shape[:-1] + (elem_bits.shape[-1] // block,)
     if scale_bits.shape != expected:
-        raise ValueError(f"scale_bits must have shape {expected} for elem_bits {elem_bits.shape}, got {scale_bits.shape}")
+        raise ValueError(f"scale_bits must have shape {expected} for elem_bits {elem_bits.shape}, "
+                         f"got {scale_bits.shape}")
     values = elements.decode(elem_bits, ELEMENTS[elem]).reshape(*expected, block)
     scale = elements.scale_value(scale_bits)[..., None]
     # the product of an element (<= 2^16) and a scale (<= 2^127) is exact in float64; float32 may overflow

@@ -110,7 +110,8 @@ def test_notebook_loss_curves_reads_files(tmp_path):
     paths = []
     for c, name in ((bases[0], "base.jsonl"), (cand, "cand.jsonl")):
         p = tmp_path / name
-        p.write_text("".join(json.dumps({"step": int(s), "loss": float(v)}) + "\n" for s, v in zip(c.steps, c.values, strict=True)))
+        lines = (json.dumps({"step": int(s), "loss": float(v)}) + "\n" for s, v in zip(c.steps, c.values, strict=True))
+        p.write_text("".join(lines))
         paths.append(str(p))
     text = outputs_text(execute(NOTEBOOKS[2], {"BASELINES": [paths[0]], "CANDIDATE": paths[1]}))
     assert "verdict: not_equivalent" in text  # 2 % against a 0.25 % margin

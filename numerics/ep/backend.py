@@ -120,7 +120,7 @@ class EPBackend(abc.ABC):
     def combine(self, y: torch.Tensor, handle: Any) -> torch.Tensor:
         """Send rows back and sum them per source token (float32, ascending rank, one bf16 rounding)."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - optional hook: backends without resources keep the no-op
         """Release backend resources (communication buffers)."""
 
     def __enter__(self):

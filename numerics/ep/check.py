@@ -386,7 +386,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     kwargs = {"backend": args.backend, "against": args.against, "num_sms": args.num_sms,
               "timeout_s": args.timeout}
     factory = "numerics.ep.check:CaseRunner"
-    progress = (lambda line: print(line, file=sys.stderr, flush=True))
+    def progress(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # under torchrun
         return _main_torchrun(args, factory, kwargs, progress)
     if args.world < 2:

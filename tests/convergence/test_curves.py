@@ -51,7 +51,8 @@ def test_jsonl_truncated_final_line_is_skipped_with_warning(tmp_path):
 
 def test_csv_roundtrip_and_extra_columns(tmp_path):
     p = tmp_path / "run.csv"
-    p.write_text("step,loss,grad_norm,note\n" + "".join(f"{s},{v!r},0.5,x\n" for s, v in zip(STEPS.tolist(), LOSS.tolist())))
+    rows = "".join(f"{s},{v!r},0.5,x\n" for s, v in zip(STEPS.tolist(), LOSS.tolist()))
+    p.write_text("step,loss,grad_norm,note\n" + rows)
     c = load_curve(p)
     assert c.meta.format == "csv"
     np.testing.assert_array_equal(c.values, LOSS)
@@ -147,7 +148,8 @@ def test_restart_later_value_wins_and_is_reported():
     [
         ("empty.jsonl", "", "file is empty"),
         ("blank.jsonl", "\n\n", "file is empty"),
-        ("bad.jsonl", '{"step": 1, "loss": 2}\n{"step": 2, "lo\n{"step": 3, "loss": 2}\n', r"bad.jsonl:2: not valid JSON"),
+        ("bad.jsonl", '{"step": 1, "loss": 2}\n{"step": 2, "lo\n{"step": 3, "loss": 2}\n',
+         r"bad.jsonl:2: not valid JSON"),
         ("str.jsonl", '{"step": 1, "loss": "abc"}\n', r"str.jsonl:1: non-numeric 'loss'"),
         ("null.jsonl", '{"step": 1, "loss": null}\n', r"null.jsonl:1: null 'loss'"),
         ("noloss.jsonl", '{"step": 1, "loss": 2}\n{"step": 2, "acc": 0.5}\n', r"noloss.jsonl:2: no 'loss' and no"),

@@ -224,7 +224,8 @@ def test_paired_run_on_cuda(tmp_path):
 
 
 def test_bench_smoke_prints_the_step_time_ratio(capsys):
-    from convergence.bench import main as bench_main, step_flops
+    from convergence.bench import main as bench_main
+    from convergence.bench import step_flops
     from convergence.model import get_config, param_count
 
     assert bench_main(["--model", "tiny", "--device", "cpu", "--batch", "2", "--seq", "64", "--steps", "1",

@@ -17,7 +17,6 @@ from convergence.validate_plan import LEVELS, Check, LevelResult, level_status, 
 from mxval.__main__ import main as mxval_main
 
 
-
 def test_validate_quick_run_end_to_end(tmp_path):
     """One quick run (every level it can run on CPU), then everything a reviewer reads from it."""
     out = tmp_path / "run"

@@ -144,7 +144,8 @@ def test_torchao_cast_rceil_boundary_F2(elem, x):
 
 
 @pytest.mark.xfail(strict=True, reason="F3: FLOOR/CEIL/EVEN scale Inf blocks by 2^(128-emax) (FINDINGS.md)")
-@pytest.mark.parametrize(("elem", "mode"), [c for c in COMBOS if c[1] != "rceil"], ids=[i for i in IDS if "rceil" not in i])
+@pytest.mark.parametrize(("elem", "mode"), [c for c in COMBOS if c[1] != "rceil"],
+                         ids=[i for i in IDS if "rceil" not in i])
 @ONLY_PINNED
 @given(x=S.mx_tensors())
 @example(x=_minimal(np.inf)).via("shrunk")

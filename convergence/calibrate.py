@@ -7,7 +7,7 @@ came out and the error rate that matters for that truth:
   truth on the margin (drift = margin)     false equiv. = equivalent
   truth not equivalent (drift >= 2 margin) miss         = anything but not_equivalent
   truth diverged (NaN / jump injected)     miss         = anything but diverged
-The table is the one in README-curves.md.
+The table is the one in README.md (loss-curve section).
 
 Benchmark (``--bench``): writes two N-step runs (default 1,000,000) as harness-style JSONL and as
 TensorBoard event files into ``--dir`` (default: a fresh temporary directory), then times loading

@@ -46,7 +46,7 @@ class Plan:
 
 def make_plan(*, gpus: int, deep_ep: bool, quick: bool = False, steps: int | None = None, seed: int = 0) -> Plan:
     """Sizes for this machine. CPU numbers are chosen so the whole ladder fits in a few minutes on
-    2 cores (measured in README-validate.md); ``quick`` shrinks every level further (tests, smoke runs).
+    2 cores (measured in README.md (validate section)); ``quick`` shrinks every level further (tests, smoke runs).
     """
     gpu = gpus >= 1
     if gpu:

@@ -112,7 +112,7 @@ _TABLE: list[Tolerance] = [
         "training", "any", "loss_curve", "confidence", 0.95,
         "family confidence of the two intervals (whole range, final fraction): each is a two-sided "
         "97.5% interval (Bonferroni), so false not_equivalent <= 5% and false equivalent <= 1.25% "
-        "by construction; measured rates in README-curves.md (python -m convergence calibrate)",
+        "by construction; measured rates in README.md (loss-curve section) (python -m convergence calibrate)",
     ),
     Tolerance(
         "training", "any", "loss_curve", "spike_sigma", 8.0,

@@ -383,7 +383,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--stop-after-minutes", type=float, default=None,
                    help="checkpoint and stop after this long; rerun with --resume to continue")
     p.add_argument("--ep", type=int, default=None,
-                   help="expert-parallel size = number of torchrun processes (FSDP2 + EP); see README.md (distributed section)")
+                   help="expert-parallel size = number of torchrun processes (FSDP2 + EP); README: distributed")
     p.add_argument("--ep-backend", default="reference", help="reference (all-to-all) or deepep")
     p.add_argument("--deterministic", action="store_true", help="deterministic algorithms, fixed seeds")
     p.add_argument("--dist-timeout", type=float, default=300.0, help="seconds before a collective gives up")

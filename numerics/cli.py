@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from collections.abc import Callable, Sequence
 
@@ -34,3 +35,22 @@ def run_main(main: Callable[[Sequence[str] | None], int], argv: Sequence[str] | 
     except KeyboardInterrupt:
         sys.stderr.write("interrupted\n")
         return 130
+
+
+def dispatch(prog: str, subcommands: dict[str, tuple[str, str]], argv: Sequence[str] | None = None) -> int:
+    """``prog SUBCOMMAND ARGS``: import the subcommand's module lazily and run its ``main(ARGS)``.
+
+    ``subcommands`` maps a name to (module, one-line help); bare ``prog`` or ``--help`` lists them.
+    """
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help"):
+        width = max(map(len, subcommands)) + 2
+        print(f"usage: {prog} {{{','.join(subcommands)}}} ...\n")
+        for name, (_, text) in subcommands.items():
+            print(f"  {name:<{width}} {text}")
+        return 0 if args else EXIT_BAD_INPUT
+    name, rest = args[0], args[1:]
+    if name not in subcommands:
+        sys.stderr.write(f"error: unknown subcommand {name!r}; choose from {', '.join(subcommands)}\n")
+        return EXIT_BAD_INPUT
+    return run_main(importlib.import_module(subcommands[name][0]).main, rest)

@@ -31,7 +31,6 @@ Probes (per-layer BF16 vs MXFP8 side runs) are single-process only.
 
 from __future__ import annotations
 
-import dataclasses
 import datetime
 import json
 import math
@@ -203,8 +202,7 @@ def _build(cfg, recipe, vocab: int, rank: int, world: int, device: torch.device,
 def train_recipe_distributed(cfg, recipe_name: str, run_dir: Path, tokens: data_mod.TokenData, *, ctx: dict,
                              resume: bool, progress: bool = True, stop_after_s: float | None = None) -> bool:
     """One recipe on every rank; returns True when it reached ``cfg.steps``."""
-    from convergence.train import _loss, _optimizer, _progress
-    from numerics.environment import describe
+    from convergence.train import _loss, _optimizer, _progress, write_run_config
 
     rank, world, device, mesh = ctx["rank"], ctx["world"], ctx["device"], ctx["mesh"]
     recipe = get_recipe(recipe_name)
@@ -225,20 +223,12 @@ def train_recipe_distributed(cfg, recipe_name: str, run_dir: Path, tokens: data_
         run_dir.mkdir(parents=True, exist_ok=True)
         if metrics.path.exists():
             metrics.truncate_after(start)
-        config = {
-            "train": dataclasses.asdict(cfg), "recipe": recipe.as_dict() | applied,
-            "model": dataclasses.asdict(model.cfg), "data": tokens.meta, "init_fingerprint": init_fp,
-            "tokens_per_step": cfg.batch * cfg.seq,
-            "baseline_definition": "FP32 master weights; fwd/bwd under torch.autocast(bfloat16)",
-            "distributed": {
-                "world_size": world, "ep": cfg.ep, "ep_backend": cfg.ep_backend,
-                "backend_class": type(ctx["backend"]).__name__, "comm": dist.get_backend(),
-                "fsdp": "fully_shard per transformer block and the root; routed experts ignored (EP)",
-                "rows_per_rank": cfg.batch // world, "deterministic": cfg.deterministic,
-            },
-            "environment": describe(),
-        }
-        (run_dir / "config.json").write_text(json.dumps(config, indent=2, default=str) + "\n")
+        write_run_config(run_dir, cfg, recipe, applied, model.cfg, tokens, init_fp, distributed={
+            "world_size": world, "ep": cfg.ep, "ep_backend": cfg.ep_backend,
+            "backend_class": type(ctx["backend"]).__name__, "comm": dist.get_backend(),
+            "fsdp": "fully_shard per transformer block and the root; routed experts ignored (EP)",
+            "rows_per_rank": cfg.batch // world, "deterministic": cfg.deterministic,
+        })
 
     batches = data_mod.Batches(tokens.train, batch=cfg.batch, seq=cfg.seq, seed=cfg.seed)
     val = data_mod.Batches(tokens.val, batch=cfg.batch, seq=cfg.seq, seed=cfg.seed)

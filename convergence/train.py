@@ -109,6 +109,26 @@ def fingerprint(model: torch.nn.Module) -> str:
     return h.hexdigest()[:16]
 
 
+def write_run_config(run_dir: Path, cfg: TrainConfig, recipe, applied: dict, model_cfg, tokens, init_fp: str,
+                     **extra: dict) -> None:
+    """DIR/<recipe>/config.json: what ran and on what; ``extra`` sections (e.g. ``distributed``) go before
+    the environment. One writer for the single-process and the distributed trainer."""
+    from numerics.environment import describe
+
+    config = {
+        "train": dataclasses.asdict(cfg),
+        "recipe": recipe.as_dict() | applied,
+        "model": dataclasses.asdict(model_cfg),
+        "data": tokens.meta,
+        "init_fingerprint": init_fp,
+        "tokens_per_step": cfg.batch * cfg.seq,
+        "baseline_definition": "FP32 master weights; fwd/bwd under torch.autocast(bfloat16)",
+        **extra,
+        "environment": describe(),
+    }
+    (run_dir / "config.json").write_text(json.dumps(config, indent=2, default=str) + "\n")
+
+
 def _optimizer(model: torch.nn.Module, cfg: TrainConfig):
     decay = [p for p in model.parameters() if p.ndim >= 2]
     no_decay = [p for p in model.parameters() if p.ndim < 2]
@@ -166,7 +186,6 @@ def train_recipe(cfg: TrainConfig, recipe_name: str, run_dir: Path, tokens: data
                  *, resume: bool, progress: bool = True, stop_after_s: float | None = None) -> bool:
     """Train one recipe into ``run_dir``; returns True when it reached ``cfg.steps``."""
     from convergence import probes as probes_mod
-    from numerics.environment import describe
 
     device = torch.device(cfg.device)
     recipe = get_recipe(recipe_name)
@@ -192,17 +211,7 @@ def train_recipe(cfg: TrainConfig, recipe_name: str, run_dir: Path, tokens: data
         if log.path.exists():
             log.truncate_after(start)
 
-    config = {
-        "train": dataclasses.asdict(cfg),
-        "recipe": recipe.as_dict() | applied,
-        "model": dataclasses.asdict(model.cfg),
-        "data": tokens.meta,
-        "init_fingerprint": init_fp,
-        "tokens_per_step": cfg.batch * cfg.seq,
-        "baseline_definition": "FP32 master weights; fwd/bwd under torch.autocast(bfloat16)",
-        "environment": describe(),
-    }
-    (run_dir / "config.json").write_text(json.dumps(config, indent=2, default=str) + "\n")
+    write_run_config(run_dir, cfg, recipe, applied, model.cfg, tokens, init_fp)
 
     batches = data_mod.Batches(tokens.train, batch=cfg.batch, seq=cfg.seq, seed=cfg.seed)
     val = data_mod.Batches(tokens.val, batch=cfg.batch, seq=cfg.seq, seed=cfg.seed)

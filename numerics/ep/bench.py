@@ -246,25 +246,15 @@ def main(argv: Sequence[str] | None = None) -> int:
               "backends": backends}
     factory = "numerics.ep.bench:BenchRunner"
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
-        from numerics.ep.launch import CaseChannel, init_from_env
+        from numerics.ep.launch import lead_under_torchrun
 
-        rank, world, device = init_from_env(datetime.timedelta(seconds=args.timeout))
-        channel = None
-        try:
-            channel = CaseChannel(rank, world, device, factory, kwargs)
-            if rank != 0:
-                channel.serve()
-                return 0
-            peer = peer_copy_gbps()
-            try:
-                results = _drive(channel.run, tasks)
-            finally:
-                channel.stop()
-        finally:
-            if channel is not None:
-                channel.close()
-            dist.destroy_process_group()
-        comm = "nccl" if device.type == "cuda" else "gloo"
+        def lead(run, world: int, device):
+            return world, peer_copy_gbps(), _drive(run, tasks), "nccl" if device.type == "cuda" else "gloo"
+
+        led = lead_under_torchrun(factory, kwargs, args.timeout, lead)
+        if led is None:  # a serving rank
+            return 0
+        world, peer, results, comm = led
     else:
         if args.world < 2:
             raise CLIError("--world must be >= 2")

@@ -409,24 +409,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _main_torchrun(args, factory: str, kwargs: dict, progress) -> int:
     import torch.distributed as dist
 
-    from numerics.ep.launch import CaseChannel, init_from_env
+    from numerics.ep.launch import lead_under_torchrun
 
-    rank, world, device = init_from_env(datetime.timedelta(seconds=args.timeout))
-    comm = dist.get_backend()
-    channel = None
-    try:
-        channel = CaseChannel(rank, world, device, factory, kwargs)
-        if rank != 0:
-            channel.serve()
-            return 0
+    def lead(run, world: int, device) -> int:
+        comm = dist.get_backend()
         specs = _specs(args, world, device.type == "cuda")
         start = time.monotonic()
-        try:
-            rows = drive(channel.run, specs, progress=progress)
-        finally:
-            channel.stop()
+        rows = drive(run, specs, progress=progress)
         return report(args, world, rows, time.monotonic() - start, comm)
-    finally:
-        if channel is not None:
-            channel.close()
-        dist.destroy_process_group()
+
+    rc = lead_under_torchrun(factory, kwargs, args.timeout, lead)
+    return 0 if rc is None else rc

@@ -24,6 +24,7 @@ import multiprocessing
 import os
 import tempfile
 import traceback
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -62,6 +63,29 @@ def init_from_env(timeout: datetime.timedelta, backend: str | None = None) -> tu
 
 def _error_text(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
+
+
+def lead_under_torchrun(factory: str, kwargs: dict, timeout_s: float,
+                        lead: Callable[[Callable[[Any], list[Any]], int, torch.device], Any]) -> Any:
+    """Under torchrun: join the group, build ``factory(**kwargs)`` on every rank, and let rank 0 call
+    ``lead(run, world, device)``, where ``run(spec)`` runs one spec on every rank, while the other ranks
+    serve until rank 0 stops them. Tears the channel and the group down on every path. Returns
+    ``lead``'s result on rank 0 and None on the others."""
+    rank, world, device = init_from_env(datetime.timedelta(seconds=timeout_s))
+    channel = None
+    try:
+        channel = CaseChannel(rank, world, device, factory, kwargs)
+        if rank != 0:
+            channel.serve()
+            return None
+        try:
+            return lead(channel.run, world, device)
+        finally:
+            channel.stop()
+    finally:
+        if channel is not None:
+            channel.close()
+        dist.destroy_process_group()
 
 
 class CaseChannel:

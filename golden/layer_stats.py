@@ -53,9 +53,9 @@ def _write(config: str, hardware: str, records: list[dict], header: dict) -> str
 
 
 def _measure(config: str, device: str) -> tuple[list[dict], dict]:
-    from numerics import layers
-    from numerics.layer_configs import get
-    from numerics.layers_cli import header
+    from numerics.layer import harness as layers
+    from numerics.layer.cli import header
+    from numerics.layer.configs import get
 
     results = layers.run_config(get(config), device=device, recipes=RECIPES)
     return [rec for r in results for rec in r.records()], header(config, device)

@@ -8,12 +8,12 @@ Data format (JSON): ``{"format": FORMAT, "block": 32, "inputs": [...], "expected
 each input is one 32-value block ``{"source": "<family>[i]" | "case:<name>", "bits": "<256 hex>"}``
 (the float32 bit patterns, big-endian hex, 8 digits per value) and ``expected["<elem>/<mode>"]``
 is ``{"scales": "<2 hex per block>", "elements": ["<64 hex per block>", ...]}``: E8M0 scale bytes
-and E4M3/E5M2 element bytes, OCP bit layouts, as ``numerics.mx.quantize`` (default readings) gives.
+and E4M3/E5M2 element bytes, OCP bit layouts, as ``numerics.tensor.mx.quantize`` (default readings) gives.
 
 ``check()``: the checksum matches the sidecar; the oracle re-derives every byte exactly; torchao's
-cast matches every block except those a known finding claims (``numerics.findings``), which are
+cast matches every block except those a known finding claims (``numerics.tensor.findings``), which are
 counted and listed; element bytes of NaN-scale blocks are not compared for torchao (as in
-tests/numerics/test_torchao_cast.py). ``regenerate()`` rewrites both files and says how many
+tests/numerics/tensor/test_torchao_cast.py). ``regenerate()`` rewrites both files and says how many
 bytes changed per (element, mode).
 """
 
@@ -35,7 +35,7 @@ FORMAT_DOC = __doc__.split("Data format (JSON): ")[1].split("\n\n")[0].replace("
 
 
 def _inputs() -> list[tuple[str, np.ndarray]]:
-    from numerics import cases, families
+    from numerics.tensor import cases, families
 
     out = []
     for family in families.FAMILIES:
@@ -56,7 +56,7 @@ def _hex(a: np.ndarray) -> str:
 
 
 def build() -> dict:
-    from numerics import mx
+    from numerics.tensor import mx
 
     inputs = _inputs()
     x = np.stack([v for _, v in inputs]).astype(np.float32)
@@ -88,7 +88,7 @@ def _sha256(path: Path) -> str:
 
 def check_dir(directory: Path) -> tuple[list[str], dict[str, list[str]]]:
     """Problems, and the torchao blocks each known finding claims (``"<elem>/<mode> <source>"``)."""
-    from numerics import findings, mx, torchao_cast
+    from numerics.tensor import findings, mx, torchao_cast
 
     path, meta_path = directory / FILE, directory / FILE.replace(".json", ".meta.json")
     if not path.exists() or not meta_path.exists():
@@ -154,8 +154,9 @@ def write(directory: Path) -> str:
         inputs_changed = True
     path.write_text(json.dumps(new, indent=1, sort_keys=True) + "\n")
     meta = {"format": FORMAT, "format_doc": FORMAT_DOC, "seed": SEED, "blocks_per_family": BLOCKS_PER_FAMILY,
-            "generator": "golden.tensor_vectors.build: numerics.families.generate(family, (4, 32), seed) "
-                         "for each family, then every distinct numerics.cases block; bytes from numerics.mx",
+            "generator": "golden.tensor_vectors.build: numerics.tensor.families.generate(family, (4, 32), seed) "
+                         "for each family, then every distinct numerics.tensor.cases block; "
+                         "bytes from numerics.tensor.mx",
             "blocks": len(new["inputs"]), "sha256": _sha256(path), "versions": environment.describe()}
     path.with_name(FILE.replace(".json", ".meta.json")).write_text(json.dumps(meta, indent=1) + "\n")
     what = "; ".join(summary) if summary else "no byte changed"

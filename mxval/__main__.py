@@ -1,6 +1,6 @@
 """mxval validate | numerics ... | convergence ... | golden ... — forwards to python -m <package>.
 
-``mxval validate`` is ``python -m convergence validate``: the whole ladder on this machine.
+``mxval validate`` (``mxval.validate``) runs the whole ladder on this machine.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ PACKAGES = {
     "golden": "check or regenerate the versioned reference artifacts",
 }
 
-# commands that are another package's subcommand: name -> (package, argv prefix)
-ROUTES = {"validate": ("convergence", ["validate"])}
+# commands of this package: name -> the module whose main(argv) runs it
+ROUTES = {"validate": "mxval.validate.run"}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -31,8 +31,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.write(f"error: unknown command {args[0]!r}; choose from {', '.join(PACKAGES)}\n")
         return 2
     if args[0] in ROUTES:
-        package, prefix = ROUTES[args[0]]
-        return importlib.import_module(f"{package}.__main__").main([*prefix, *args[1:]])
+        from numerics.cli import run_main
+
+        return run_main(importlib.import_module(ROUTES[args[0]]).main, args[1:])
     return importlib.import_module(f"{args[0]}.__main__").main(args[1:])
 
 

@@ -101,7 +101,7 @@ _TABLE: list[Tolerance] = [
               "gradients): the same BF16 GEMM or sum as the BF16 run, differing at most in accumulation "
               "order, i.e. at BF16 output rounding (~50 dB, the BF16-vs-FP32 figure measured here); "
               "bit-identical on CPU (torch 2.13)"),
-    # ---- training level: loss-curve comparison (convergence.compare); "floor" holds the default ----
+    # ---- training level: loss-curve comparison (convergence.curves.compare); "floor" holds the default ----
     Tolerance(
         "training", "any", "loss_curve", "relative_margin", 0.0025,
         "DeepSeek-V3 Technical Report (arXiv:2412.19437, sec. 3.3, FP8 training): the FP8 run's loss "

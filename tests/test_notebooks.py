@@ -84,9 +84,9 @@ def test_notebook_layer_errors_missing_file_is_one_clear_message():
 
 
 def test_notebook_layer_errors_reads_a_layers_json(tmp_path):
-    from numerics import layers
-    from numerics.layer_configs import get
-    from numerics.layers_cli import header
+    from numerics.layer import harness as layers
+    from numerics.layer.cli import header
+    from numerics.layer.configs import get
 
     cfg = get("small")
     results = layers.run_linear(cfg.linears[0], recipes=layers.RECIPES, seed=cfg.seed)
@@ -104,7 +104,7 @@ def test_notebook_loss_curves_missing_run_is_one_clear_message():
 
 
 def test_notebook_loss_curves_reads_files(tmp_path):
-    from convergence import synthetic
+    from convergence.curves import synthetic
 
     bases, cand = synthetic.make_runs(synthetic.SyntheticSpec(steps=3000), seed=1, drift=0.02)
     paths = []

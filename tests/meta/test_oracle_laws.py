@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from hypothesis import example, given
 
-from numerics import elements, mx
-from numerics import strategies as S
+from numerics.tensor import elements, mx
+from numerics.tensor import strategies as S
 
 COMBOS = [(e, m) for e in ("e4m3", "e5m2") for m in mx.MODES]
 ids = [f"{e}-{m}" for e, m in COMBOS]

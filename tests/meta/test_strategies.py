@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from hypothesis import find, given, settings
 
-from numerics import strategies as S
+from numerics.tensor import strategies as S
 
 
 @pytest.mark.parametrize("family", S.FAMILIES)

@@ -1,0 +1,117 @@
+"""python -m convergence compare BASELINE CANDIDATE [--baseline MORE ...] [--margin 0.0025]
+[--json OUT] [--plot OUT.png]
+
+Prints a short report; exit 0 equivalent, 1 not_equivalent or diverged, 3 inconclusive, 2 bad input.
+The statistics are documented in ``convergence.curves.compare``; the JSON is ``compare_paths``'s dict.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+
+from numerics.cli import ArgumentParser, CLIError
+
+EXIT_CODES = {"equivalent": 0, "not_equivalent": 1, "diverged": 1, "inconclusive": 3}
+
+
+def _parser() -> ArgumentParser:
+    from convergence.curves.compare import CompareOptions
+    from convergence.curves.load import FORMATS
+
+    d = CompareOptions()
+    p = ArgumentParser(prog="python -m convergence compare", description=__doc__.splitlines()[0])
+    p.add_argument("baseline", help="baseline run: JSONL, CSV, torchtitan log, or TensorBoard event dir/file")
+    p.add_argument("candidate", help="candidate run (e.g. the MXFP8 one), same formats")
+    p.add_argument("--baseline", dest="more", action="append", default=[], metavar="MORE",
+                   help="another baseline seed (repeatable); their spread sets 'training randomness'")
+    p.add_argument("--margin", type=float, default=d.margin,
+                   help=f"relative equivalence margin (default {d.margin}: DeepSeek-V3's 0.25%%)")
+    p.add_argument("--confidence", type=float, default=d.confidence, help="family confidence of the two intervals")
+    p.add_argument("--start-fraction", type=float, default=d.start_fraction, help="warm-up fraction not compared")
+    p.add_argument("--final-fraction", type=float, default=d.final_fraction, help="final window, as a fraction")
+    p.add_argument("--final-rise", type=float, default=d.final_rise,
+                   help="diverged if final smoothed loss exceeds its own minimum by this (relative)")
+    p.add_argument("--spike-sigma", type=float, default=d.spike_sigma, help="spike threshold in robust sigmas")
+    p.add_argument("--format", choices=FORMATS, help="skip content detection")
+    p.add_argument("--loss-key", help="JSONL key / CSV column of the loss (default: loss, with fallbacks)")
+    p.add_argument("--step-key", help="JSONL key / CSV column of the step (default: step, with fallbacks)")
+    p.add_argument("--tag", help="TensorBoard tag (default: loss_metrics/global_avg_loss, with fallbacks)")
+    p.add_argument("--json", type=Path, metavar="OUT", help="write the full result as JSON")
+    p.add_argument("--plot", type=Path, metavar="OUT.png", help="draw curves, relative difference and verdict")
+    p.add_argument("--force", action="store_true", help="overwrite existing --json / --plot files")
+    return p
+
+
+def _pct(x) -> str:
+    return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:+.3%}"
+
+
+def report(r: dict) -> str:
+    """The short human report printed by the CLI."""
+    lines = [f"verdict: {r['verdict'].upper()}  ({r['reason']})",
+             (f"margin +-{r['margin']:.3%}, family confidence {r['confidence']:.0%}, "
+              f"{r['baseline_runs']} baseline run(s), alignment {r['alignment']['method']} "
+              f"({r['alignment']['points']} points)")]
+    for name in ("overall", "final_window"):
+        part = r.get(name)
+        if part:
+            iv = part["interval"]
+            iv_s = f"[{_pct(iv[0])}, {_pct(iv[1])}]" if iv else "n/a"
+            lines.append(f"{name:<12} steps {part['start_step']}..{part['end_step']}: estimate "
+                         f"{_pct(part['estimate'])}, interval {iv_s} ({part['windows']} windows of "
+                         f"{part['window_points']} points) -> {part['decision']}")
+    n = r.get("noise")
+    if n:
+        lines.append(f"noise ({n['model']}): step noise {n['step_noise']:.3%}, lag-1 autocorrelation "
+                     f"{n['autocorr_lag1']:.2f}, correlation time {n['correlation_time']:.1f} points; {n['note']}")
+    if r["divergence"]:
+        d = r["divergence"]
+        lines.append(f"divergence: step {d['step']} ({d['kind']}): "
+                     + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                                 for k, v in d.items() if k not in ("step", "kind")))
+    for src in (*r["inputs"]["baselines"], r["inputs"]["candidate"]):
+        for rs in src["restarts"]:
+            lines.append(f"restart in {src['source']}: step {rs['from_step']} -> {rs['to_step']}, "
+                         f"{rs['dropped']} earlier point(s) replaced by the later run")
+        for w in src["warnings"]:
+            lines.append(f"warning: {w}")
+    return "\n".join(lines)
+
+
+def _check_out(path: Path | None, force: bool):
+    if path is not None and path.exists() and not force:
+        raise CLIError(f"{path} exists; pass --force to overwrite it")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    _check_out(args.json, args.force)
+    _check_out(args.plot, args.force)
+    from convergence.curves.compare import compare_paths
+
+    opts = {k: getattr(args, k) for k in ("confidence", "start_fraction", "final_fraction", "final_rise",
+                                          "spike_sigma", "format", "loss_key", "step_key", "tag")
+            if getattr(args, k) is not None}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # NaN arithmetic in a diverged run is reported, not warned
+        result = compare_paths([args.baseline, *args.more], args.candidate, margin=args.margin, **opts)
+    print(report(result))
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=1, allow_nan=True) + "\n")
+        print(f"wrote {args.json}")
+    if args.plot:
+        from convergence.curves.plots import plot_comparison
+
+        print(f"wrote {plot_comparison(result, args.plot, force=args.force)}")
+    return EXIT_CODES[result["verdict"]]
+
+
+if __name__ == "__main__":
+    from numerics.cli import run_main
+
+    sys.exit(run_main(main))

@@ -1,0 +1,243 @@
+"""Is a candidate run's loss curve equivalent to its baseline's? The statistics and the verdict.
+
+Public API (the training harness and the CLI call exactly these)
+  ``compare_paths(baselines, candidate, *, margin=0.0025, **opts) -> dict``
+      load the files (``convergence.curves.load.load_curve``; ``format``/``loss_key``/``step_key``/``tag``
+      in ``opts`` go to the loader), then ``compare_curves``. Returns the dict that
+      ``python -m convergence compare --json`` writes.
+  ``compare_curves(baselines, candidate, options=None) -> dict``  the same on loaded ``Curve``s.
+  ``CompareOptions``  every knob, defaults from ``numerics.tolerances`` (each with its reason).
+
+How the verdict is decided
+  1. Divergence (``convergence.curves.divergence``) on the candidate's raw curve: NaN/Inf, a
+     non-recovering robust spike, or a final loss above its own minimum -> ``diverged``. A diverged
+     baseline makes the comparison ``inconclusive``. The statistics below are still computed on
+     the steps before the divergence, for the report.
+  2. Alignment on common steps (``convergence.curves.align``); the first ``start_fraction`` of the overlap
+     (the warm-up transient, where relative differences mean little) is not compared.
+  3. The relative difference of smoothed loss: the compared range is cut into windows of ``L``
+     consecutive points; per window, ``r_w = mean(candidate) / mean(mean of baselines) - 1``
+     (windowed-mean smoothing, then the relative error). The estimate is the mean of ``r_w``.
+  4. Noise model. Step-to-step noise: the residual of the per-point relative difference around its
+     windowed mean gives the step noise and its lag-1 autocorrelation rho, hence the correlation
+     time ``tau = (1 + rho) / (1 - rho)``. Windows are ``L = max(5 tau, sqrt(n))`` points long, so
+     window means are close to independent (batch means), and the within-run standard error is
+     ``sd(r_w) / sqrt(W)`` with ``W - 1`` degrees of freedom. With k >= 2 baselines, each
+     baseline's level against the baselines' mean gives the seed-to-seed spread ``s`` and
+     a between-run standard error ``s * sqrt(1 + 1/k)`` with ``k - 1`` degrees of freedom (one
+     candidate run against the mean of k). The wider of the two t-intervals is used, and the
+     output names the model (``"baseline_seeds"`` or ``"residual"``) and both numbers.
+  5. Equivalence (two one-sided tests as a confidence interval): for the whole compared range and
+     for its final ``final_fraction`` separately, a two-sided interval at ``1 - (1 - confidence)/2``
+     (Bonferroni over the two ranges). ``equivalent`` when both intervals lie inside
+     ``[-margin, margin]``; ``not_equivalent`` when either lies entirely outside; otherwise
+     ``inconclusive`` (too noisy, or too short: fewer than ``MIN_WINDOWS`` windows).
+
+Every verdict carries the numbers that decided it: margin, intervals, window sizes, noise, and the
+divergence step and kind.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, replace
+
+import numpy as np
+from scipy import stats
+
+from convergence.curves.align import align, block_means, windowed_mean
+from convergence.curves.divergence import detect_divergence
+from convergence.curves.load import Curve, load_curves
+from numerics.tolerances import floor
+
+
+def _tol(metric: str) -> float:
+    return floor("training", "any", "loss_curve", metric).floor
+
+
+MIN_WINDOWS = 4  # a t-interval on fewer than 4 window means (df < 3) is too wide to decide anything
+TAU_WINDOWS = 5.0  # window length in correlation times: AR(1) adjacent window means correlate < 5%
+MAX_TAU = 1000.0  # rho is clipped below 1; a curve that wanders this slowly is reported as too short
+PLOT_POINTS = 1500  # points per curve kept in the result for plotting (block means)
+
+
+@dataclass(frozen=True)
+class CompareOptions:
+    # DeepSeek-V3 (arXiv:2412.19437, sec. 3.3): relative loss error below 0.25% vs BF16
+    margin: float = _tol("relative_margin")
+    confidence: float = _tol("confidence")
+    start_fraction: float = 0.1  # warm-up transient excluded from the comparison
+    final_fraction: float = 0.2  # the "final window" tested on its own
+    spike_sigma: float = _tol("spike_sigma")
+    spike_min_rise: float = _tol("spike_min_rise")
+    recovery_fraction: float = _tol("recovery_fraction")
+    final_rise: float = _tol("final_rise")
+
+    def check(self) -> CompareOptions:
+        from numerics.cli import CLIError
+
+        if not 0 < self.margin < 1:
+            raise CLIError(f"--margin must be in (0, 1), got {self.margin}")
+        if not 0.5 < self.confidence < 1:
+            raise CLIError(f"--confidence must be in (0.5, 1), got {self.confidence}")
+        if not 0 <= self.start_fraction < 1 or not 0 < self.final_fraction <= 1:
+            raise CLIError("--start-fraction must be in [0, 1) and --final-fraction in (0, 1]")
+        return self
+
+
+def _noise(d: np.ndarray) -> dict:
+    """Step noise of the relative difference from its residual around a windowed mean."""
+    n = len(d)
+    w = max(25, n // 100)
+    for _ in range(4):
+        resid = d - windowed_mean(d, w)
+        sd = float(np.std(resid))
+        rho = float(np.corrcoef(resid[:-1], resid[1:])[0, 1]) if sd > 0 and n > 3 else 0.0
+        rho = min(max(rho, 0.0), 1 - 2 / (MAX_TAU + 1))
+        tau = (1 + rho) / (1 - rho)
+        if w >= 5 * tau or w >= n // 4:  # the smoother must be much wider than the correlation
+            break
+        w = min(n // 4, 4 * w)
+    return {"step_noise": sd, "autocorr_lag1": rho, "correlation_time": tau, "smoothing_points": w}
+
+
+def _interval(cand: np.ndarray, bases: np.ndarray, steps: np.ndarray, tau: float, opts: CompareOptions) -> dict:
+    n = len(cand)
+    length = max(math.ceil(TAU_WINDOWS * tau), math.isqrt(n), 1)
+    windows = n // length
+    out = {"start_step": int(steps[0]), "end_step": int(steps[-1]), "points": n,
+           "window_points": length, "windows": windows}
+    if windows < MIN_WINDOWS:
+        return {**out, "estimate": None, "interval": None, "decision": "inconclusive",
+                "why": f"too short: {windows} windows of {length} points, need {MIN_WINDOWS}"}
+    mb_each = np.vstack([block_means(b, length) for b in bases])
+    mb = mb_each.mean(axis=0)
+    r = block_means(cand, length) / mb - 1.0
+    est = float(r.mean())
+    level = 1 - (1 - opts.confidence) / 4  # two ranges (Bonferroni), two-sided
+    se_w = float(r.std(ddof=1) / math.sqrt(windows))
+    half_w = float(stats.t.ppf(level, windows - 1)) * se_w
+    k = len(bases)
+    se_b = half_b = spread = None
+    if k >= 2:
+        levels = (mb_each / mb - 1.0).mean(axis=1)
+        spread = float(levels.std(ddof=1))
+        se_b = spread * math.sqrt(1 + 1 / k)
+        half_b = float(stats.t.ppf(level, k - 1)) * se_b
+    half = max(half_w, half_b or 0.0)
+    lo, hi = est - half, est + half
+    m = opts.margin
+    decision = "equivalent" if -m <= lo and hi <= m else "not_equivalent" if lo > m or hi < -m else "inconclusive"
+    why = {"equivalent": f"interval [{lo:+.3%}, {hi:+.3%}] inside +-{m:.3%}",
+           "not_equivalent": f"interval [{lo:+.3%}, {hi:+.3%}] outside +-{m:.3%}",
+           "inconclusive": f"interval [{lo:+.3%}, {hi:+.3%}] straddles +-{m:.3%}"}[decision]
+    return {**out, "estimate": est, "interval": [lo, hi], "confidence_each": 2 * level - 1,
+            "se_within": se_w, "se_between": se_b, "seed_spread": spread,
+            "noise_source": "baseline_seeds" if (half_b or 0.0) > half_w else "residual",
+            "decision": decision, "why": why}
+
+
+def _downsample(steps: np.ndarray, *series: np.ndarray) -> list[list[float]]:
+    b = max(1, -(-len(steps) // PLOT_POINTS))
+    cut = len(steps) - (len(steps) // b) * b
+    out = [[float(v) for v in steps[cut:][b - 1::b]]]
+    for s in series:
+        out.append([float(v) for v in block_means(s[cut:], b)] if b > 1 else [float(v) for v in s])
+    return out
+
+
+def _meta(c: Curve) -> dict:
+    d = asdict(c.meta)
+    d["points"] = len(c)
+    d["steps"] = [int(c.steps[0]), int(c.steps[-1])]
+    d["extras"] = sorted(c.extras)
+    return d
+
+
+def _divergence(c: Curve, o: CompareOptions) -> dict | None:
+    return detect_divergence(c.steps, c.values, spike_sigma=o.spike_sigma, spike_min_rise=o.spike_min_rise,
+                             recovery_fraction=o.recovery_fraction, final_rise=o.final_rise)
+
+
+def compare_curves(baselines: list[Curve], candidate: Curve, options: CompareOptions | None = None) -> dict:
+    o = (options or CompareOptions()).check()
+    div = _divergence(candidate, o)
+    base_div = [{"source": b.meta.source, **d} for b in baselines if (d := _divergence(b, o))]
+    al = align(baselines, candidate)
+    steps, cand, bases = al.steps, al.candidate, al.baselines
+    cut_steps = [d["step"] for d in ([div] if div else []) + base_div]
+    if cut_steps:  # statistics on the healthy part only
+        keep = steps < min(cut_steps)
+        steps, cand, bases = steps[keep], cand[keep], bases[:, keep]
+    result = {
+        "verdict": None, "reason": None, "margin": o.margin, "confidence": o.confidence,
+        "interval": None, "estimate": None, "final_window": None, "overall": None,
+        "divergence": div, "baseline_divergence": base_div or None, "baseline_runs": len(baselines),
+        "noise": None, "options": asdict(o),
+        "alignment": {"method": al.method, "points": len(al.steps),
+                      "step_range": [int(al.steps[0]), int(al.steps[-1])], "not_compared": al.dropped},
+        "inputs": {"baselines": [_meta(b) for b in baselines], "candidate": _meta(candidate)},
+    }
+    first = int(np.searchsorted(steps, al.steps[0] + o.start_fraction * (al.steps[-1] - al.steps[0])))
+    steps, cand, bases = steps[first:], cand[first:], bases[:, first:]
+    if len(steps) >= 8:
+        bmean = bases.mean(axis=0)
+        noise = _noise(cand / bmean - 1.0)
+        noise["model"] = "baseline_seeds" if len(baselines) >= 2 else "residual"
+        noise["note"] = (
+            f"spread of {len(baselines)} baseline seeds sets training randomness (with the step noise as a floor)"
+            if len(baselines) >= 2 else
+            "one baseline: noise is the step-to-step residual around the smoothed difference; "
+            "seed-to-seed randomness is not measured (pass more --baseline runs for it)"
+        )
+        result["noise"] = noise
+        overall = _interval(cand, bases, steps, noise["correlation_time"], o)
+        fstart = int(np.searchsorted(steps, steps[-1] - o.final_fraction * (al.steps[-1] - al.steps[0])))
+        final = _interval(cand[fstart:], bases[:, fstart:], steps[fstart:], noise["correlation_time"], o)
+        result.update(overall=overall, final_window=final, interval=overall["interval"],
+                      estimate=overall["estimate"])
+        s_cand = windowed_mean(cand, overall["window_points"])
+        s_base = windowed_mean(bmean, overall["window_points"])
+        st, rc, rb, sc, sb = _downsample(steps, cand, bmean, s_cand, s_base)
+        result["series"] = {"steps": st, "candidate": rc, "baseline": rb, "candidate_smoothed": sc,
+                            "baseline_smoothed": sb, "baseline_names": [b.name for b in baselines],
+                            "candidate_name": candidate.name}
+        L = overall["window_points"]
+        if overall["windows"]:
+            ends = steps[len(steps) - overall["windows"] * L:][L - 1::L]
+            r = block_means(cand, L) / block_means(bmean, L) - 1.0
+            result["windows"] = {"end_steps": [int(s) for s in ends], "rel_diff": [float(v) for v in r]}
+    result["verdict"], result["reason"] = _verdict(result, div, base_div)
+    return result
+
+
+def _verdict(r: dict, div: dict | None, base_div: list) -> tuple[str, str]:
+    if div:
+        return "diverged", f"candidate diverged at step {div['step']} ({div['kind']})"
+    if base_div:
+        d = base_div[0]
+        return "inconclusive", f"baseline {d['source']} diverged at step {d['step']} ({d['kind']})"
+    ov, fi = r["overall"], r["final_window"]
+    if ov is None:
+        return "inconclusive", "too few compared points"
+    decisions = {"whole range": ov["decision"], "final window": fi["decision"]}
+    for name, dec in decisions.items():
+        if dec == "not_equivalent":
+            part = ov if name == "whole range" else fi
+            return "not_equivalent", f"{name}: {part['why']}"
+    if all(d == "equivalent" for d in decisions.values()):
+        return "equivalent", f"whole range: {ov['why']}; final window: {fi['why']}"
+    part, name = (ov, "whole range") if ov["decision"] != "equivalent" else (fi, "final window")
+    return "inconclusive", f"{name}: {part['why']}"
+
+
+def compare_paths(baselines, candidate, *, margin: float = CompareOptions.margin, **opts) -> dict:
+    """Load and compare; ``opts``: CompareOptions fields and loader keys (format, loss_key, step_key, tag)."""
+    load_keys = {k: opts.pop(k) for k in ("format", "loss_key", "step_key", "tag") if k in opts}
+    options = replace(CompareOptions(), margin=margin, **opts).check()
+    *base, cand = load_curves([*baselines, candidate], **load_keys)
+    result = compare_curves(base, cand, options)
+    from numerics.environment import describe
+
+    result["environment"] = describe()
+    return result

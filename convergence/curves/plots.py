@@ -1,0 +1,65 @@
+"""Figures for a loss-curve comparison (matplotlib, Agg canvas; nothing global is touched at import).
+
+Public function
+  ``plot_comparison(result, out_png, *, force=False) -> Path``
+      ``result`` is the dict returned by ``convergence.curves.compare.compare_paths`` / ``compare_curves``
+      (or read back from the ``--json`` file): it carries block-averaged copies of the curves
+      (``result["series"]``), the per-window relative differences (``result["windows"]``), the
+      intervals and the divergence, so the figure can be redrawn from the JSON alone.
+      Top panel: baseline (mean of seeds) and candidate, raw (thin) and smoothed (thick), log-scaled
+      loss, divergence marked. Bottom panel: per-window relative difference, the +-margin band, and
+      the whole-range and final-window intervals as shaded bars. Refuses to overwrite unless ``force``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def plot_comparison(result: dict, out_png, *, force: bool = False) -> Path:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    out = Path(out_png)
+    if out.exists() and not force:
+        raise FileExistsError(f"{out} exists; not overwriting")
+    fig = Figure(figsize=(10, 7), layout="constrained")
+    FigureCanvasAgg(fig)
+    top, bottom = fig.subplots(2, 1, sharex=True, height_ratios=[3, 2])
+    s = result.get("series")
+    if s:
+        bname = "baseline" if len(s["baseline_names"]) == 1 else f"baseline (mean of {len(s['baseline_names'])})"
+        top.plot(s["steps"], s["baseline"], color="tab:blue", lw=0.6, alpha=0.4)
+        top.plot(s["steps"], s["candidate"], color="tab:orange", lw=0.6, alpha=0.4)
+        top.plot(s["steps"], s["baseline_smoothed"], color="tab:blue", lw=1.8, label=f"{bname} (smoothed)")
+        top.plot(s["steps"], s["candidate_smoothed"], color="tab:orange", lw=1.8,
+                 label=f"{s['candidate_name']} (smoothed)")
+        top.set_yscale("log")
+    div = result.get("divergence")
+    if div:
+        for ax in (top, bottom):
+            ax.axvline(div["step"], color="tab:red", ls="--", lw=1.2)
+        top.annotate(f"diverged: {div['kind']} @ {div['step']}", (div["step"], 0.95),
+                     xycoords=("data", "axes fraction"),
+                     color="tab:red", ha="right", va="top")
+    top.set_ylabel("loss")
+    top.legend(loc="upper right", fontsize=8)
+    top.set_title(f"{result['verdict'].upper()}: {result['reason']}", fontsize=9, loc="left")
+
+    m = result["margin"]
+    bottom.axhspan(-m, m, color="tab:green", alpha=0.12, label=f"margin +-{m:.2%}")
+    bottom.axhline(0.0, color="black", lw=0.6)
+    w = result.get("windows")
+    if w:
+        bottom.plot(w["end_steps"], w["rel_diff"], ".", color="tab:gray", ms=3, label="per-window rel. diff.")
+    for key, color in (("overall", "tab:purple"), ("final_window", "tab:brown")):
+        part = result.get(key)
+        if part and part["interval"]:
+            lo, hi = part["interval"]
+            bottom.fill_between([part["start_step"], part["end_step"]], lo, hi, color=color, alpha=0.35,
+                                label=f"{key} {part['confidence_each']:.1%} interval ({part['decision']})")
+    bottom.set_ylabel("candidate / baseline - 1")
+    bottom.set_xlabel("step")
+    bottom.legend(loc="upper left", fontsize=8)
+    fig.savefig(out, dpi=110)
+    return out

@@ -1,0 +1,329 @@
+"""The five rungs of ``mxval validate``, each a function ``(plan, out, progress) -> LevelResult``.
+
+Every level calls the suite's own Python API (nothing is re-implemented here) and writes its full
+output under ``out/<level>/``; the function condenses it into checks, key numbers, a table and
+figures (``mxval.validate.figures``).
+
+  ``run_tensor``         ``numerics.tensor.report.tensor_report``: torchao's cast against the oracle, block by block
+  ``run_layer``          ``numerics.layer.harness.run_config`` + floors + ``golden.layer_stats.compare``
+  ``run_communication``  ``numerics.ep.check.main``: the reference on gloo (CPU) / NCCL, DeepEP when present
+  ``run_training``       ``convergence.train.loop.train_recipe``: BF16 at several seeds and MXFP8 at the first
+  ``run_curves``         ``convergence.curves.compare.compare_paths`` of MXFP8 against the BF16 seeds
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from pathlib import Path
+
+from mxval.validate import figures as figs
+from mxval.validate.plan import Check, LevelResult, Plan, level_status
+
+Progress = Callable[[str], None]
+
+DEEPEP_ENABLE = ("on a machine with 2+ NVLink-connected GPUs, install DeepEP per its README "
+                 "(github.com/deepseek-ai/DeepEP, v1.2.x) so that `import deep_ep` works, then rerun")
+
+
+def _rel(path: Path, out: Path) -> str:
+    return str(path.relative_to(out))
+
+
+def _fmt(v, digits: int = 2) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.{digits}f}" if math.isfinite(v) else str(v)
+    return str(v)
+
+
+# ---------------------------------------------------------------- tensor
+
+def run_tensor(plan: Plan, out: Path, progress: Progress) -> LevelResult:
+    from numerics.tensor import report
+    from numerics.tolerances import floor
+
+    progress(f"torchao to_mx against numerics.tensor.mx ({plan.tensor_size} profile)")
+    doc = report.tensor_report(size=plan.tensor_size, seed=plan.seed, device=plan.device)
+    (out / "tensor").mkdir()
+    (out / "tensor" / "report.json").write_text(json.dumps(doc, indent=1, default=str) + "\n")
+    recs = doc["records"]
+    checks, table = [], [("elem", "mode", "family", "SQNR dB", "floor dB", "max abs err", "blocks",
+                          "bit-exact", "known findings", "unexplained")]
+    findings: dict[str, int] = {}
+    for r in recs:
+        # torchao's own bar for every family; the tighter measured floor for Gaussian activations
+        tols = [floor("tensor", r["elem"], "roundtrip", "sqnr_db")]
+        if r["family"] == "normal":
+            tols.append(floor("tensor", r["elem"], "roundtrip_normal", "sqnr_db"))
+        tol = max(tols, key=lambda t: t.floor)
+        known = r.get("blocks_known_findings") or {}
+        for k, n in known.items():
+            findings[k] = findings.get(k, 0) + int(n)
+        table.append((r["elem"], r["mode"], r["family"], _fmt(r["sqnr_db"]), _fmt(tol.floor, 1),
+                      f"{r['max_abs_err']:.3g}", str(r["blocks"]), str(r["blocks_bit_exact"]),
+                      ", ".join(f"{k}: {n}" for k, n in known.items() if n) or "-", str(r["blocks_unexplained"])))
+        name = f"{r['elem']}/{r['mode']}/{r['family']}"
+        if r["blocks_unexplained"]:
+            checks.append(Check(f"bit-exact {name}", "fail", f"{r['blocks_unexplained']} of {r['blocks']} blocks "
+                                "differ from the oracle and match no known finding"))
+        if not r["sqnr_db"] >= tol.floor:
+            checks.append(Check(f"SQNR {name}", "fail", tol.describe(r["sqnr_db"])))
+    blocks = sum(r["blocks"] for r in recs)
+    exact = sum(r["blocks_bit_exact"] for r in recs)
+    unexplained = sum(r["blocks_unexplained"] for r in recs)
+    if not any(c.name.startswith("bit-exact") for c in checks):
+        checks.insert(0, Check("bit-exact against the oracle", "pass",
+                               f"{blocks} blocks over {len(recs)} (elem, mode, family) cells: {exact} bit-exact, "
+                               "the rest claimed by known findings (FINDINGS.md): "
+                               + (", ".join(f"{k} {n}" for k, n in findings.items() if n) or "none")))
+    if not any(c.name.startswith("SQNR") for c in checks):
+        checks.append(Check("SQNR of the round trip", "pass", "every cell above its floor (numerics/tolerances.py)"))
+    sqnr = {f"{r['elem']}/{r['mode']}": min(x["sqnr_db"] for x in recs
+                                            if (x["elem"], x["mode"]) == (r["elem"], r["mode"]))
+            for r in recs}
+    numbers = {"blocks": blocks, "blocks_bit_exact": exact, "blocks_unexplained": unexplained,
+               "blocks_known_findings": findings, "min_sqnr_db": sqnr, "versions": doc.get("header")}
+    fig = figs.tensor_sqnr(recs, out / "figures" / "tensor_sqnr.png")
+    status = level_status(checks)
+    summary = (f"{exact}/{blocks} blocks bit-exact, {unexplained} unexplained; "
+               f"lowest SQNR {min(sqnr.values()):.1f} dB" if recs else "the report returned no records")
+    return LevelResult("tensor", status if recs else "fail", summary, tuple(checks), numbers, tuple(table),
+                       (_rel(fig, out),), ("tensor/report.json",))
+
+
+# ---------------------------------------------------------------- layer
+
+def run_layer(plan: Plan, out: Path, progress: Progress) -> LevelResult:
+    from golden import layer_stats
+    from numerics import environment
+    from numerics.layer import harness as layers
+    from numerics.layer.cli import header
+    from numerics.layer.configs import get
+
+    cfg = get(plan.layer_config)
+    results = layers.run_config(cfg, device=plan.device, progress=progress)
+    head = header(plan.layer_config, plan.device)
+    (out / "layer").mkdir()
+    (out / "layer" / "layers.json").write_text(layers.to_json(results, head) + "\n")
+    (out / "layer" / "layers.md").write_text(layers.format_table(results, markdown=True) + "\n")
+    bad = layers.floor_violations(results)
+    n_fig = sum(len(layers.floors_for(r.layer, s.recipe, s.tensor, r.shape.get("input", "normal"))) > 0
+                for r in results for s in r.stats)
+    checks = [Check("SQNR against the BF16 run, above the floors", "fail" if bad else "pass",
+                    "; ".join(bad[:5]) + (f" (+{len(bad) - 5} more)" if len(bad) > 5 else "") if bad
+                    else f"{n_fig} MXFP8 figures over {len(results)} layers, each above its floor")]
+    hw = environment.hardware_tag() if plan.device != "cpu" else "cpu"
+    gold = layer_stats.DIR / f"layer_stats_{plan.layer_config}__{hw}.json"
+    if gold.exists():
+        measured = [rec for r in results for rec in r.records()]
+        problems = layer_stats.compare(json.loads(gold.read_text())["records"], measured)
+        checks.append(Check(f"golden/{gold.parent.name}/{gold.name}", "fail" if problems else "pass",
+                            "; ".join(problems[:5]) if problems else
+                            f"no figure more than {layer_stats.MAX_DROP_DB} dB below the committed statistics"))
+    else:
+        checks.append(Check("golden statistics", "skipped",
+                            f"no golden/layers/{gold.name} for this config and hardware; make one with "
+                            f"python -m golden.layer_stats from-json {out / 'layer' / 'layers.json'}"))
+    table = [("layer", "case", "tensor", "MXFP8 vs BF16 dB", "floor dB", "wgrad-hp vs BF16 dB",
+              "MXFP8 vs FP32 dB", "BF16 vs FP32 dB")]
+    lowest: dict[str, float] = {}
+    for r in results:
+        family = r.shape.get("input", "normal")
+        for t in r.tensors():
+            s = r.stat("mxfp8", t)
+            floors = layers.floors_for(r.layer, "mxfp8", t, family)
+            hp = r.stat("mxfp8_wgrad_hp", t) if "mxfp8_wgrad_hp" in {x.recipe for x in r.stats} else None
+            table.append((r.layer, r.case, t, _fmt(s.sqnr_vs_bf16), _fmt(max((f.floor for f in floors), default=None)),
+                          _fmt(hp.sqnr_vs_bf16 if hp else None), _fmt(s.sqnr_vs_fp32),
+                          _fmt(r.stat("bf16", t).sqnr_vs_fp32)))
+            key = f"{r.layer}.{t.split(':')[0]}"
+            if s.sqnr_vs_bf16 is not None and t.split(":")[0] in ("out", "dx", "dw"):
+                lowest[key] = min(lowest.get(key, math.inf), s.sqnr_vs_bf16)
+    fig = figs.layer_sqnr(results, out / "figures" / "layer_sqnr.png")
+    status = level_status(checks)
+    summary = (f"config {plan.layer_config} on {plan.device}: {len(results)} layers, "
+               + (f"{len(bad)} figures below floor" if bad else "all MXFP8 figures above their floors")
+               + f"; lowest MXFP8 SQNR vs BF16 {min(lowest.values()):.1f} dB")
+    numbers = {"config": plan.layer_config, "layers": len(results), "below_floor": len(bad),
+               "min_sqnr_vs_bf16_db": {k: round(v, 2) for k, v in lowest.items()}}
+    return LevelResult("layer", status, summary, tuple(checks), numbers, tuple(table), (_rel(fig, out),),
+                       ("layer/layers.json", "layer/layers.md"))
+
+
+# ---------------------------------------------------------------- communication
+
+COMM_GROUPS = {  # what each group of numerics.ep.check rows means, for the report
+    "bad_input": "{n} malformed inputs: ValueError naming the defect on the rank that has it, PeerInputError on "
+                 "the others, before any payload moves",
+    "case": "all {cases} routings ran to completion on every rank",
+    "layout": "{n} layout tensors x {cases} cases, bit for bit",
+    "dispatch": "{n} received tensors x {cases} cases, bit for bit (payload, top-k index and weight, counts)",
+    "dispatch_cached": "{n} received tensors x {cases} cases with the cached handle, bit for bit",
+    "combine": "weighted sums x {cases} cases, bit for bit",
+    "determinism": "a second identical call gives the same bits ({n} tensors x {cases} cases)",
+}
+
+
+def run_communication(plan: Plan, out: Path, progress: Progress) -> LevelResult:
+    from numerics.ep import check
+
+    (out / "communication").mkdir()
+    path = out / "communication" / "check.json"
+    argv = ["--world", str(plan.ep_world), "--cases", str(plan.ep_cases), "--seed", str(plan.seed),
+            "--json", str(path)]
+    if plan.ep_backend == "deepep":
+        argv += ["--backend", "deepep", "--against", "reference"]
+        what = f"DeepEP against the NCCL all-to-all, {plan.ep_world} GPUs"
+    else:
+        comm = "NCCL" if plan.gpus >= plan.ep_world else "gloo"
+        what = f"all-to-all reference on {comm} against the single-process simulation, {plan.ep_world} ranks"
+    progress(what)
+    rc = check.main(argv)
+    doc = json.loads(path.read_text())
+    groups: dict[str, list] = {}
+    for name, row in doc["checks"].items():
+        groups.setdefault(name.split(".")[0], []).append((name, row))
+    checks, table = [], [("check", "cases", "failures", "first mismatch")]
+    for group, rows in groups.items():
+        failed = [(n, r) for n, r in rows if r["failures"]]
+        cases = max(r["cases"] for _, r in rows)
+        passed_text = COMM_GROUPS.get(group, "{n} checks x {cases} cases, bit for bit")
+        detail = (f"{failed[0][0]}: {failed[0][1]['first']} (case {failed[0][1]['first_case']})" if failed
+                  else passed_text.format(n=len(rows), cases=cases))
+        checks.append(Check(group, "fail" if failed else "pass", detail))
+        for n, r in rows:
+            table.append((n, str(r["cases"]), str(r["failures"]), r["first"] or ""))
+    enable = None
+    if plan.ep_backend != "deepep":
+        why = (f"needs 2+ CUDA GPUs (found {plan.gpus})" if plan.gpus < 2 else "deep_ep is not importable")
+        checks.append(Check("DeepEP against NCCL", "skipped", why))
+        enable = DEEPEP_ENABLE
+    if rc != 0 and not any(c.status == "fail" for c in checks):
+        checks.append(Check("check exit code", "fail", f"numerics.ep check exited {rc}"))
+    cases = max((r["cases"] for r in doc["checks"].values()), default=0)
+    status = level_status(checks)
+    summary = f"{what}: {cases} cases, " + ("every check bit-exact" if doc["passed"] else "MISMATCHES (see table)")
+    numbers = {"backend": doc["backend"], "against": doc["against"], "world": doc["world"],
+               "comm_backend": doc["comm_backend"], "cases": cases, "seconds": doc["seconds"],
+               "failures": sum(r["failures"] for r in doc["checks"].values())}
+    return LevelResult("communication", status, summary, tuple(checks), numbers, tuple(table), (),
+                       ("communication/check.json",), enable)
+
+
+# ---------------------------------------------------------------- training
+
+def baseline_seeds(plan: Plan) -> list[int]:
+    """BF16 seeds: the paired seed plus two more, so seed-to-seed randomness is measured (k - 1 = 2 dof)."""
+    return [plan.seed, plan.seed + 1, plan.seed + 2]
+
+
+def _train_config(plan: Plan, seed: int, *, probes: bool = True):
+    from convergence.train import loop as train
+
+    d = train.defaults_for(plan.train_model)
+    d["ckpt_every"] = plan.train_steps  # one checkpoint, at the end (deleted: the report does not need it)
+    d["probe_every"] = min(d["probe_every"], max(1, plan.train_steps // 4)) if probes else 0
+    return train.TrainConfig(model=plan.train_model, recipes=("bf16", "mxfp8"), steps=plan.train_steps, seed=seed,
+                             device=plan.device, **d)
+
+
+def runs(plan: Plan, out: Path) -> dict[str, Path]:
+    """name -> run folder: ``mxfp8`` and ``bf16`` at the plan's seed, ``bf16_seed<N>`` for the others."""
+    seed_dir = out / "training" / f"seed{plan.seed}"
+    d = {"bf16": seed_dir / "bf16", "mxfp8": seed_dir / "mxfp8"}
+    for s in baseline_seeds(plan)[1:]:
+        d[f"bf16_seed{s}"] = out / "training" / f"seed{s}" / "bf16"
+    return d
+
+
+def run_training(plan: Plan, out: Path, progress: Progress) -> LevelResult:
+    from convergence.train import data as data_mod
+    from convergence.train import loop as train
+
+    progress("loading the token stream (default corpus: this Python's standard library)")
+    tokens = data_mod.load_tokens(_train_config(plan, plan.seed).data)
+    checks, numbers, table = [], {"model": plan.train_model, "steps": plan.train_steps, "runs": {}}, [
+        ("run", "recipe", "seed", "steps", "first loss", "final loss (mean of last 10%)", "median tokens/s")]
+    for name, run_dir in runs(plan, out).items():
+        recipe = "mxfp8" if name == "mxfp8" else "bf16"
+        seed = int(run_dir.parent.name.removeprefix("seed"))
+        progress(f"{name}: {plan.train_model} model, {plan.train_steps} steps")
+        train.train_recipe(_train_config(plan, seed, probes=recipe == "mxfp8"), recipe, run_dir, tokens,
+                           resume=False, progress=True)
+        (run_dir / "checkpoint.pt").unlink(missing_ok=True)
+        recs = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        losses = [r["loss"] for r in recs]
+        tail = losses[-max(1, len(losses) // 10):]
+        final = sum(tail) / len(tail)
+        tps = sorted(r["tokens_per_s"] for r in recs)[len(recs) // 2]
+        finite = all(isinstance(v, float) and math.isfinite(v) for v in losses) and len(losses) == plan.train_steps
+        learned = finite and final < losses[0]
+        numbers["runs"][name] = {"recipe": recipe, "seed": seed, "first_loss": losses[0], "final_loss": final,
+                                 "median_tokens_per_s": tps, "dir": _rel(run_dir, out)}
+        table.append((name, recipe, str(seed), str(len(losses)), _fmt(losses[0], 4), _fmt(final, 4), f"{tps:,.0f}"))
+        checks.append(Check(f"{name} trains", "pass" if learned else "fail",
+                            f"{len(losses)}/{plan.train_steps} steps, loss {losses[0]:.3f} -> {final:.3f}"
+                            if finite else f"non-finite loss or stopped early after {len(losses)} steps"))
+    probe_path = runs(plan, out)["mxfp8"] / "probes.jsonl"
+    probes = [json.loads(line) for line in probe_path.read_text().splitlines()] if probe_path.exists() else []
+    if probes:
+        last = probes[-1]["layers"]
+        worst = min(((v, f"{layer} {k.removesuffix('_sqnr_db')}") for layer, d in last.items() for k, v in d.items()),
+                    default=(None, ""))
+        numbers["probe_min_sqnr_db"] = {"step": probes[-1]["step"], "value": worst[0], "where": worst[1]}
+        checks.append(Check("layer probes (reported, not judged)", "pass",
+                            f"at step {probes[-1]['step']} the lowest MXFP8-vs-BF16 SQNR on the run's own "
+                            f"activations is {_fmt(worst[0], 1)} dB ({worst[1]})"))
+    fig = figs.training_curves(out, runs(plan, out), probes, out / "figures" / "training.png")
+    m, b = numbers["runs"]["mxfp8"], numbers["runs"]["bf16"]
+    others = [v["final_loss"] / b["final_loss"] - 1 for k, v in numbers["runs"].items() if k.startswith("bf16_seed")]
+    summary = (f"{plan.train_model} model, {plan.train_steps} steps: final loss BF16 {b['final_loss']:.4f}, "
+               f"MXFP8 {m['final_loss']:.4f} ({m['final_loss'] / b['final_loss'] - 1:+.2%}); "
+               f"BF16 at other seeds {', '.join(f'{x:+.2%}' for x in others)}")
+    return LevelResult("training", level_status(checks), summary, tuple(checks), numbers, tuple(table),
+                       (_rel(fig, out),), tuple(_rel(p / "metrics.jsonl", out) for p in runs(plan, out).values()))
+
+
+# ---------------------------------------------------------------- curves
+
+VERDICT_STATUS = {"equivalent": "pass", "not_equivalent": "fail", "diverged": "fail", "inconclusive": "inconclusive"}
+
+
+def run_curves(plan: Plan, out: Path, progress: Progress) -> LevelResult:
+    from convergence.curves.compare import compare_paths
+    from convergence.curves.plots import plot_comparison
+
+    paths = runs(plan, out)
+    bases = [paths["bf16"] / "metrics.jsonl"] + [paths[f"bf16_seed{s}"] / "metrics.jsonl"
+                                                  for s in baseline_seeds(plan)[1:]]
+    progress(f"MXFP8 against {len(bases)} BF16 seeds")
+    r = compare_paths(bases, paths["mxfp8"] / "metrics.jsonl")
+    (out / "curves").mkdir()
+    (out / "curves" / "verdict.json").write_text(json.dumps(r, indent=1, default=str) + "\n")
+    fig = plot_comparison(r, out / "figures" / "curves.png")
+    single = compare_paths(bases[:1], paths["mxfp8"] / "metrics.jsonl")
+    status = VERDICT_STATUS[r["verdict"]]
+    numbers = {"verdict": r["verdict"], "reason": r["reason"], "margin": r["margin"], "estimate": r["estimate"],
+               "interval": r["interval"], "final_window_interval": (r["final_window"] or {}).get("interval"),
+               "noise_model": (r["noise"] or {}).get("model"), "baseline_seeds": len(bases),
+               "paired_estimate": single["estimate"], "paired_verdict_ignoring_seed_noise": single["verdict"]}
+    enable = None
+    if status == "inconclusive":
+        enable = (f"{plan.train_steps} steps of the {plan.train_model} model cannot resolve a "
+                  f"{r['margin']:.2%} margin against seed-to-seed noise; run longer "
+                  f"(mxval validate --steps N), or compare your own long runs: python -m convergence compare "
+                  "BF16.jsonl MXFP8.jsonl --baseline BF16_SEED1.jsonl ...")
+    table = [("range", "estimate", "interval", "decision")]
+    for key in ("overall", "final_window"):
+        part = r.get(key)
+        if part:
+            iv = part["interval"]
+            table.append((key, _fmt(part["estimate"] * 100, 3) + " %" if part["estimate"] is not None else "-",
+                          f"[{iv[0]:+.3%}, {iv[1]:+.3%}]" if iv else "-", part["decision"]))
+    checks = (Check("equivalence within the margin", status, r["reason"]),)
+    summary = f"{r['verdict']}: {r['reason']}"
+    return LevelResult("curves", status, summary, checks, numbers, tuple(table), (_rel(fig, out),),
+                       ("curves/verdict.json",), enable)

@@ -1,0 +1,112 @@
+"""What ``mxval validate`` runs on this machine: the levels, their sizes, and the result records.
+
+Public: ``LEVELS`` (the ladder, in order), ``Plan`` / ``make_plan(...)`` (sizes chosen from the
+hardware: CPU -> small shapes and the tiny model, a GPU -> 16B shapes and the proxy model, two GPUs
+with deep_ep -> DeepEP against NCCL), ``Check`` and ``LevelResult`` (what each level returns; the
+report and ``summary.json`` are written from these alone), ``level_status(checks)``.
+
+Statuses: ``pass``, ``fail``, ``inconclusive`` (ran, and the evidence is too weak to decide either
+way: a short loss curve against a 0.25 % margin), ``skipped`` (with the reason and how to enable it).
+Only ``fail`` makes the exit code non-zero.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+LEVELS: dict[str, str] = {
+    "tensor": "MXFP8 cast: torchao against the exact MX oracle",
+    "layer": "layers: MXFP8 against BF16 and FP32, forward and backward",
+    "communication": "expert-parallel dispatch / combine, bit for bit",
+    "training": "paired BF16 / MXFP8 pretraining run",
+    "curves": "loss-curve verdict: is the MXFP8 run equivalent to BF16?",
+}
+STATUSES = ("pass", "fail", "inconclusive", "skipped")
+
+
+@dataclass(frozen=True)
+class Plan:
+    device: str  # "cpu" or "cuda"
+    gpus: int
+    deep_ep: bool  # deep_ep importable
+    quick: bool
+    tensor_size: str  # numerics.tensor.report size
+    layer_config: str  # numerics.layer.configs name
+    ep_world: int
+    ep_cases: int  # sampled routings after the named edge cases
+    ep_backend: str  # "reference" (against simulate) or "deepep" (against the NCCL reference)
+    train_model: str  # convergence.train.model config name
+    train_steps: int
+    seed: int = 0
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def make_plan(*, gpus: int, deep_ep: bool, quick: bool = False, steps: int | None = None, seed: int = 0) -> Plan:
+    """Sizes for this machine. CPU numbers are chosen so the whole ladder fits in a few minutes on
+    2 cores (measured in README.md (validate section)); ``quick`` shrinks every level further (tests, smoke runs).
+    """
+    gpu = gpus >= 1
+    if gpu:
+        # proxy: ~0.1 s (bf16) + ~1 s (emulated mxfp8) per step on an H200 -> ~4 min for 200 steps
+        default_steps = 40 if quick else 200
+    else:
+        # tiny on 2 CPU cores: ~0.05 s (bf16) + ~0.2 s (emulated mxfp8) per step -> ~60 s for 200 steps
+        default_steps = 20 if quick else 200
+    return Plan(
+        device="cuda" if gpu else "cpu", gpus=gpus, deep_ep=deep_ep, quick=quick,
+        tensor_size="quick",
+        layer_config="16b" if gpu and not quick else "small",
+        ep_world=2,
+        ep_cases=10 if quick else 120,
+        ep_backend="deepep" if gpus >= 2 and deep_ep else "reference",
+        train_model="proxy" if gpu and not quick else "tiny",
+        train_steps=steps or default_steps,
+        seed=seed,
+    )
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    status: str  # one of STATUSES
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class LevelResult:
+    level: str
+    status: str
+    summary: str  # one line: what was found
+    checks: tuple[Check, ...] = ()
+    numbers: dict = field(default_factory=dict)  # the key figures (JSON-able)
+    table: tuple[tuple[str, ...], ...] = ()  # first row is the header
+    figures: tuple[str, ...] = ()  # PNG paths relative to the results folder
+    artifacts: tuple[str, ...] = ()  # other files written, relative to the results folder
+    enable: str | None = None  # how to run what was skipped
+    seconds: float = 0.0
+
+    def record(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["checks"] = [dataclasses.asdict(c) for c in self.checks]
+        d["table"] = [list(r) for r in self.table]
+        d["title"] = LEVELS[self.level]
+        return d
+
+
+def level_status(checks: tuple[Check, ...] | list[Check]) -> str:
+    """fail if any check failed; skipped if all were skipped; inconclusive if any was; else pass."""
+    statuses = {c.status for c in checks}
+    if "fail" in statuses:
+        return "fail"
+    if not statuses or statuses == {"skipped"}:
+        return "skipped"
+    if "inconclusive" in statuses:
+        return "inconclusive"
+    return "pass"
+
+
+def skipped(level: str, reason: str, enable: str | None) -> LevelResult:
+    return LevelResult(level, "skipped", reason, checks=(Check(level, "skipped", reason),), enable=enable)

@@ -1,0 +1,98 @@
+"""python -m numerics layers [--config small|16b] [--json OUT] [--markdown OUT] — the per-layer table.
+
+Runs every layer of the config FP32 / BF16 / MXFP8 (both torchao recipes) on one device, prints the
+table, lists any MXFP8 figure below its floor (exit 1 then), and optionally writes
+``{"header": {versions, device, config}, "records": [...]}`` JSON and a Markdown table. Existing
+output files are kept unless ``--force`` is given.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from numerics import environment
+from numerics.cli import ArgumentParser, CLIError, run_main
+from numerics.layer.configs import CONFIGS, get
+
+
+def _device(name: str | None) -> str:
+    import torch
+
+    if name is None:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise CLIError(f"--device {name}: no CUDA device is visible")
+    if name != "cpu" and not name.startswith("cuda"):
+        raise CLIError(f"--device {name!r}: use cpu or cuda[:N]")
+    return name
+
+
+def _writable(path: str | None, force: bool) -> Path | None:
+    if path is None:
+        return None
+    p = Path(path)
+    if p.exists() and not force:
+        raise CLIError(f"{p} exists; pass --force to overwrite it")
+    if not p.parent.exists():
+        raise CLIError(f"directory {p.parent} does not exist")
+    return p
+
+
+def header(config_name: str, device: str) -> dict:
+    import torch
+
+    from numerics.layer import harness as layers
+
+    return {
+        "config": get(config_name).to_dict(),
+        "device": device,
+        "kernel": layers.default_kernel(device).name,
+        "fp32_matmul_precision": torch.get_float32_matmul_precision(),
+        "versions": environment.describe(),
+        "hardware": environment.hardware_tag() if device != "cpu" else "cpu",
+    }
+
+
+def _main(argv: Sequence[str] | None) -> int:
+    parser = ArgumentParser(prog="python -m numerics layers", description=__doc__.splitlines()[0])
+    parser.add_argument("--config", choices=sorted(CONFIGS), default="small")
+    parser.add_argument("--device", help="cpu or cuda[:N]; default cuda when visible")
+    parser.add_argument("--json", help="write the records as JSON here")
+    parser.add_argument("--markdown", help="write the table as Markdown here")
+    parser.add_argument("--force", action="store_true", help="overwrite existing output files")
+    args = parser.parse_args(argv)
+    device = _device(args.device)
+    json_path, md_path = _writable(args.json, args.force), _writable(args.markdown, args.force)
+
+    from numerics.layer import harness as layers
+
+    cfg = get(args.config)
+    start = time.perf_counter()
+
+    def progress(msg: str) -> None:
+        print(f"{time.perf_counter() - start:7.1f}s {msg}", file=sys.stderr, flush=True)
+
+    results = layers.run_config(cfg, device=device, progress=progress)
+    if json_path:
+        json_path.write_text(layers.to_json(results, header(args.config, device)) + "\n")
+    if md_path:
+        md_path.write_text(f"# Layer statistics: config {cfg.name}, {device}\n\n"
+                           + layers.format_table(results, markdown=True) + "\n")
+    print(layers.format_table(results))
+    bad = layers.floor_violations(results)
+    for line in bad:
+        print(f"BELOW FLOOR {line}")
+    print(f"{len(results)} layers, {'all above their floors' if not bad else f'{len(bad)} figures below floor'}"
+          f" ({time.perf_counter() - start:.1f}s)")
+    return 1 if bad else 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run_main(_main, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

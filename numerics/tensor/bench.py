@@ -1,0 +1,112 @@
+"""Throughput of the oracle (``numerics.tensor.mx.quantize``) against torchao's eager ``to_mx`` on CPU.
+
+``python -m numerics bench [cast]`` times both casts on the same float32 input (default 2^24 =
+16M normal values, E4M3, every mode) in one process and prints elements/s and the ratio
+oracle / torchao; the issue's goal is a ratio of at least 0.5. Each figure is the best of
+``--repeat`` runs after one warm-up, so a busy machine slows both sides alike as far as it can.
+``python -m numerics bench layers ...`` delegates to ``numerics.layer.bench``.
+Nothing here asserts a time.
+
+Optimisation record (2-core CPU, torch 2.13, torchao 0.18, numpy 2.x; before any change the
+oracle ran in float64 and took ~2 s per 16M-element cast against torchao's ~0.085 s, ratio ~0.04).
+Expected before optimising: the float64 element encode (~25 full passes over 128 MB arrays) is
+~90 % of the time; doing it in float32 bit arithmetic (``elements.encode_f32``: an FPU add rounds to
+the element grid, a 2-4k-entry table gives the code) and taking amax as an integer max over the
+bit patterns should cut the oracle ~10x. Measured after, in one run on the shared 2-core machine
+(load ~3-5, best of 2): oracle 0.89 -> 0.18 s (FLOOR) and 1.05 -> 0.21 s (RCEIL), 5x rather than 10x
+(the remaining passes are memory-bound float32/uint32 ones plus the table gather); torchao
+0.23-0.41 s under that load, so oracle/torchao 1.2-2.3 (was 0.26-0.30). On an idle machine torchao
+was seen at ~0.085 s, which would put the ratio near 0.5: rerun this script to see where it lands.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from numerics.cli import ArgumentParser, CLIError, run_main
+from numerics.tensor import mx, torchao_cast
+
+DEFAULT_ELEMENTS = 1 << 24  # 16M, the issue's input size
+ROW = 4096
+
+
+def _best(fn, repeat: int) -> float:
+    fn()  # warm-up: allocator, lazy imports, torchao's first-call setup
+    best = float("inf")
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def cast(*, elements: int = DEFAULT_ELEMENTS, elem: str = "e4m3", modes: Sequence[str] = mx.MODES,
+         repeat: int = 3, seed: int = 0) -> list[dict]:
+    """Per mode: seconds and elements/s of the oracle and of torchao on the same input, and their ratio."""
+    if elements <= 0 or elements % 32:
+        raise ValueError(f"elements must be a positive multiple of 32, got {elements}")
+    cols = ROW if elements % ROW == 0 else 32
+    x = np.random.default_rng(seed).standard_normal((elements // cols, cols), dtype=np.float32)
+    t = torch.from_numpy(x)
+    rows = []
+    for mode in modes:
+        t_oracle = _best(lambda mode=mode: mx.quantize(x, elem, mode), repeat)
+        t_torchao = _best(lambda mode=mode: torchao_cast.quantize(t, elem, mode), repeat)
+        rows.append({"mode": mode, "elem": elem, "elements": elements,
+                     "oracle_s": t_oracle, "torchao_s": t_torchao,
+                     "oracle_elem_per_s": elements / t_oracle, "torchao_elem_per_s": elements / t_torchao,
+                     "ratio": t_torchao / t_oracle})
+        print(f"  {mode}: oracle {t_oracle * 1e3:.0f} ms, torchao {t_torchao * 1e3:.0f} ms",
+              file=sys.stderr, flush=True)
+    return rows
+
+
+def format_rows(rows: list[dict]) -> str:
+    head = f"{'mode':<6} {'oracle Melem/s':>15} {'torchao Melem/s':>16} {'oracle/torchao':>15}"
+    return "\n".join([head] + [f"{r['mode']:<6} {r['oracle_elem_per_s'] / 1e6:>15.1f} "
+                               f"{r['torchao_elem_per_s'] / 1e6:>16.1f} {r['ratio']:>15.2f}" for r in rows])
+
+
+def _cast_main(argv: Sequence[str]) -> int:
+    parser = ArgumentParser(prog="python -m numerics bench cast", description=__doc__.splitlines()[0])
+    parser.add_argument("--elements", type=int, default=DEFAULT_ELEMENTS, help="input size (multiple of 32)")
+    parser.add_argument("--elem", choices=sorted(mx.ELEMENTS), default="e4m3")
+    parser.add_argument("--mode", action="append", choices=mx.MODES, help="repeatable; default: all four")
+    parser.add_argument("--repeat", type=int, default=3, help="timed runs per figure (best is kept)")
+    args = parser.parse_args(argv)
+    if args.elements <= 0 or args.elements % 32:
+        raise CLIError(f"--elements must be a positive multiple of 32, got {args.elements}")
+    if args.repeat < 1:
+        raise CLIError(f"--repeat must be >= 1, got {args.repeat}")
+    rows = cast(elements=args.elements, elem=args.elem, modes=args.mode or mx.MODES, repeat=args.repeat)
+    print(f"MX cast throughput, {args.elements} float32 elements, {args.elem}, CPU, "
+          f"torch threads {torch.get_num_threads()}, best of {args.repeat}")
+    print(format_rows(rows))
+    worst = min(r["ratio"] for r in rows)
+    print(f"lowest oracle/torchao ratio {worst:.2f} (goal >= 0.5)")
+    return 0
+
+
+def _main(argv: Sequence[str] | None) -> int:
+    args = list(argv or [])
+    what = args.pop(0) if args and not args[0].startswith("-") else "cast"
+    if what == "layers":
+        from numerics.layer import bench as layer_bench
+
+        return layer_bench.main(args)
+    if what != "cast":
+        raise CLIError(f"unknown benchmark {what!r}; choose cast or layers")
+    return _cast_main(args)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run_main(_main, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,102 @@
+"""Named MX cases with hand-derived bytes: one table drives the oracle, ml_dtypes and torchao tests.
+
+Each case is one 32-value block: ``values`` lists (index, value) pairs, every other value is +0.0.
+``scale`` is the expected E8M0 byte, ``elements`` the expected bytes at the listed indices (the
+rest are 0x00, or the NaN code in a NaN block). The comment on each case derives its bytes from the
+rules in ``numerics.tensor.mx``:
+E4M3 codes are S.EEEE.MMM with bias 7 (1.0 = 0x38, 448 = 0x7E), E5M2 codes S.EEEEE.MM with bias
+15 (1.0 = 0x3C, 57344 = 0x7B), E8M0 stores 2^s as s + 127.
+``finding`` names the FINDINGS.md entry torchao 0.18 trips on this case, if any.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    elem: str
+    mode: str
+    values: tuple[tuple[int, float], ...]
+    scale: int
+    elements: tuple[int, ...]
+    finding: str | None = None
+
+    def block(self) -> np.ndarray:
+        x = np.zeros((1, 32), dtype=np.float32)
+        for i, v in self.values:
+            x[0, i] = v
+        return x
+
+    def expected_elements(self) -> np.ndarray:
+        """Listed bytes at their indices; 0x00 elsewhere, or the NaN code everywhere in a NaN block."""
+        from numerics.tensor.elements import E8M0_NAN, ELEMENTS
+
+        fill = ELEMENTS[self.elem].nan_code if self.scale == E8M0_NAN else 0
+        e = np.full((1, 32), fill, dtype=np.uint8)
+        for (i, _), byte in zip(self.values, self.elements):
+            e[0, i] = byte
+        return e
+
+
+CASES: tuple[Case, ...] = (
+    # amax 1 = 2^0: s = 0 - 8 = -8 -> byte 119 (0x77); 1 / 2^-8 = 256 = 2^8 -> E4M3 exponent field 15 -> 0x78.
+    Case("e4m3_floor_one", "e4m3", "floor", ((0, 1.0),), 0x77, (0x78,)),
+    # sign bit only: -1 -> 0x80 | 0x78.
+    Case("e4m3_floor_negative_one", "e4m3", "floor", ((0, -1.0),), 0x77, (0xF8,)),
+    # amax 1.875 = 1.111b: FLOOR s = -8, 1.875 * 256 = 480 > 448 -> saturates to 448 = 0x7E.
+    Case("e4m3_floor_saturates", "e4m3", "floor", ((0, 1.875),), 0x77, (0x7E,)),
+    # RCEIL: mantissa 1.875 > 1.75 (448's), so s = 0 - 8 + 1 = -7 (byte 120); 1.875 * 128 = 240
+    # = 1.875 * 2^7 -> exponent field 14, mantissa 111 -> 0x77. Nothing saturates.
+    Case("e4m3_rceil_no_saturation", "e4m3", "rceil", ((0, 1.875),), 0x78, (0x77,)),
+    # RCEIL at exactly 448: mantissa 1.75 is not > 1.75, so s = 8 - 8 = 0 (byte 127); 448 -> 0x7E.
+    Case("e4m3_rceil_exact_max", "e4m3", "rceil", ((0, 448.0),), 0x7F, (0x7E,)),
+    # RCEIL one float32 ulp above 57344 = 1.75 * 2^15: mantissa > 1.75, so s = 15 - 8 + 1 = 8 (byte 135);
+    # 57344.004 / 2^8 = 224.00002 rounds to 224 = 1.75 * 2^7 -> 0x76. torchao 0.18 picks s = 7 and saturates (F2).
+    Case("e4m3_rceil_above_max_at_2^15", "e4m3", "rceil",
+         ((0, float(np.nextafter(np.float32(57344.0), np.float32(np.inf)))),),
+         0x87, (0x76,), finding="F2"),
+    # CEIL at a power of two: ceil(log2 2) = 1, s = 1 - 8 = -7 (byte 120); 2 * 128 = 256 -> 0x78.
+    Case("e4m3_ceil_power_of_two", "e4m3", "ceil", ((0, 2.0),), 0x78, (0x78,)),
+    # CEIL just above a power of two: ceil(log2 1.125) = 1, s = -7; 1.125 * 128 = 144 = 1.125 * 2^7 -> 0x71.
+    Case("e4m3_ceil_above_power_of_two", "e4m3", "ceil", ((0, 1.125),), 0x78, (0x71,)),
+    # EVEN: 1.9375 = 1.1111b rounds (half to even) to 2.0 at 3 mantissa bits, so s = 1 - 8 = -7
+    # (byte 120); 1.9375 * 128 = 248, a tie between 240 and 256 -> even mantissa -> 256 = 0x78.
+    Case("e4m3_even_carries", "e4m3", "even", ((0, 1.9375),), 0x78, (0x78,)),
+    # EVEN without carry: 1.8125 = 1.1101b rounds to 1.75, s = -8; 1.8125 * 256 = 464 > 448 -> 0x7E.
+    Case("e4m3_even_saturates_below_carry", "e4m3", "even", ((0, 1.8125),), 0x77, (0x7E,)),
+    # Subnormal elements, block scale 2^-8 from x[0] = 1: 2^-17 * 2^8 = 2^-9, E4M3's smallest
+    # subnormal -> 0x01; 2^-18 -> 2^-10, a tie between 0 and 2^-9 -> even -> 0x00;
+    # 3 * 2^-19 -> 1.5 * 2^-10 = 0.75 * 2^-9 -> nearest 2^-9 -> 0x01; 3 * 2^-17 -> 3 * 2^-9 -> 0x03.
+    Case("e4m3_subnormal_elements", "e4m3", "floor",
+         ((0, 1.0), (1, 2.0**-17), (2, 2.0**-18), (3, 3 * 2.0**-19), (4, 3 * 2.0**-17)),
+         0x77, (0x78, 0x01, 0x00, 0x01, 0x03)),
+    # Ties to even in the normal range, scale 2^-8: 1.0625 (between 1.0 = 0x38 and 1.125 = 0x39)
+    # -> 0x38; 1.1875 (between 1.125 and 1.25 = 0x3A) -> 0x3A.
+    Case("e4m3_ties_to_even", "e4m3", "floor",
+         ((0, 1.0), (1, 1.0625 * 2.0**-8), (2, 1.1875 * 2.0**-8)), 0x77, (0x78, 0x38, 0x3A)),
+    # Tiny block: 2^-130 gives s = -130 - 8 = -138, clamped to -127 (byte 0x00); 2^-130 / 2^-127
+    # = 2^-3 -> exponent field 4 -> 0x20. torchao 0.18 stores 2^-4 = 0x18 (F1).
+    Case("e4m3_floor_tiny_block", "e4m3", "floor", ((0, 2.0**-130),), 0x00, (0x20,), finding="F1"),
+    # The same block under RCEIL: s = -130 - 8 + 0 -> clamped -127, element 2^-3 -> 0x20; torchao flushes to 0 (F1).
+    Case("e4m3_rceil_tiny_block", "e4m3", "rceil", ((0, 2.0**-130),), 0x00, (0x20,), finding="F1"),
+    # All-zero block: every rule gives s -> -inf, clamped to -127 (byte 0x00); zeros keep their sign.
+    Case("e4m3_zero_block", "e4m3", "floor", ((0, 0.0), (1, -0.0)), 0x00, (0x00, 0x80)),
+    # NaN block: scale 0xFF, every element NaN (0x7F; the spec leaves the payload open).
+    Case("e4m3_nan_block", "e4m3", "rceil", ((0, float("nan")), (1, 1.0)), 0xFF, (0x7F, 0x7F)),
+    # E5M2: amax 1, FLOOR s = 0 - 15 = -15 (byte 112 = 0x70); 2^15 -> exponent field 30 -> 0x78.
+    Case("e5m2_floor_one", "e5m2", "floor", ((0, 1.0),), 0x70, (0x78,)),
+    # E5M2 RCEIL at exactly 57344 = 1.75 * 2^15: s = 0 (byte 127); element 57344 -> 0x7B.
+    Case("e5m2_rceil_exact_max", "e5m2", "rceil", ((0, 57344.0),), 0x7F, (0x7B,)),
+    # E5M2 RCEIL one ulp above 448 = 1.75 * 2^8: s = 8 - 15 + 1 = -6 (byte 121); 448.00003 * 64
+    # = 28672.002 rounds to 28672 = 1.75 * 2^14 -> 0x77. torchao 0.18 picks s = -7 and saturates (F2).
+    Case("e5m2_rceil_above_max", "e5m2", "rceil", ((0, float(np.nextafter(np.float32(448.0), np.float32(np.inf)))),),
+         0x79, (0x77,), finding="F2"),
+    # E5M2 FLOOR saturation: amax 1.875 -> s = -15; 1.875 * 2^15 = 61440 > 57344 -> 0x7B.
+    Case("e5m2_floor_saturates", "e5m2", "floor", ((0, 1.875),), 0x70, (0x7B,)),
+)
+BY_NAME = {c.name: c for c in CASES}

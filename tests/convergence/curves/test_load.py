@@ -1,0 +1,179 @@
+"""Loaders: round trips for every format, content detection, restarts, and bad input."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from convergence.curves.load import CurveError, detect_format, load_curve, resolve_restarts
+from convergence.curves.tbevents import load_tensorboard, write_scalars
+
+STEPS = np.arange(1, 41)
+LOSS = 10.0 / np.sqrt(STEPS) + 2.0
+
+
+def _jsonl(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_jsonl_roundtrip_with_harness_val_lines(tmp_path):
+    rows = []
+    for s, v in zip(STEPS.tolist(), LOSS.tolist()):
+        rows.append({"step": s, "loss": v, "grad_norm": 1.5, "lr": 3e-4, "tokens": 64 * s, "tokens_per_s": 9e3,
+                     "layers": {"0": {"loss": 99.0}}})
+        if s % 10 == 0:
+            rows.append({"step": s, "val_loss": v + 0.1})
+    (tmp_path / "bf16").mkdir()
+    c = load_curve(_jsonl(tmp_path / "bf16" / "metrics.jsonl", rows))
+    assert c.meta.format == "jsonl" and c.meta.run == "bf16" and c.meta.tag == "loss"
+    np.testing.assert_array_equal(c.steps, STEPS)
+    np.testing.assert_array_equal(c.values, LOSS)  # exact: JSON floats round-trip
+    np.testing.assert_array_equal(c.extras["val_loss"].steps, [10, 20, 30, 40])
+    assert set(c.extras) == {"val_loss", "grad_norm", "lr", "tokens", "tokens_per_s"}
+
+
+def test_jsonl_nan_loss_is_data_not_error(tmp_path):
+    p = tmp_path / "m.jsonl"
+    p.write_text('{"step": 1, "loss": 2.5}\n{"step": 2, "loss": NaN}\n{"step": 3, "loss": Infinity}\n')
+    c = load_curve(p)
+    assert np.isnan(c.values[1]) and np.isinf(c.values[2])
+
+
+def test_jsonl_truncated_final_line_is_skipped_with_warning(tmp_path):
+    p = tmp_path / "m.jsonl"
+    p.write_text('{"step": 1, "loss": 2.5}\n{"step": 2, "loss": 2.4}\n{"step": 3, "lo')
+    c = load_curve(p)
+    assert len(c) == 2 and "truncated final line" in c.meta.warnings[0] and ":3:" in c.meta.warnings[0]
+
+
+def test_csv_roundtrip_and_extra_columns(tmp_path):
+    p = tmp_path / "run.csv"
+    rows = "".join(f"{s},{v!r},0.5,x\n" for s, v in zip(STEPS.tolist(), LOSS.tolist()))
+    p.write_text("step,loss,grad_norm,note\n" + rows)
+    c = load_curve(p)
+    assert c.meta.format == "csv"
+    np.testing.assert_array_equal(c.values, LOSS)
+    assert set(c.extras) == {"grad_norm"}
+
+
+def test_csv_configurable_columns(tmp_path):
+    p = tmp_path / "run.csv"
+    p.write_text("it,x\n" + "".join(f"{s},{v!r}\n" for s, v in zip(STEPS.tolist(), LOSS.tolist())))
+    c = load_curve(p, step_key="it", loss_key="x")
+    np.testing.assert_array_equal(c.steps, STEPS)
+
+
+def test_torchtitan_log_with_ansi_colours(tmp_path):
+    red, green, orange, blue, reset = "\x1b[31m", "\x1b[32m", "\x1b[33m", "\x1b[34m", "\x1b[39m"
+    lines = ["[titan] 2025-01-01 00:00:00,000 - root - INFO - Building model", "some warning: step: foo"]
+    for s, v in zip(STEPS.tolist(), LOSS.tolist()):
+        lines.append(f"[titan] 2025-01-01 00:00:01,000 - root - INFO - {red}step: {s:2}  {green}loss: {v:8.5f}  "
+                     f"{orange}grad_norm: {1.25:7.4f}  memory: 10.00GiB(12.50%)  {blue}tps: {12345:,}  "
+                     f"tflops: 1.23  mfu: 0.50%{reset}")
+    p = tmp_path / "train.log"
+    p.write_text("\n".join(lines) + "\n")
+    assert detect_format(p) == "torchtitan"
+    c = load_curve(p)
+    np.testing.assert_allclose(c.values, LOSS, atol=5e-6)  # printed with 5 decimals
+    np.testing.assert_array_equal(c.extras["tps"].values, np.full(len(STEPS), 12345.0))
+    np.testing.assert_array_equal(c.extras["grad_norm"].values, np.full(len(STEPS), 1.25))
+
+
+def test_tensorboard_dir_written_by_tensorboard_writer(tmp_path):
+    from tensorboard.summary import Writer
+
+    w = Writer(str(tmp_path / "tb"))
+    for s, v in zip(STEPS.tolist(), LOSS.tolist()):
+        w.add_scalar("loss_metrics/global_avg_loss", v, s)
+        w.add_scalar("grad_norm", 0.75, s)
+    w.close()
+    assert detect_format(tmp_path / "tb") == "tensorboard"
+    c = load_curve(tmp_path / "tb")
+    assert c.meta.tag == "loss_metrics/global_avg_loss"
+    np.testing.assert_array_equal(c.values, LOSS.astype(np.float32))  # the writer stores float32
+    np.testing.assert_array_equal(c.extras["grad_norm"].steps, STEPS)
+
+
+def test_tensorboard_reader_agrees_with_tensorboards_event_file_loader(tmp_path):
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+
+    f = write_scalars(tmp_path / "events.out.tfevents.1.host", {"loss": (STEPS, LOSS)})
+    theirs = [(e.step, v.tensor.float_val[0]) for e in EventFileLoader(str(f)).Load() for v in e.summary.value]
+    c = load_tensorboard(f)
+    assert list(zip(c.steps.tolist(), c.values.tolist())) == theirs
+
+
+def test_tensorboard_missing_tag_names_tags_present(tmp_path):
+    write_scalars(tmp_path / "events.out.tfevents.1.host", {"accuracy": (STEPS, LOSS)})
+    with pytest.raises(CurveError, match="no tag 'nope'.*accuracy"):
+        load_curve(tmp_path, tag="nope")
+    with pytest.raises(CurveError, match="loss_metrics/global_avg_loss.*accuracy"):
+        load_curve(tmp_path)
+
+
+def test_tensorboard_corrupt_record_is_bad_input(tmp_path):
+    f = write_scalars(tmp_path / "events.out.tfevents.1.host", {"loss": (STEPS, LOSS)})
+    data = bytearray(f.read_bytes())
+    data[60] ^= 0xFF
+    f.write_bytes(bytes(data))
+    with pytest.raises(CurveError, match="CRC mismatch"):
+        load_curve(f)
+
+
+def test_tensorboard_restart_in_new_subdir_later_wins(tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    write_scalars(tmp_path / "a" / "events.out.tfevents.100.h", {"loss": (STEPS[:30], LOSS[:30])})
+    write_scalars(tmp_path / "b" / "events.out.tfevents.200.h", {"loss": (STEPS[20:], LOSS[20:] + 1)})
+    c = load_curve(tmp_path)
+    np.testing.assert_array_equal(c.steps, STEPS)
+    np.testing.assert_allclose(c.values[20:], (LOSS[20:] + 1).astype(np.float32))
+    assert c.meta.restarts[0].to_step == 21 and c.meta.restarts[0].dropped == 10
+
+
+def test_restart_later_value_wins_and_is_reported():
+    steps = np.array([1, 2, 3, 4, 5, 3, 4, 5, 6])
+    vals = np.array([9, 8, 7, 6, 5, 70, 60, 50, 40], dtype=float)
+    s, v, r = resolve_restarts(steps, vals)
+    np.testing.assert_array_equal(s, [1, 2, 3, 4, 5, 6])
+    np.testing.assert_array_equal(v, [9, 8, 70, 60, 50, 40])
+    assert (r[0].from_step, r[0].to_step, r[0].dropped) == (5, 3, 3)
+
+
+@pytest.mark.parametrize(
+    "name, text, match",
+    [
+        ("empty.jsonl", "", "file is empty"),
+        ("blank.jsonl", "\n\n", "file is empty"),
+        ("bad.jsonl", '{"step": 1, "loss": 2}\n{"step": 2, "lo\n{"step": 3, "loss": 2}\n',
+         r"bad.jsonl:2: not valid JSON"),
+        ("str.jsonl", '{"step": 1, "loss": "abc"}\n', r"str.jsonl:1: non-numeric 'loss'"),
+        ("null.jsonl", '{"step": 1, "loss": null}\n', r"null.jsonl:1: null 'loss'"),
+        ("noloss.jsonl", '{"step": 1, "loss": 2}\n{"step": 2, "acc": 0.5}\n', r"noloss.jsonl:2: no 'loss' and no"),
+        ("nostep.jsonl", '{"loss": 2}\n', r"nostep.jsonl:1: missing or non-integer 'step'"),
+        ("list.jsonl", "[1, 2]\n", r"list.jsonl:1: expected a JSON object"),
+        ("tworuns.jsonl", '{"step": 5, "loss": 2}\n{"step": 6, "loss": 2}\n{"step": 0, "loss": 9}\n',
+         r"tworuns.jsonl:3: step 0 goes below the first step 5"),
+        ("onlyval.jsonl", '{"step": 1, "val_loss": 2}\n', r"onlyval.jsonl: no 'loss' values"),
+        ("bad.csv", "step,loss\n1,2.0\n2,abc\n3,2.0\n", r"bad.csv:3: non-numeric 'loss'"),
+        ("missing.csv", "step,loss\n1,2.0\n2,\n3,2.0\n", r"missing.csv:3: missing 'loss'"),
+        ("nocol.csv", "step,acc\n1,2.0\n", r"nocol.csv:1: no loss column"),
+        ("nothing.log", "hello\nworld\n", r"nothing.log:1: cannot tell the format"),
+    ],
+)
+def test_bad_input_is_one_line_naming_file_and_line(tmp_path, name, text, match):
+    p = tmp_path / name
+    p.write_text(text)
+    with pytest.raises(CurveError, match=match) as e:
+        load_curve(p)
+    assert "\n" not in str(e.value)
+
+
+def test_csv_truncated_final_row_is_skipped_with_warning(tmp_path):
+    p = tmp_path / "run.csv"
+    p.write_text("step,loss,grad_norm\n1,2.0,1\n2,1.9,1\n3,1.8")
+    c = load_curve(p)
+    assert len(c) == 2 and "truncated final row" in c.meta.warnings[0]

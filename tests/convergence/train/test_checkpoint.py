@@ -1,0 +1,39 @@
+"""Atomic checkpoints and torn-line-proof JSONL logs."""
+
+from __future__ import annotations
+
+import torch
+
+from convergence.train.checkpoint import JsonlLog, load_checkpoint, plain, save_checkpoint
+from convergence.train.model import Transformer, tiny
+from convergence.train.recipes import apply_recipe, get_recipe
+
+
+def test_jsonl_log_ignores_and_repairs_a_torn_last_line(tmp_path):
+    log = JsonlLog(tmp_path / "m.jsonl")
+    for s in range(1, 5):
+        log.append({"step": s, "loss": float(s)})
+    with open(log.path, "a") as f:
+        f.write('{"step": 5, "lo')  # what a kill in the middle of a buffered write would leave
+    assert [r["step"] for r in log.records()] == [1, 2, 3, 4]
+    log.truncate_after(3)
+    assert log.path.read_text().endswith("\n") and [r["step"] for r in log.records()] == [1, 2, 3]
+
+
+def test_jsonl_log_writes_no_nan(tmp_path):
+    log = JsonlLog(tmp_path / "m.jsonl")
+    log.append({"step": 1, "loss": float("nan")})
+    assert log.records() == [{"step": 1, "loss": None}]
+
+
+def test_checkpoint_of_an_mxfp8_model_is_plain_and_atomic(tmp_path):
+    m = Transformer(tiny())
+    m.init_weights(torch.Generator().manual_seed(0))
+    apply_recipe(m, get_recipe("mxfp8"), "cpu")
+    path = tmp_path / "ckpt.pt"
+    save_checkpoint(path, {"model": m.state_dict(), "step": 3})
+    assert not (tmp_path / "ckpt.pt.tmp").exists()
+    state = load_checkpoint(path)
+    assert all(type(t) is torch.Tensor for t in state["model"].values())
+    want = plain(m.state_dict())
+    assert all(torch.equal(want[k], state["model"][k]) for k in want)

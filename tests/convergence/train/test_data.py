@@ -1,0 +1,74 @@
+"""Token streams: the embedded corpus, user formats, deterministic batching, bad input."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from convergence.train.data import Batches, DataSpec, default_corpus_documents, load_tokens
+from numerics.cli import CLIError
+
+
+def test_default_corpus_is_deterministic_and_split_disjointly():
+    a, b = load_tokens(DataSpec()), load_tokens(DataSpec())
+    assert a.meta["digest"] == b.meta["digest"]
+    assert a.vocab_size == 256 and a.train.max() < 256
+    assert a.meta["documents"]["val"] > 0 and len(a.train) > 1_000_000
+    docs = list(default_corpus_documents())
+    assert not any("/test/" in f"/{k}" or "\r" in t for k, t in docs)
+
+
+def test_batches_are_a_function_of_seed_and_step():
+    tokens = np.arange(10_000, dtype=np.uint16)  # distinct values: a window is named by its first
+    a, b = Batches(tokens, batch=4, seq=16, seed=3), Batches(tokens, batch=4, seq=16, seed=3)
+    assert all(np.array_equal(a.batch_at(s), b.batch_at(s)) for s in (0, 7, 200, 5))
+    c = Batches(tokens, batch=4, seq=16, seed=4)
+    assert not np.array_equal(a.batch_at(0), c.batch_at(0))
+    epoch = np.concatenate([a.batch_at(s)[:, 0] for s in range(a.windows // 4)])
+    assert len(set(epoch.tolist())) == len(epoch)  # one epoch visits each window once
+
+
+def test_too_few_tokens_is_reported():
+    with pytest.raises(CLIError, match="fewer than one batch"):
+        Batches(np.zeros(100, np.uint16), batch=4, seq=32, seed=0)
+
+
+def test_user_text_jsonl_and_bin(tmp_path):
+    (tmp_path / "a.txt").write_text("hello world\r\n" * 50)
+    t = load_tokens(DataSpec(path=str(tmp_path / "a.txt")))
+    assert bytes(t.train.astype(np.uint8)[:13]) + bytes(t.val.astype(np.uint8)[:13]) != b""
+    assert b"\r" not in bytes(np.concatenate([t.train, t.val]).astype(np.uint8))
+    with open(tmp_path / "d.jsonl", "w") as f:
+        for i in range(200):
+            f.write(json.dumps({"text": f"document {i} " * 5}) + "\n")
+    j = load_tokens(DataSpec(path=str(tmp_path / "d.jsonl")))
+    assert j.meta["documents"]["train"] + j.meta["documents"]["val"] == 200 and j.meta["documents"]["val"]
+    ids = (np.arange(5000) % 1000).astype(np.uint32)
+    ids.tofile(tmp_path / "t.bin")
+    b = load_tokens(DataSpec(path=str(tmp_path / "t.bin"), bin_dtype="uint32"))
+    assert b.vocab_size == 1000 and np.array_equal(np.concatenate([b.train, b.val]), ids)
+
+
+def test_bad_data_inputs_are_one_line_errors(tmp_path):
+    with pytest.raises(CLIError, match="does not exist"):
+        load_tokens(DataSpec(path=str(tmp_path / "missing.txt")))
+    (tmp_path / "bad.jsonl").write_text('{"txt": 1}\n')
+    with pytest.raises(CLIError, match="bad.jsonl:1"):
+        load_tokens(DataSpec(path=str(tmp_path / "bad.jsonl")))
+    with pytest.raises(CLIError, match="unknown tokenizer"):
+        load_tokens(DataSpec(tokenizer="wordpiece"))
+
+
+def test_bpe_is_trained_once_and_cached(tmp_path):
+    pytest.importorskip("tokenizers", reason="optional: pip install 'mxval[bpe]'")
+    (tmp_path / "c.txt").write_text("the quick brown fox jumps over the lazy dog\n" * 400)
+    spec = DataSpec(path=str(tmp_path / "c.txt"), tokenizer="bpe", bpe_vocab=300, cache_dir=str(tmp_path))
+    a = load_tokens(spec)
+    cached = sorted(tmp_path.glob("bpe-300-*.json"))
+    assert len(cached) == 1
+    mtime = cached[0].stat().st_mtime_ns
+    b = load_tokens(spec)
+    assert cached[0].stat().st_mtime_ns == mtime and np.array_equal(a.train, b.train)
+    assert len(a.train) < 0.5 * len("the quick brown fox jumps over the lazy dog\n" * 400)

@@ -1,0 +1,52 @@
+"""python -m convergence ep-identity: which fields it compares, the first difference, exit codes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from convergence.__main__ import main as convergence_main
+from convergence.train.ep_identity import TIMING_FIELDS, compare_runs
+
+
+def _run(root: Path, backend: str, losses: list[float], tps: float) -> Path:
+    d = root / backend / "bf16"
+    d.mkdir(parents=True)
+    recs = [{"step": i + 1, "loss": x, "grad_norm": 1.0, "tokens_per_s": tps * (i + 1),
+             "dispatch_combine_s": 0.01 * i, "dispatch_combine_share": 0.1, "expert_load_max_share": {"layer1": 0.2}}
+            for i, x in enumerate(losses)]
+    (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    (d / "config.json").write_text(json.dumps({"distributed": {"ep": 2, "ep_backend": backend}}))
+    return root / backend
+
+
+def test_ep_identity_ignores_only_timing_fields(tmp_path, capsys):
+    a = _run(tmp_path, "reference", [5.5, 5.25, 5.0], tps=1000.0)
+    b = _run(tmp_path, "deepep", [5.5, 5.25, 5.0], tps=1500.0)
+    out = tmp_path / "golden.json"
+    assert convergence_main(["ep-identity", str(a), str(b), "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "IDENTICAL" in text and "compared fields: expert_load_max_share, grad_norm, loss, step" in text
+    assert "tokens/s B / A: 1.500" in text  # medians after the warm-up steps, from the same files
+    result = json.loads(out.read_text())
+    assert result["identical"] and result["excluded_fields"] == list(TIMING_FIELDS)
+    assert "environment" in result and result["recipes"]["bf16"]["b"]["ep_backend"] == "deepep"
+
+
+def test_ep_identity_names_first_differing_step_and_field(tmp_path, capsys):
+    a = _run(tmp_path, "reference", [5.5, 5.25, 5.0], tps=1.0)
+    b = _run(tmp_path, "deepep", [5.5, 5.25, 5.000000000000001], tps=1.0)
+    assert convergence_main(["ep-identity", str(a / "bf16" / "metrics.jsonl"), str(b)]) == 1
+    assert "DIFFER at step 3, field loss: A 5.0 vs B 5.000000000000001" in capsys.readouterr().out
+    short = _run(tmp_path / "s", "deepep", [5.5, 5.25], tps=1.0)
+    d = compare_runs(a, short)["recipes"]["bf16"]["first_difference"]
+    assert d == {"step": 3, "field": "<record count>", "a": 3, "b": 2}
+
+
+def test_ep_identity_bad_input_one_line(tmp_path, capsys):
+    a = _run(tmp_path, "reference", [5.5], tps=1.0)
+    assert convergence_main(["ep-identity", str(a), str(tmp_path / "missing")]) == 2
+    assert capsys.readouterr().err.strip().endswith("missing does not exist")
+    (tmp_path / "x.json").write_text("{}")
+    assert convergence_main(["ep-identity", str(a), str(a), "--json", str(tmp_path / "x.json")]) == 2
+    assert "pass --force" in capsys.readouterr().err

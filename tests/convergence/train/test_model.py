@@ -1,0 +1,132 @@
+"""The DeepSeek-V3 model family: shapes and parameter counts, causality, MoE routing, RoPE/YaRN."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from convergence.train.model import (
+    CONFIGS,
+    Transformer,
+    build_on_meta,
+    deepseek_v3_16b,
+    get_config,
+    param_count,
+    rope_frequencies,
+    tiny,
+)
+from convergence.train.moe import MoE
+
+# DeepSeek-V2-Lite / torchtitan DeepSeek-V3 16B: "15.7B total parameters" (model card), untied head
+KNOWN_16B_TOTAL = 15.7e9
+
+
+def test_param_count_16b_is_the_known_total():
+    total = param_count(deepseek_v3_16b())["total"]
+    assert abs(total - KNOWN_16B_TOTAL) / KNOWN_16B_TOTAL < 0.005, total  # 15.706B: rounds to 15.7B
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_param_count_formula_matches_the_built_module(name):
+    cfg = get_config(name)
+    model = build_on_meta(cfg)
+    assert sum(p.numel() for p in model.parameters()) == param_count(cfg)["total"]
+
+
+def test_16b_config_has_torchtitans_16b_shape():
+    c = deepseek_v3_16b()
+    assert (c.dim, c.n_layers, c.n_dense_layers, c.vocab_size, c.n_heads) == (2048, 27, 1, 102400, 16)
+    assert (c.n_routed_experts, c.top_k, c.score_func, c.n_shared_experts) == (64, 6, "softmax", 2)
+    assert (c.moe_hidden, c.dense_hidden, c.kv_lora_rank, c.q_lora_rank) == (1408, 10944, 512, 0)
+    assert (c.qk_nope_head_dim, c.qk_rope_head_dim, c.v_head_dim) == (128, 64, 128)
+
+
+def test_proxy_is_half_to_one_billion_with_16b_layer_shapes():
+    p, b = get_config("proxy"), deepseek_v3_16b()
+    assert 0.5e9 <= param_count(p)["total"] <= 1.0e9
+    same = ("dim", "n_heads", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
+            "moe_hidden", "dense_hidden", "top_k", "n_shared_experts", "score_func")
+    assert all(getattr(p, f) == getattr(b, f) for f in same)
+
+
+def test_configs_are_frozen():
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        tiny().dim = 3
+
+
+def _model(seed=0, **changes):
+    m = Transformer(dataclasses.replace(tiny(), **changes))
+    m.init_weights(torch.Generator().manual_seed(seed))
+    return m
+
+
+def test_transformer_is_causal():
+    m = _model()
+    tok = torch.randint(0, 256, (2, 32), generator=torch.Generator().manual_seed(1))
+    changed = tok.clone()
+    changed[:, 20:] = (changed[:, 20:] + 7) % 256
+    with torch.no_grad():
+        a, b = m(tok), m(changed)
+    # not bit-equal: changing later tokens regroups the experts' grouped GEMMs (other M per expert),
+    # which may change the summation order of earlier tokens' rows in the last bits
+    torch.testing.assert_close(a[:, :20], b[:, :20], rtol=1e-5, atol=1e-5)
+    assert (a[:, 20:] - b[:, 20:]).abs().max() > 1e-2
+
+
+def test_init_is_a_function_of_the_seed():
+    a, b, c = _model(0), _model(0), _model(1)
+    assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
+    assert not torch.equal(a.output.weight, c.output.weight)
+
+
+@pytest.mark.parametrize("score_func,route_norm", [("softmax", False), ("sigmoid", True)])
+def test_moe_dispatch_combine_matches_a_per_token_loop(score_func, route_norm):
+    torch.manual_seed(0)
+    m = _model(score_func=score_func, route_norm=route_norm).layers[1].moe
+    with torch.no_grad():
+        m.expert_bias.copy_(torch.randn(m.n_experts) * 0.01)
+    x = torch.randn(2, 16, 64)
+    with torch.no_grad():
+        got = m(x).reshape(-1, 64)
+        xf = x.reshape(-1, 64)
+        scores = m.router(xf, score_func)
+        idx = (scores + m.expert_bias).topk(m.top_k, -1).indices
+        w = scores.gather(-1, idx)
+        if route_norm:
+            w = w / w.sum(-1, keepdim=True)
+        want = m.shared_experts(xf).clone()
+        e = m.experts
+        for t in range(xf.shape[0]):
+            for j in range(m.top_k):
+                k = int(idx[t, j])
+                h = torch.nn.functional.silu(e.w1[k] @ xf[t]) * (e.w3[k] @ xf[t])
+                want[t] += w[t, j] * (e.w2[k] @ h)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_moe_counts_every_routed_slot_and_bias_moves_toward_balance():
+    m: MoE = _model().layers[1].moe
+    with torch.no_grad():
+        m(torch.randn(4, 32, 64))
+    counts = m.tokens_per_expert.clone()
+    assert counts.sum() == 4 * 32 * m.top_k
+    share = m.end_step(1e-3)
+    assert share == pytest.approx(float(counts.max() / counts.sum()))
+    assert m.tokens_per_expert.sum() == 0
+    busiest, idlest = int(counts.argmax()), int(counts.argmin())
+    assert m.expert_bias[busiest] < 0 < m.expert_bias[idlest]
+    assert abs(float(m.expert_bias.sum())) < 1e-6
+
+
+def test_rope_is_plain_without_yarn_and_interpolated_with_it():
+    plain_cfg = dataclasses.replace(tiny(), max_seq_len=128, original_seq_len=128)
+    _, sin = rope_frequencies(plain_cfg, 4)
+    d = plain_cfg.qk_rope_head_dim
+    inv = 1.0 / (plain_cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+    torch.testing.assert_close(sin[1].double(), torch.sin(inv), rtol=1e-6, atol=1e-7)
+    _, ysin = rope_frequencies(tiny(), 4)  # tiny: max_seq_len 512 > original 128, factor 40
+    yinv = torch.asin(ysin[1].double().clamp(-1, 1))
+    assert yinv[0] == pytest.approx(float(inv[0]), rel=1e-6)  # highest frequency kept
+    assert yinv[-1] == pytest.approx(float(inv[-1]) / tiny().rope_factor, rel=1e-4)  # lowest divided

@@ -1,0 +1,236 @@
+"""Paired training runs on the tiny model: convergence, pairing, config capture, resume, bad input."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from filelock import FileLock
+
+from convergence.__main__ import main as convergence_main
+from convergence.train.checkpoint import load_checkpoint
+from convergence.train.loop import TrainConfig, defaults_for, lr_at, run
+from numerics.tolerances import floor
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def _records(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+@pytest.fixture(scope="session")
+def paired(tmp_path_factory):
+    """One 30-step tiny bf16 + mxfp8 run per test session, shared by the xdist workers (read-only:
+    tests that change a run copy it first)."""
+    base = tmp_path_factory.getbasetemp()
+    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base  # the session's directory
+    out = root / "paired-tiny"
+    with FileLock(str(root / "paired-tiny.lock")):
+        if not (out / "verdict.json").exists():
+            shutil.rmtree(out, ignore_errors=True)
+            cfg = TrainConfig(model="tiny", recipes=("bf16", "mxfp8"), steps=30, **defaults_for("tiny"))
+            threads = torch.get_num_threads()
+            torch.set_num_threads(1)  # two xdist workers share two cores
+            try:
+                run(cfg, out, progress=False)
+            finally:
+                torch.set_num_threads(threads)
+    return out
+
+
+def test_paired_run_losses_fall(paired):
+    for recipe in ("bf16", "mxfp8"):
+        m = _records(paired / recipe / "metrics.jsonl")
+        assert [r["step"] for r in m] == list(range(1, 31))
+        first, last = sum(r["loss"] for r in m[:3]) / 3, sum(r["loss"] for r in m[-3:]) / 3
+        assert last < 0.75 * first, (recipe, first, last)  # byte-level: ln 256 = 5.5 -> ~3.3
+        vals = [r["val_loss"] for r in m if "val_loss" in r]
+        assert len(vals) == 3 and vals[-1] < vals[0]
+
+
+def test_paired_run_mxfp8_differs_from_bf16_by_a_few_percent(paired):
+    a = _records(paired / "bf16" / "metrics.jsonl")
+    b = _records(paired / "mxfp8" / "metrics.jsonl")
+    rel = [abs(x["loss"] - y["loss"]) / x["loss"] for x, y in zip(a, b)]
+    hi = floor("training", "mxfp8", "tiny_30_steps", "max_rel_loss_diff")
+    lo = floor("training", "mxfp8", "tiny_30_steps", "min_rel_loss_diff")
+    assert max(rel) <= hi.floor, hi.describe(max(rel))
+    assert rel[0] >= lo.floor, lo.describe(rel[0])
+
+
+def test_paired_run_shares_initial_weights_and_data(paired):
+    a = json.loads((paired / "bf16" / "config.json").read_text())
+    b = json.loads((paired / "mxfp8" / "config.json").read_text())
+    assert a["init_fingerprint"] == b["init_fingerprint"]
+    assert a["data"]["digest"] == b["data"]["digest"]
+    assert a["train"] == b["train"]
+
+
+def test_config_captures_versions_and_recipe(paired):
+    c = json.loads((paired / "mxfp8" / "config.json").read_text())
+    env = c["environment"]
+    assert env["torch"] == torch.__version__ and env["torchao"] and "cuda" in env and "gpus" in env
+    assert c["recipe"]["name"] == "mxfp8" and "layers.1.moe.experts" in c["recipe"]["quantized"]
+    assert c["recipe"]["torchao_config"]["kernel_preference"] == "EMULATED"
+    assert c["tokens_per_step"] == 8 * 128 and c["model"]["name"] == "tiny"
+
+
+def test_metrics_lines_carry_the_contract_fields(paired):
+    r = _records(paired / "mxfp8" / "metrics.jsonl")[9]
+    assert {"step", "loss", "grad_norm", "lr", "tokens", "tokens_per_s", "expert_load_max_share",
+            "val_loss"} <= set(r)
+    shares = r["expert_load_max_share"]
+    assert set(shares) == {"layer1", "layer2"} and all(1 / 8 <= s <= 1 for s in shares.values())
+    assert r["tokens"] == 10 * 8 * 128
+
+
+def test_probes_report_every_mxfp8_layer_above_the_floor(paired):
+    tol = floor("training", "mxfp8", "probe_layer", "sqnr_db")
+    for recipe in ("bf16", "mxfp8"):
+        (rec,) = _records(paired / recipe / "probes.jsonl")
+        assert rec["step"] == 25
+        cfg = json.loads((paired / "mxfp8" / "config.json").read_text())
+        assert set(rec["layers"]) == set(cfg["recipe"]["quantized"])
+        for layer, stats in rec["layers"].items():
+            assert {"out_sqnr_db", "dx_sqnr_db"} < set(stats)
+            for key, value in stats.items():
+                assert value >= tol.floor, f"{recipe} {layer} {key}: {tol.describe(value)}"
+
+
+def test_verdict_is_written(paired):
+    assert "verdict" in json.loads((paired / "verdict.json").read_text())
+
+
+def test_lr_schedule_warms_up_then_decays_to_the_floor():
+    cfg = TrainConfig(model="tiny", recipes=("bf16",), steps=100, warmup=10)
+    lrs = [lr_at(cfg, s) for s in range(100)]
+    assert lrs[0] == pytest.approx(0.1) and lrs[9] == pytest.approx(1.0)
+    assert all(a >= b for a, b in zip(lrs[9:], lrs[10:])) and lrs[-1] >= cfg.min_lr_ratio
+
+
+# ------------------------------------------------------------------ resume after a kill
+def _cmd(out: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "convergence", "train", "--model", "tiny", "--recipe", "mxfp8",
+            "--steps", "12", "--ckpt-every", "4", "--val-every", "6", "--probe-every", "0",
+            "--threads", "1", "--out", str(out), *extra]
+
+
+def test_resume_after_kill_is_bit_identical(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    logs = {name: open(tmp_path / f"{name}.log", "wb") for name in ("ref", "run")}
+    try:
+        ref = subprocess.Popen(_cmd(tmp_path / "ref"), cwd=ROOT, env=env, stdout=logs["ref"],
+                               stderr=logs["ref"])
+        victim = subprocess.Popen(_cmd(tmp_path / "run"), cwd=ROOT, env=env, stdout=logs["run"],
+                                  stderr=logs["run"])
+        metrics = tmp_path / "run" / "mxfp8" / "metrics.jsonl"
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if metrics.exists() and metrics.read_text().count("\n") >= 6:
+                break
+            assert victim.poll() is None, (tmp_path / "run.log").read_text()[-2000:]
+            time.sleep(0.02)
+        assert victim.poll() is None, "the run finished before it could be killed"
+        victim.send_signal(signal.SIGKILL)
+        victim.wait()
+        assert ref.wait(timeout=120) == 0, (tmp_path / "ref.log").read_text()[-2000:]
+    finally:
+        for f in logs.values():
+            f.close()
+    killed_at = metrics.read_text().count("\n")
+    assert 6 <= killed_at < 12
+    done = subprocess.run(_cmd(tmp_path / "run", "--resume"), cwd=ROOT, env=env, capture_output=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+
+    def curve(d):
+        return [{k: v for k, v in r.items() if k != "tokens_per_s"}
+                for r in _records(d / "mxfp8" / "metrics.jsonl")]
+
+    assert curve(tmp_path / "ref") == curve(tmp_path / "run")
+    a = load_checkpoint(tmp_path / "ref" / "mxfp8" / "checkpoint.pt")
+    b = load_checkpoint(tmp_path / "run" / "mxfp8" / "checkpoint.pt")
+    assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+
+
+# ------------------------------------------------------------------ bad input
+def _bad(capsys, *argv) -> str:
+    assert convergence_main(["train", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    return err
+
+
+BASE = ["--model", "tiny", "--steps", "1"]
+
+
+def test_unknown_model_and_recipe_list_the_valid_ones(capsys, tmp_path):
+    assert "tiny, proxy, 16b" in _bad(capsys, "--model", "huge", "--steps", "1", "--out", str(tmp_path))
+    assert "bf16, mxfp8, mxfp8-wgrad-hp" in _bad(capsys, *BASE, "--recipe", "fp4", "--out", str(tmp_path))
+
+
+def test_steps_must_be_positive(capsys, tmp_path):
+    assert "--steps must be > 0" in _bad(capsys, "--model", "tiny", "--steps", "0", "--out", str(tmp_path))
+
+
+def test_missing_or_too_small_data(capsys, tmp_path):
+    assert "does not exist" in _bad(capsys, *BASE, "--data", str(tmp_path / "no.txt"), "--out",
+                                    str(tmp_path / "o"))
+    (tmp_path / "small.txt").write_text("tiny text " * 20)
+    assert "fewer than one batch" in _bad(capsys, *BASE, "--data", str(tmp_path / "small.txt"), "--out",
+                                          str(tmp_path / "o"))
+
+
+def test_existing_run_is_not_overwritten_and_resume_names_the_differing_field(capsys, tmp_path, paired):
+    out = tmp_path / "copy"
+    shutil.copytree(paired, out)
+    before = (out / "bf16" / "metrics.jsonl").read_bytes()
+    err = _bad(capsys, *BASE, "--recipe", "bf16", "--out", str(out))
+    assert "--resume" in err and "--force" in err
+    err = _bad(capsys, "--model", "tiny", "--steps", "30", "--seed", "7", "--recipe", "bf16", "--resume",
+               "--out", str(out))
+    assert "seed=0" in err and "seed=7" in err
+    assert (out / "bf16" / "metrics.jsonl").read_bytes() == before
+
+
+def test_resume_of_a_finished_run_changes_nothing(tmp_path, paired):
+    out = tmp_path / "copy"
+    shutil.copytree(paired, out)
+    before = (out / "bf16" / "metrics.jsonl").read_bytes()
+    cfg = dataclasses.replace(TrainConfig(model="tiny", recipes=("bf16",), steps=30, **defaults_for("tiny")))
+    run(cfg, out, resume=True, progress=False)
+    assert (out / "bf16" / "metrics.jsonl").read_bytes() == before
+
+
+@pytest.mark.gpu
+def test_paired_run_on_cuda(tmp_path):
+    cfg = TrainConfig(model="tiny", recipes=("bf16", "mxfp8"), steps=5, device="cuda",
+                      **(defaults_for("tiny") | {"probe_every": 5, "val_every": 5}))
+    run(cfg, tmp_path, progress=False)
+    for recipe in cfg.recipes:
+        m = _records(tmp_path / recipe / "metrics.jsonl")
+        assert len(m) == 5 and all(r["loss"] == r["loss"] for r in m)
+        assert json.loads((tmp_path / recipe / "config.json").read_text())["environment"]["gpus"]
+
+
+def test_bench_smoke_prints_the_step_time_ratio(capsys):
+    from convergence.train.bench import main as bench_main
+    from convergence.train.bench import step_flops
+    from convergence.train.model import get_config, param_count
+
+    assert bench_main(["--model", "tiny", "--device", "cpu", "--batch", "2", "--seq", "64", "--steps", "1",
+                       "--warmup", "0", "--no-compile"]) == 0
+    out = capsys.readouterr().out
+    assert "step-time ratio mxfp8" in out and "EMULATED" in out
+    c = get_config("16b")
+    assert step_flops(c, 4096) > 6 * (param_count(c)["active"] - param_count(c)["embedding"])

@@ -1,0 +1,159 @@
+"""mxval validate: the whole ladder into results/<timestamp>/, the report, the summary, exit codes.
+
+One quick end-to-end run (module fixture) feeds the report tests; orchestration rules (a failed or
+crashed level, dependent levels, exit codes) are tested with stand-in level functions.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from mxval.__main__ import main as mxval_main
+from mxval.validate import run as validate
+from mxval.validate.plan import LEVELS, Check, LevelResult, level_status, make_plan
+
+
+def test_validate_quick_run_end_to_end(tmp_path):
+    """One quick run (every level it can run on CPU), then everything a reviewer reads from it."""
+    out = tmp_path / "run"
+    rc = validate.main(["--quick", "--out", str(out)])
+    summary = json.loads((out / "summary.json").read_text())
+    assert rc == 0 and summary["exit_code"] == 0, summary
+    for name in ("report.md", "report.html", "summary.json", "tensor/report.json", "figures/tensor_sqnr.png",
+                 "layer/layers.json", "communication/check.json",
+                 "curves/verdict.json", "figures/layer_sqnr.png", "figures/training.png", "figures/curves.png",
+                 "logs/layer.log", "training/seed0/mxfp8/metrics.jsonl", "training/seed2/bf16/metrics.jsonl"):
+        assert (out / name).is_file(), name
+    assert not list(out.rglob("checkpoint.pt"))  # the runs' checkpoints are not kept in a report folder
+
+    levels = summary["levels"]
+    assert list(levels) == list(LEVELS)
+    assert [levels[n]["status"] for n in ("tensor", "layer", "communication", "training")] == ["pass"] * 4
+    # 20 steps cannot resolve a 0.25 % margin: the honest answer is inconclusive, with what to do about it
+    assert levels["curves"]["status"] == "inconclusive" and "--steps" in levels["curves"]["enable"]
+    tensor = levels["tensor"]["numbers"]
+    assert tensor["blocks_unexplained"] == 0 and tensor["blocks_bit_exact"] < tensor["blocks"]
+    assert set(tensor["blocks_known_findings"]) >= {"F1", "F2"}  # known torchao findings, counted not hidden
+
+    # summary.json: versions, hardware, key numbers, the skipped DeepEP part with how to enable it
+    assert summary["environment"]["torch"] and summary["environment"]["torchao"]
+    assert summary["hardware"]["device"] == "cpu" and summary["hardware"]["cpu_count"] >= 1
+    comm = levels["communication"]
+    assert comm["numbers"]["failures"] == 0 and comm["numbers"]["cases"] > 10
+    deepep = [c for c in comm["checks"] if c["status"] == "skipped"]
+    assert deepep and "DeepEP" in deepep[0]["name"] and "deep_ep" in comm["enable"]
+    assert levels["curves"]["numbers"]["baseline_seeds"] == 3
+    assert levels["curves"]["numbers"]["noise_model"] == "baseline_seeds"
+    assert levels["layer"]["numbers"]["below_floor"] == 0
+
+    # report.html is self-contained: every figure embedded, nothing fetched
+    html = (out / "report.html").read_text()
+    srcs = re.findall(r'src="([^"]*)"', html)
+    assert len(srcs) == sum(len(r["figures"]) for r in levels.values()) == 4
+    assert all(s.startswith("data:image/png;base64,") for s in srcs)
+    assert 'href="http' not in html and "<link" not in html and "<script" not in html
+    assert all(f"id='{name}'" in html for name in LEVELS)
+
+    # report.md: one row per level with its status, figures linked
+    md = (out / "report.md").read_text()
+    for name, rec in levels.items():
+        assert re.search(rf"\| {name} \| \*\*{validate.MARK[rec['status']]}\*\* \|", md), name
+    assert "![layer](figures/layer_sqnr.png)" in md
+
+
+def test_validate_refuses_an_existing_results_folder(tmp_path, capsys):
+    (tmp_path / "mine.txt").write_text("a user's result")
+    rc = mxval_main(["validate", "--out", str(tmp_path), "--levels", "layer"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2
+    assert len(err) == 1 and "already exists and is not empty" in err[0]
+    assert (tmp_path / "mine.txt").read_text() == "a user's result" and len(list(tmp_path.iterdir())) == 1
+
+
+def test_validate_unwritable_results_folder_is_one_line(tmp_path, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    rc = mxval_main(["validate", "--out", str(blocker / "results")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and err[0].startswith("error: cannot write the results folder")
+
+
+@pytest.mark.parametrize("argv", [["--levels", "tensor,gpu"], ["--levels", ""], ["--steps", "3"]])
+def test_validate_bad_arguments_exit_2(argv, tmp_path, capsys):
+    rc = mxval_main(["validate", "--out", str(tmp_path / "r"), *argv])
+    assert rc == 2 and len(capsys.readouterr().err.strip().splitlines()) == 1
+    assert not (tmp_path / "r").exists()
+
+
+def test_validate_default_folder_is_new_per_run(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    first = validate.prepare_out(None)
+    (first / "x").write_text("")
+    second = validate.prepare_out(None)
+    assert first != second and first.parent == second.parent == Path("results")
+
+
+def _fake(status: str, crash: bool = False):
+    def run(plan, out, progress):
+        progress("working")
+        if crash:
+            raise RuntimeError("boom")
+        return LevelResult("layer", status, f"fake {status}", (Check("fake", status, "detail"),))
+    return run
+
+
+@pytest.mark.parametrize("status, code", [("pass", 0), ("inconclusive", 0), ("fail", 1)])
+def test_validate_exit_code_follows_the_levels(status, code, tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(validate.RUNNERS, "layer", _fake(status))
+    rc = validate.main(["--out", str(tmp_path / "r"), "--levels", "layer"])
+    assert rc == code
+    assert json.loads((tmp_path / "r" / "summary.json").read_text())["levels"]["layer"]["status"] == status
+
+
+def test_validate_a_crashing_level_fails_and_the_ladder_goes_on(tmp_path, monkeypatch):
+    monkeypatch.setitem(validate.RUNNERS, "training", _fake("pass", crash=True))
+    monkeypatch.setitem(validate.RUNNERS, "layer", _fake("pass"))
+    rc = validate.main(["--out", str(tmp_path / "r"), "--levels", "layer,training,curves"])
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert rc == 1
+    assert summary["levels"]["layer"]["status"] == "pass"
+    assert summary["levels"]["training"]["status"] == "fail"
+    assert "RuntimeError: boom" in summary["levels"]["training"]["summary"]
+    assert "RuntimeError: boom" in (tmp_path / "r" / "logs" / "training.log").read_text()
+    assert summary["levels"]["curves"]["status"] == "skipped"
+    assert "training" in summary["levels"]["curves"]["summary"]
+
+
+def test_level_status_rules():
+    c = lambda s: Check("x", s)  # noqa: E731
+    assert level_status([c("pass"), c("skipped")]) == "pass"
+    assert level_status([c("pass"), c("inconclusive")]) == "inconclusive"
+    assert level_status([c("inconclusive"), c("fail")]) == "fail"
+    assert level_status([c("skipped")]) == "skipped" and level_status([]) == "skipped"
+
+
+@pytest.mark.parametrize("gpus, deep_ep, layer, model, ep", [
+    (0, False, "small", "tiny", "reference"),
+    (1, False, "16b", "proxy", "reference"),
+    (2, False, "16b", "proxy", "reference"),
+    (2, True, "16b", "proxy", "deepep"),
+])
+def test_make_plan_sizes_follow_the_hardware(gpus, deep_ep, layer, model, ep):
+    plan = make_plan(gpus=gpus, deep_ep=deep_ep)
+    assert (plan.layer_config, plan.train_model, plan.ep_backend) == (layer, model, ep)
+    assert plan.device == ("cuda" if gpus else "cpu")
+    quick = make_plan(gpus=gpus, deep_ep=deep_ep, quick=True)
+    assert quick.layer_config == "small" and quick.train_model == "tiny"
+    assert quick.train_steps < plan.train_steps and quick.ep_cases < plan.ep_cases
+
+
+@pytest.mark.gpu
+def test_validate_quick_on_gpu(tmp_path):
+    rc = validate.main(["--quick", "--out", str(tmp_path / "r")])
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert summary["plan"]["device"] == "cuda"
+    assert rc == 0, {k: v["summary"] for k, v in summary["levels"].items()}

@@ -7,11 +7,13 @@ import importlib
 import sys
 from collections.abc import Callable, Sequence
 
+from numerics.errors import BadInput
+
 EXIT_BAD_INPUT = 2
 
 
-class CLIError(Exception):
-    """Bad input from the user: printed as one line, exit code 2."""
+class CLIError(BadInput):
+    """Bad input found by a command line itself (an option, a path): printed as one line, exit code 2."""
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -26,7 +28,7 @@ def run_main(main: Callable[[Sequence[str] | None], int], argv: Sequence[str] | 
     """Run a CLI ``main``; user errors become one stderr line and exit code 2, never a traceback."""
     try:
         return int(main(argv) or 0)
-    except CLIError as exc:
+    except BadInput as exc:  # CLIError and every library error for bad input
         sys.stderr.write(f"error: {exc}\n")
         return EXIT_BAD_INPUT
     except (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError) as exc:

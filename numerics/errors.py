@@ -1,0 +1,12 @@
+"""The one library error for bad user input, shared by every level.
+
+``BadInput`` means "something the user gave (a file, a shape, a setting) cannot be used", with a message
+that says what and how to fix it. Library code raises it (or a subclass, e.g. ``CurveError``); only the
+command-line entry points turn it into one stderr line and exit code 2 (``numerics.cli.run_main``).
+"""
+
+from __future__ import annotations
+
+
+class BadInput(ValueError):
+    """Input a user supplied cannot be used; the message says what and how to fix it."""

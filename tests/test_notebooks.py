@@ -84,14 +84,14 @@ def test_notebook_layer_errors_missing_file_is_one_clear_message():
 
 
 def test_notebook_layer_errors_reads_a_layers_json(tmp_path):
-    from numerics.layer import harness as layers
-    from numerics.layer.cli import header
-    from numerics.layer.configs import get
+    from numerics.layer import harness
+    from numerics.layer.configs import suite
+    from numerics.layer.results import to_json
 
-    cfg = get("small")
-    results = layers.run_linear(cfg.linears[0], recipes=layers.RECIPES, seed=cfg.seed)
+    s = suite("tiny")
+    results = harness.run_linear(s.linears[0], recipes=harness.RECIPES, seed=s.seed)
     path = tmp_path / "layers.json"
-    path.write_text(layers.to_json([results], header("small", "cpu")))
+    path.write_text(to_json([results], harness.header("tiny", "cpu")))
     text = outputs_text(execute(NOTEBOOKS[1], {"LAYERS_JSON": str(path), "FRESH_CONFIG": None}))
     assert f"{len(results.stats)} fresh records (layers.json)" in text
     assert "in the golden file, not measured" in text  # one linear against the whole golden config

@@ -19,9 +19,11 @@ from collections.abc import Sequence
 
 import torch
 
-from convergence.train.model import CONFIGS, ModelConfig, Transformer, get_config, param_count
-from convergence.train.recipes import apply_recipe, get_recipe, kernel_preference_for
+from convergence.train.model import Transformer
 from numerics.cli import ArgumentParser, CLIError
+from numerics.layer.configs import CONFIGS, ModelConfig, get_config, param_count
+from numerics.layer.mxfp8 import default_kernel
+from numerics.layer.recipes import apply_recipe, get_recipe
 
 # dense BF16 tensor-core peak, TFLOP/s (vendor datasheets, without sparsity)
 PEAK_BF16_TFLOPS = {"h200": 989.5, "h100": 989.5, "b200": 2250.0, "gb200": 2500.0, "a100": 312.0}
@@ -82,7 +84,7 @@ def _time_variant(cfg: ModelConfig, recipe: str, *, batch: int, seq: int, steps:
     return {
         "recipe": recipe, "compiled": compile_, "step_s": dt, "tokens_per_s": tps,
         "mfu": tps * step_flops(cfg, seq) / (peak * 1e12) if peak else None,
-        "kernels": "n/a" if recipe == "bf16" else kernel_preference_for(device),
+        "kernels": "n/a" if recipe == "bf16" else default_kernel(device),
         "max_mem_gib": mem,
     }
 

@@ -48,9 +48,9 @@ from convergence.train import data as data_mod
 from convergence.train import dist_checkpoint as dckpt
 from convergence.train.checkpoint import JsonlLog
 from convergence.train.ep_dispatch import CommTimer, EPDispatch, combine_width, expert_params, shard_experts
-from convergence.train.model import get_config
-from convergence.train.recipes import apply_recipe, get_recipe
 from numerics.cli import CLIError
+from numerics.layer.configs import get_config
+from numerics.layer.recipes import apply_recipe, get_recipe
 
 BACKENDS = ("reference", "deepep")
 

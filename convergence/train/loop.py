@@ -39,9 +39,10 @@ import torch.nn.functional as F
 
 from convergence.train import data as data_mod
 from convergence.train.checkpoint import JsonlLog, load_checkpoint, plain, save_checkpoint
-from convergence.train.model import CONFIGS, Transformer, get_config
-from convergence.train.recipes import RECIPES, apply_recipe, get_recipe
+from convergence.train.model import Transformer
 from numerics.cli import EXIT_BAD_INPUT, ArgumentParser, CLIError
+from numerics.layer.configs import CONFIGS, get_config
+from numerics.layer.recipes import RECIPES, apply_recipe, get_recipe
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ output under ``out/<level>/``; the function condenses it into checks, key number
 figures (``mxval.validate.figures``).
 
   ``run_tensor``         ``numerics.tensor.report.tensor_report``: torchao's cast against the oracle, block by block
-  ``run_layer``          ``numerics.layer.harness.run_config`` + floors + ``golden.layer_stats.compare``
+  ``run_layer``          ``numerics.layer.harness.run_suite`` + floors + ``golden.layer_stats.compare``
   ``run_communication``  ``numerics.ep.check.main``: the reference on gloo (CPU) / NCCL, DeepEP when present
   ``run_training``       ``convergence.train.loop.train_recipe``: BF16 at several seeds and MXFP8 at the first
   ``run_curves``         ``convergence.curves.compare.compare_paths`` of MXFP8 against the BF16 seeds
@@ -99,13 +99,13 @@ def run_tensor(plan: Plan, out: Path, progress: Progress) -> LevelResult:
 def run_layer(plan: Plan, out: Path, progress: Progress) -> LevelResult:
     from golden import layer_stats
     from numerics import environment
-    from numerics.layer import harness as layers
-    from numerics.layer.cli import header
-    from numerics.layer.configs import get
+    from numerics.layer import harness
+    from numerics.layer import results as layers
+    from numerics.layer.configs import suite
 
-    cfg = get(plan.layer_config)
-    results = layers.run_config(cfg, device=plan.device, progress=progress)
-    head = header(plan.layer_config, plan.device)
+    cfg = suite(plan.layer_config)
+    results = harness.run_suite(cfg, device=plan.device, progress=progress)
+    head = harness.header(plan.layer_config, plan.device)
     (out / "layer").mkdir()
     (out / "layer" / "layers.json").write_text(layers.to_json(results, head) + "\n")
     (out / "layer" / "layers.md").write_text(layers.format_table(results, markdown=True) + "\n")

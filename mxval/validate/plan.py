@@ -1,7 +1,7 @@
 """What ``mxval validate`` runs on this machine: the levels, their sizes, and the result records.
 
 Public: ``LEVELS`` (the ladder, in order), ``Plan`` / ``make_plan(...)`` (sizes chosen from the
-hardware: CPU -> small shapes and the tiny model, a GPU -> 16B shapes and the proxy model, two GPUs
+hardware: CPU -> the tiny model's layers and the tiny model, a GPU -> 16B shapes and the proxy model, two GPUs
 with deep_ep -> DeepEP against NCCL), ``Check`` and ``LevelResult`` (what each level returns; the
 report and ``summary.json`` are written from these alone), ``level_status(checks)``.
 
@@ -58,7 +58,7 @@ def make_plan(*, gpus: int, deep_ep: bool, quick: bool = False, steps: int | Non
     return Plan(
         device="cuda" if gpu else "cpu", gpus=gpus, deep_ep=deep_ep, quick=quick,
         tensor_size="quick",
-        layer_config="16b" if gpu and not quick else "small",
+        layer_config="16b" if gpu and not quick else "tiny",
         ep_world=2,
         ep_cases=10 if quick else 120,
         ep_backend="deepep" if gpus >= 2 and deep_ep else "reference",

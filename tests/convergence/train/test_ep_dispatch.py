@@ -17,10 +17,10 @@ from hypothesis import strategies as st
 from convergence.train import distributed
 from convergence.train.ep_dispatch import EPDispatch, join_exact, split_exact
 from convergence.train.loop import TrainConfig
-from convergence.train.model import get_config
-from convergence.train.moe import MoE
 from numerics.cli import CLIError
 from numerics.ep.reference import AllToAllReference
+from numerics.layer.configs import get_config
+from numerics.layer.modules import MoE
 
 # float32 values that a router-weight gradient can take, down to where the third piece is still normal
 finite_f32 = st.floats(width=32, allow_nan=False, allow_infinity=False).filter(lambda v: v == 0 or abs(v) >= 2**-102)
@@ -63,12 +63,7 @@ def one_rank_group():
 
 
 def _moe(seed: int) -> MoE:
-    cfg = get_config("tiny")
-    from convergence.train.model import FeedForward, Linear
-
-    moe = MoE(dim=cfg.dim, hidden=cfg.moe_hidden, n_experts=cfg.n_routed_experts, top_k=cfg.top_k,
-              n_shared=cfg.n_shared_experts, score_func=cfg.score_func, route_norm=cfg.route_norm,
-              route_scale=cfg.route_scale, shared_factory=FeedForward, gate_factory=Linear)
+    moe = MoE(get_config("tiny"))
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for p in moe.parameters():
@@ -134,7 +129,6 @@ def test_backward_combine_rows_are_a_multiple_of_256_columns_for_deepep_E3():
     """DeepEP's combine is wrong for bf16 rows not a multiple of 256 wide (FINDINGS.md E3): the padded
     width of the backward combine must be one, for the shipped models' hidden sizes and top-k."""
     from convergence.train.ep_dispatch import combine_width
-    from convergence.train.model import get_config
 
     for name in ("tiny", "proxy", "16b"):
         cfg = get_config(name)

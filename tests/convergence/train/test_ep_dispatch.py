@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 from convergence.train import distributed
 from convergence.train.ep_dispatch import EPDispatch, join_exact, split_exact
 from convergence.train.loop import TrainConfig
-from numerics.cli import CLIError
 from numerics.ep.reference import AllToAllReference
+from numerics.errors import BadInput
 from numerics.layer.configs import get_config
 from numerics.layer.modules import MoE
 
@@ -101,7 +101,7 @@ def _cfg(**kw) -> TrainConfig:
 def test_check_request_ep_must_divide_experts(monkeypatch):
     six = dataclasses.replace(get_config("tiny"), n_routed_experts=6)
     monkeypatch.setattr(distributed, "get_config", lambda name: six)
-    with pytest.raises(CLIError, match="--ep 4 does not divide the 6 routed experts"):
+    with pytest.raises(BadInput, match="--ep 4 does not divide the 6 routed experts"):
         distributed.check_request(_cfg(ep=4), world=4)
 
 
@@ -115,13 +115,13 @@ def test_check_request_ep_must_divide_experts(monkeypatch):
 ])
 def test_check_request_bad_input(kw, match):
     world = kw.pop("world", kw.get("ep", 2))
-    with pytest.raises(CLIError, match=match):
+    with pytest.raises(BadInput, match=match):
         distributed.check_request(_cfg(**kw), world=world)
 
 
 @pytest.mark.skipif(importlib.util.find_spec("deep_ep") is not None, reason="deep_ep is importable here")
 def test_check_request_deepep_not_importable():
-    with pytest.raises(CLIError, match="deep_ep is not importable"):
+    with pytest.raises(BadInput, match="deep_ep is not importable"):
         distributed.check_request(_cfg(ep_backend="deepep", device="cuda"), world=2)
 
 

@@ -56,8 +56,9 @@ def import_deep_ep(api: str = "Buffer"):
     """deep_ep, or ImportError saying how to get it; ``api`` is the class the caller needs."""
     try:
         import deep_ep
-    except ImportError as exc:
-        raise ImportError(f"deep_ep is not importable ({exc}); {HOW_TO_GET}") from exc
+    except (ImportError, AssertionError, OSError, RuntimeError) as exc:
+        # DeepEP main asserts at import that torch and DeepEP load the same libnccl (check_nccl_so)
+        raise ImportError(f"deep_ep is not importable ({type(exc).__name__}: {exc}); {HOW_TO_GET}") from exc
     if not hasattr(deep_ep, api):
         raise ImportError(f"this deep_ep ({describe_deep_ep(deep_ep)['version']}) has no {api} API; {HOW_TO_GET}")
     return deep_ep
@@ -68,8 +69,8 @@ def describe_deep_ep(deep_ep: Any = None) -> dict[str, Any]:
     if deep_ep is None:
         try:
             import deep_ep
-        except ImportError as exc:
-            return {"version": None, "error": str(exc)}
+        except (ImportError, AssertionError, OSError, RuntimeError) as exc:
+            return {"version": None, "error": f"{type(exc).__name__}: {exc}"}
     version = getattr(deep_ep, "__version__", None)
     apis = [name for name in ("Buffer", "ElasticBuffer") if hasattr(deep_ep, name)]
     if version is None:

@@ -59,6 +59,10 @@ def test_check_cli_passes_reference_against_simulate_and_writes_json(tmp_path, c
      "--spec was recorded for 2 ranks, not 4"),
     (["bench", "--shapes", "v4"], "choose from v3, 16b"),
     (["bench", "--backends", "deepep"], "deep_ep is not importable"),
+    (["bench", "--backends", "nccl,deepep-v2"], "deep_ep is not importable"),
+    (["bench", "--world", "3"], "--world 3 does not divide the experts of shape v3 (256)"),
+    (["bench", "--tokens", "0"], "--tokens must be in [1, 8192]"),
+    (["bench", "--num-sms", "20,7"], "positive even SM counts"),
     (["frobnicate"], "unknown subcommand"),
 ])
 def test_ep_cli_bad_input_is_one_line_and_exit_2(argv, words, capsys, monkeypatch):
@@ -79,8 +83,9 @@ def test_check_under_torchrun_refuses_a_bad_world_before_joining_a_group(rank, p
     monkeypatch.setenv("WORLD_SIZE", "3")
     monkeypatch.setattr("torch.distributed.init_process_group", lambda *a, **k: pytest.fail("joined a group"))
     assert ep_main(["check"]) == 2
+    assert ep_main(["bench", "--backends", "nccl"]) == 2
     err = capsys.readouterr().err
-    assert len(err.strip().splitlines()) == printed and err.count("--world 3 does not divide") == printed
+    assert len(err.strip().splitlines()) == 2 * printed and err.count("--world 3 does not divide") == 2 * printed
 
 
 def test_check_option_outside_its_choices_is_one_line_and_exit_2(capsys):
@@ -154,15 +159,20 @@ def test_verdict_line_never_contradicts_its_status():
     assert "KNOWN" in format_table({"combine": known}) and "FAIL" in format_table({"combine": known}, strict=True)
 
 
-def test_bench_cli_runs_the_reference_on_cpu(tmp_path, capsys):
+def test_bench_cli_times_the_floor_and_the_reference_on_cpu(tmp_path, capsys):
     out = tmp_path / "bench.json"
-    rc = ep_main(["bench", "--world", "2", "--backends", "reference", "--shapes", "16b", "--payload", "bf16",
-                  "--tokens", "32", "--iters", "1", "--warmup", "0", "--timeout", "30", "--json", str(out)])
+    rc = ep_main(["bench", "--world", "2", "--backends", "nccl,reference", "--shapes", "16b", "--payload", "bf16",
+                  "--tokens", "32", "--iters", "3", "--warmup", "1", "--timeout", "30", "--json", str(out)])
     assert rc == 0
     text = capsys.readouterr().out
-    assert "NVLink limit: not measured" in text
+    assert "NVLink limit: not measured" in text and "3 timed calls per op (< 50): a smoke run" in text
     doc = json.loads(out.read_text())
-    assert doc["kind"] == "ep-bench" and {r["op"] for r in doc["rows"]} == {"dispatch", "dispatch_cached",
-                                                                            "combine"}
-    combine = next(r for r in doc["rows"] if r["op"] == "combine")
-    assert combine["logical_bytes"] >= combine["remote_bytes"] > 0 and combine["vs_reference"] == 1.0
+    assert doc["kind"] == "ep-bench" and doc["version"] == 2 and doc["peer_copy"] is None
+    ops = {(r["backend"], r["op"]) for r in doc["rows"]}
+    assert ops == {("nccl", "dispatch_cached"), ("nccl", "combine"), ("reference", "dispatch"),
+                   ("reference", "dispatch_cached"), ("reference", "combine")}
+    for r in doc["rows"]:
+        assert r["logical_bytes"] >= r["remote_bytes"] > 0 and r["ms"] > 0 and r["mean_ms"] > 0
+        floor = next(f["ms"] for f in doc["rows"] if f["backend"] == "nccl"
+                     and f["op"] == ("combine" if r["op"] == "combine" else "dispatch_cached"))
+        assert r["vs_floor"] == pytest.approx(r["ms"] / floor, rel=2e-3)  # both rounded in the JSON

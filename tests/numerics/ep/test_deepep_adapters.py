@@ -99,3 +99,19 @@ def test_backend_names_one_factory(fake_deep_ep):
         require("deepep", world=64)
     with pytest.raises(BackendUnavailable, match="is not an EPBackend"):
         require("numerics.ep.backends:BACKENDS")
+
+
+def test_deep_ep_that_fails_its_own_import_check_is_one_line_and_exit_2(tmp_path, monkeypatch, capsys):
+    """DeepEP main asserts at import that torch loaded the NCCL it was built with; that is a setup
+    problem for the user, reported as one line, not a traceback."""
+    from numerics.ep.__main__ import main as ep_main
+
+    pkg = tmp_path / "deep_ep"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("raise AssertionError('Invalid NCCL versions: /a/libnccl.so.2 (loaded) v.s. "
+                                     "/b/libnccl.so.2 (expected)')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(__import__("sys").modules, "deep_ep", raising=False)
+    assert ep_main(["check", "--backend", "deepep-v2"]) == 2
+    err = capsys.readouterr().err
+    assert "Invalid NCCL versions" in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err

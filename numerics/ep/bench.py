@@ -25,8 +25,8 @@ to GPU 1 (and both ways at once), 3 warm-ups then 10 timed copies, synchronised 
 other ranks wait on the CPU. A benchmark: it prints a table (and ``--json``), it asserts nothing.
 
 Why the old bench disagreed with independent measurement on the same machine kind (peer copy 238.8
-GB/s against 372.7; DeepEP v1.2.1 cached dispatch, 20 SMs, 0.82-1.49 ms against 0.412; the reference's
-dispatch 6.1 ms against 0.224 for a bare all-to-all), read from its code:
+GB/s against 372.7; DeepEP v1.2.1 at 20 SMs, 0.82 ms cached and 1.2-1.5 ms full dispatch against 0.412
+cached; the reference's dispatch 6.1 ms against 0.224 for a bare all-to-all), read from its code:
 
 1. Every timed DeepEP and reference call checked its inputs collectively: an NCCL all-gather and host
    syncs (``int(topk_idx.min())``, ``.tolist()``) inside the CUDA-event window.

@@ -127,8 +127,8 @@ def test_notebook_ep_bandwidth_plots_a_bench_result(tmp_path):
     from numerics.ep import bench
 
     path = tmp_path / "bench.json"  # a real bench on 2 gloo ranks: the NCCL reference's code path, CPU-sized
-    assert bench.main(["--backends", "reference", "--shapes", "16b", "--payload", "bf16", "--tokens", "64",
+    assert bench.main(["--backends", "nccl,reference", "--shapes", "16b", "--payload", "bf16", "--tokens", "64",
                        "--iters", "2", "--warmup", "1", "--json", str(path)]) == 0
     text = outputs_text(execute(NOTEBOOKS[3], {"BENCH_JSON": str(path)}))
-    assert "3 rows, 2 ranks over gloo" in text
+    assert "5 rows, 2 ranks over gloo" in text and "2 timed calls per op (< 50)" in text
     assert "no DeepEP rows in this result" in text

@@ -39,12 +39,14 @@ class Plan:
     train_model: str  # convergence.train.model config name
     train_steps: int
     seed: int = 0
+    strict: bool = False  # known findings (FINDINGS.md) fail a level instead of passing it as "known"
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
 
 
-def make_plan(*, gpus: int, deep_ep: bool, quick: bool = False, steps: int | None = None, seed: int = 0) -> Plan:
+def make_plan(*, gpus: int, deep_ep: bool, quick: bool = False, steps: int | None = None, seed: int = 0,
+              strict: bool = False) -> Plan:
     """Sizes for this machine. CPU numbers are chosen so the whole ladder fits in a few minutes on
     2 cores (measured in README.md (validate section)); ``quick`` shrinks every level further (tests, smoke runs).
     """
@@ -65,6 +67,7 @@ def make_plan(*, gpus: int, deep_ep: bool, quick: bool = False, steps: int | Non
         train_model="proxy" if gpu and not quick else "tiny",
         train_steps=steps or default_steps,
         seed=seed,
+        strict=strict,
     )
 
 

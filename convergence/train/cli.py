@@ -78,7 +78,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="checkpoint and stop after this long; rerun with --resume to continue")
     p.add_argument("--ep", type=int, default=None,
                    help="expert-parallel size = number of torchrun processes (FSDP2 + EP); README: distributed")
-    p.add_argument("--ep-backend", default="reference", help="reference (all-to-all) or deepep")
+    p.add_argument("--ep-backend", default="reference",
+                   help="reference (all-to-all), deepep (V1 Buffer) or deepep-v2 (numerics.ep.backends)")
     p.add_argument("--deterministic", action="store_true", help="deterministic algorithms, fixed seeds")
     p.add_argument("--dist-timeout", type=float, default=300.0, help="seconds before a collective gives up")
     args = p.parse_args(argv)

@@ -7,6 +7,8 @@ cast and shows every comparison catches it.
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from hypothesis import example, given, settings
@@ -185,3 +187,27 @@ def test_fast_ops_reject_bad_input_with_a_library_error():
     with pytest.raises(BadInput, match="w_t"):
         ops.grouped_mm(torch.zeros(64, 32), torch.zeros(2, 64, 32), torch.tensor([32, 64]), wgrad_with_hp=False,
                        pad_groups=False)
+
+
+def test_fast_bench_quick_run_prints_every_figure_and_keeps_an_existing_json(tmp_path, capsys):
+    from numerics.layer.fast import bench
+
+    out = tmp_path / "bench.json"
+    argv = ["--device", "cpu", "--quick", "--iters", "1", "--warmup", "0", "--no-compile", "--json", str(out)]
+    assert bench.main(argv) == 0
+    result = json.loads(out.read_text())
+    assert {c["dim"] for c in result["casts"]} == {-1, -2} and [o["op"] for o in result["ops"]] == ["linear",
+                                                                                                     "grouped_mm"]
+    assert all(c["fast_ms"] > 0 and c["floor_ms"] > 0 for c in result["casts"])
+    assert "fast/bf16" in capsys.readouterr().out
+    assert bench.main(argv) == 2  # the file exists: not overwritten without --force
+    assert "exists" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv", (["--device", "cpu"], ["--iters", "0"], ["--device", "tpu", "--quick"]))
+def test_fast_bench_bad_input_is_one_line_and_exit_2(argv, capsys):
+    from numerics.layer.fast import bench
+
+    assert bench.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err

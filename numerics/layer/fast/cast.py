@@ -95,8 +95,18 @@ def mx_dequantize(
     """MX-quantize ``x`` (BF16 or FP32) in blocks of 32 along ``dim`` (-1 or -2) and dequantize to ``out_dtype``.
 
     Returns the dequantized tensor, or ``(dequantized, scale_bytes, element_bytes)`` (uint8) when
-    ``return_bytes``. Any strides are accepted; nothing is copied first.
+    ``return_bytes``. Any strides are accepted; nothing is copied first. Without ``return_bytes`` the
+    cast is one opaque op to ``torch.compile`` (``mxval::fast_mx_dequantize``), so compiled models keep
+    their graphs whole around it.
     """
+    along_rows = _validate(x, elem, mode, dim, flavour, out_dtype)
+    if return_bytes:
+        return _cast(x, elem, mode, along_rows, flavour, out_dtype, return_bytes=True)
+    return _dequantize_op(x, elem, mode, -2 if along_rows else -1, flavour, out_dtype)
+
+
+def _validate(x, elem, mode, dim, flavour, out_dtype) -> bool:
+    """Whether blocks run along the rows (dim -2); BadInput naming what is wrong otherwise."""
     if not isinstance(x, torch.Tensor) or x.dtype not in (torch.bfloat16, torch.float32):
         got = x.dtype if isinstance(x, torch.Tensor) else type(x).__name__
         raise BadInput(f"x must be a bfloat16 or float32 tensor, got {got}")
@@ -114,31 +124,50 @@ def mx_dequantize(
     if x.shape[axis] % BLOCK:
         raise BadInput(f"shape {tuple(x.shape)}: dim {axis} has size {x.shape[axis]}, not a multiple of the "
                        f"MX block size {BLOCK}")
+    return along_rows
+
+
+def _empty_result(x: torch.Tensor, along_rows: bool, dtype: torch.dtype) -> torch.Tensor:
+    """A tensor of x's shape laid out block-major: contiguous, or the transpose of a contiguous one."""
+    if along_rows:
+        return torch.empty(*x.shape[:-2], x.shape[-1], x.shape[-2], dtype=dtype, device=x.device).transpose(-2, -1)
+    return torch.empty(x.shape, dtype=dtype, device=x.device)
+
+
+def _cast(x, elem, mode, along_rows, flavour, out_dtype, *, return_bytes: bool):
     reason = available(x.device)
     if reason:
         raise FastUnavailable(reason)
-
-    x3 = _as_3d(x, along_rows)
+    out = _empty_result(x, along_rows, out_dtype)
+    codes = _empty_result(x, along_rows, torch.uint8) if return_bytes else None
+    x3, out3 = _as_3d(x, along_rows), _as_3d(out, along_rows)
     batch, rows, cols = x3.shape
     if along_rows:
-        store = torch.empty(batch, cols, rows, dtype=out_dtype, device=x.device)
-        out = store.transpose(-2, -1)
-        scale_store = torch.empty(batch, cols, rows // BLOCK, dtype=torch.uint8, device=x.device)
-        scales = scale_store.transpose(-2, -1)
+        scales = torch.empty(batch, cols, rows // BLOCK, dtype=torch.uint8, device=x.device).transpose(-2, -1)
     else:
-        out = store = torch.empty(batch, rows, cols, dtype=out_dtype, device=x.device)
-        scales = scale_store = torch.empty(batch, rows, cols // BLOCK, dtype=torch.uint8, device=x.device)
-    codes_store = torch.empty(store.shape, dtype=torch.uint8, device=x.device) if return_bytes else None
-
+        scales = torch.empty(batch, rows, cols // BLOCK, dtype=torch.uint8, device=x.device)
     if x3.numel():
-        _run(x3, store, scale_store, codes_store, along_rows=along_rows, elem=elem, mode=mode,
-             torchao=flavour == "torchao")
-    out = out.reshape(x.shape)
+        block_major = (lambda t: t.transpose(-2, -1)) if along_rows else (lambda t: t)
+        _run(x3, block_major(out3), block_major(scales),
+             block_major(_as_3d(codes, along_rows)) if return_bytes else None,
+             along_rows=along_rows, elem=elem, mode=mode, torchao=flavour == "torchao")
     if not return_bytes:
         return out
-    codes = (codes_store.transpose(-2, -1) if along_rows else codes_store).reshape(x.shape)
     scale_shape = (*x.shape[:-2], rows // BLOCK, cols) if along_rows else (*x.shape[:-1], cols // BLOCK)
     return out, scales.reshape(scale_shape), codes
+
+
+# One opaque op for torch.compile (its fake gives the result's shape and strides), in mxval's own namespace:
+# registered when this module is imported, since a model being compiled may call it first.
+@torch.library.custom_op("mxval::fast_mx_dequantize", mutates_args=(),
+                         schema="(Tensor x, str elem, str mode, int dim, str flavour, ScalarType out_dtype) -> Tensor")
+def _dequantize_op(x, elem, mode, dim, flavour, out_dtype):
+    return _cast(x, elem, mode, dim == -2, flavour, out_dtype, return_bytes=False)
+
+
+@_dequantize_op.register_fake
+def _(x, elem, mode, dim, flavour, out_dtype):
+    return _empty_result(x, dim == -2, out_dtype)
 
 
 def _run(x3, store, scale_store, codes_store, *, along_rows: bool, elem: str, mode: str, torchao: bool) -> None:

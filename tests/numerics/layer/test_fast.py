@@ -211,3 +211,24 @@ def test_fast_bench_bad_input_is_one_line_and_exit_2(argv, capsys):
     assert bench.main(argv) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "Traceback" not in err
+
+
+@pytest.mark.parametrize(("device", "backend"), [("cpu", "aot_eager"), pytest.param("cuda", "inductor",
+                                                                                      marks=pytest.mark.gpu)])
+def test_fast_ops_under_torch_compile_give_the_eager_bits(device, backend):
+    """The cast is one opaque op (mxval::fast_mx_dequantize) to torch.compile: the compiled model traces
+    through the autograd functions and returns the eager bits. CPU checks the tracing (aot_eager, no C++
+    build); the GPU tier runs inductor."""
+    torch._dynamo.reset()
+    g = torch.Generator().manual_seed(9)
+    x, w = _rand((64, 64), g, "spread", device), _rand((2, 96, 64), g, "spread", device)
+    grad = _rand((64, 96), g, "normal", device)
+    offs = torch.tensor([32, 64], device=device, dtype=torch.int32)
+
+    def model(a, b):
+        h = ops.linear(a, b[0], wgrad_with_hp=False)
+        return torch.relu(h) * 2 + ops.grouped_mm(a, b.transpose(-2, -1), offs, wgrad_with_hp=False,
+                                                  pad_groups=False)
+
+    _assert_same(_fwd_bwd(model, x, w, grad), _fwd_bwd(torch.compile(model, backend=backend, fullgraph=True),
+                                                      x, w, grad), f"torch.compile({backend})")

@@ -205,13 +205,29 @@ def test_fast_cast_result_is_block_major_in_memory():
     assert fast.mx_dequantize(w, dim=-2).transpose(-2, -1).is_contiguous()
 
 
-def test_fast_cast_torchao_rceil_thresholds_stay_inside_the_F2_window():
-    """The CPU's measured rounding of torchao's RCEIL: exact or up to F2's width above 1.75 * 2^k."""
+@pytest.mark.parametrize("device", DEVICES)
+def test_fast_cast_torchao_rceil_thresholds_stay_inside_the_F2_window(device):
+    """torchao's RCEIL rounding as measured on the device: exact, or up to F2's width above 1.75 * 2^k."""
     from numerics.layer.fast import calibrate
 
     for elem in ELEMS:
-        over = calibrate.rceil_thresholds("cpu", elem).numpy().astype(np.int64) - calibrate.M_MAX
+        over = calibrate.rceil_thresholds(device, elem).cpu().numpy().astype(np.int64) - calibrate.M_MAX
         assert over.min() >= 0 and over.max() <= findings.F2_WINDOW_ULPS, (elem, over.min(), over.max())
+
+
+@pytest.mark.gpu
+def test_fast_cast_torchao_rceil_rounds_alike_on_cpu_and_cuda():
+    """torchao's RCEIL scale bytes for every amax near 1.75 * 2^k, CPU against CUDA (F2's window may depend
+    on the device's division and log2); the fast kernel follows each device either way."""
+    from numerics.layer.fast import calibrate
+
+    for elem in ELEMS:
+        cpu = calibrate.rceil_thresholds("cpu", elem).numpy()
+        cuda = calibrate.rceil_thresholds("cuda", elem).cpu().numpy()
+        differ = np.nonzero(cpu != cuda)[0]
+        assert differ.size == 0, (f"{elem}: torchao's RCEIL rounds differently at {differ.size} amax exponents, "
+                                  f"e.g. field {differ[0]}: threshold {cpu[differ[0]] - calibrate.M_MAX} ulps above "
+                                  f"1.75 on CPU, {cuda[differ[0]] - calibrate.M_MAX} on CUDA")
 
 
 # ----- controls: each comparison above fails when the subject is one ulp off -----

@@ -40,12 +40,16 @@ import torch
 
 from numerics.cli import ArgumentParser, CLIError, run_main
 from numerics.layer.fast import ops
-from numerics.layer.fast.cast import available, mx_dequantize
+from numerics.layer.fast.cast import _cast, available, mx_dequantize
 
 CAST_SHAPES = ((16384, 2048), (16384, 1408), (8192, 7168))  # GPU.md's shapes: 16B activations, 16B experts, V3
 OP_SHAPE = (16384, 2048, 1408, 8)  # M tokens, K = dim, N = expert hidden, E experts (configs.sixteen_b grouped)
 QUICK_CAST_SHAPES = ((128, 64),)  # --quick: a smoke run that finishes in seconds on a CPU
 QUICK_OP_SHAPE = (64, 32, 64, 2)
+# --sweep: tiles (BR, BC, num_warps) to time against the default, along the last dim and along dim -2
+SWEEP = {-1: ((16, 128, 4), (32, 128, 4), (64, 128, 8), (16, 256, 4), (32, 256, 8), (8, 512, 4), (64, 64, 4)),
+         -2: ((64, 64, 4), (128, 64, 8), (64, 128, 8), (32, 128, 4), (128, 32, 4), (32, 64, 2), (256, 32, 8))}
+QUICK_SWEEP = {-1: ((32, 64, 1),), -2: ((32, 64, 1),)}
 
 
 def _timer(device: torch.device, iters: int, warmup: int) -> Callable[[Callable[[], object]], dict]:
@@ -114,7 +118,7 @@ def _torchao_cast(dim: int):
     return cast
 
 
-def _cast_rows(shapes, device, measure, bandwidth, compile_: bool, progress) -> list[dict]:
+def _cast_rows(shapes, device, measure, bandwidth, compile_: bool, sweep, progress) -> list[dict]:
     rows = []
     for m, k in shapes:
         x = torch.randn(m, k, device=device).to(torch.bfloat16)
@@ -127,6 +131,10 @@ def _cast_rows(shapes, device, measure, bandwidth, compile_: bool, progress) -> 
             variants["fast_ms"] = lambda t, d=dim: mx_dequantize(t, dim=d)
             for name, cast in variants.items():
                 row[name] = measure(lambda c=cast, t=x: c(t))["ms"]
+            if sweep:
+                row["sweep_ms"] = {"x".join(map(str, cfg)): measure(
+                    lambda c=cfg, d=dim, t=x: _cast(t, "e4m3", "rceil", d == -2, "torchao", torch.bfloat16,
+                                                    return_bytes=False, config=c))["ms"] for cfg in sweep[dim]}
             rows.append(row)
             progress(f"cast {m}x{k} dim {dim}: fast {row['fast_ms']:.3f} ms, floor {floor:.3f} ms")
     return rows
@@ -186,7 +194,7 @@ def _op_rows(shape, device, measure, bandwidth, progress) -> list[dict]:
 
 
 def run(*, device: str = "cuda", iters: int = 50, warmup: int = 10, quick: bool = False,
-        compile_: bool = True, progress: Callable[[str], None] = lambda s: None) -> dict:
+        compile_: bool = True, sweep: bool = False, progress: Callable[[str], None] = lambda s: None) -> dict:
     """Every figure of the report, measured in this process."""
     dev = torch.device(device)
     reason = available(dev)
@@ -199,7 +207,8 @@ def run(*, device: str = "cuda", iters: int = 50, warmup: int = 10, quick: bool 
         "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
         "torch": torch.__version__, "iters": iters, "warmup": warmup,
         "copy_bandwidth_tb_s": bandwidth / 1e9,
-        "casts": _cast_rows(QUICK_CAST_SHAPES if quick else CAST_SHAPES, dev, measure, bandwidth, compile_, progress),
+        "casts": _cast_rows(QUICK_CAST_SHAPES if quick else CAST_SHAPES, dev, measure, bandwidth, compile_,
+                            (QUICK_SWEEP if quick else SWEEP) if sweep else None, progress),
         "ops": _op_rows(QUICK_OP_SHAPE if quick else OP_SHAPE, dev, measure, bandwidth, progress),
     }
 
@@ -214,6 +223,13 @@ def format_report(r: dict) -> str:
         lines.append(f"{c['shape'][0]:>6}x{c['shape'][1]:<6} dim {c['dim']:>2}    {c['floor_ms']:>9.3f} "
                      f"{c['torchao_eager_ms']:>9.3f} {comp:>12.3f} {c['fast_ms']:>8.3f} "
                      f"{c['fast_ms'] / c['floor_ms']:>9.1f}x")
+    swept = [c for c in r["casts"] if "sweep_ms" in c]
+    if swept:
+        lines += ["", f"{'tile sweep (BRxBCxwarps)':<24} {'default ms':>10}  best tile and its ms"]
+        for c in swept:
+            best = min(c["sweep_ms"], key=c["sweep_ms"].get)
+            lines.append(f"{c['shape'][0]:>6}x{c['shape'][1]:<6} dim {c['dim']:>2}    {c['fast_ms']:>10.3f}  "
+                         f"{best} {c['sweep_ms'][best]:.3f}")
     shape = "x".join(map(str, r["ops"][0]["shape"]))
     lines += ["", f"{'fwd+bwd ' + shape:<24} {'cast floor':>10} {'bf16 ms':>8} {'emulated':>9} {'fast ms':>8} "
                   f"{'fast/bf16':>9} {'emul/bf16':>9} {'wall fast/bf16':>14}"]
@@ -231,6 +247,7 @@ def _main(argv: Sequence[str] | None) -> int:
     parser.add_argument("--warmup", type=int, default=10, help="untimed runs first (default 10)")
     parser.add_argument("--quick", action="store_true", help="tiny shapes: a smoke run, not a measurement")
     parser.add_argument("--no-compile", dest="compile_", action="store_false", help="skip the torch.compile column")
+    parser.add_argument("--sweep", action="store_true", help="also time other kernel tiles for each cast")
     parser.add_argument("--json", type=Path, help="also write the figures here (refuses an existing file)")
     parser.add_argument("--force", action="store_true", help="overwrite --json's file if it exists")
     args = parser.parse_args(argv)
@@ -244,7 +261,7 @@ def _main(argv: Sequence[str] | None) -> int:
     if args.json and args.json.exists() and not args.force:
         raise CLIError(f"{args.json} exists; pass --force to overwrite it")
     result = run(device=args.device, iters=args.iters, warmup=args.warmup, quick=args.quick, compile_=args.compile_,
-                 progress=lambda s: print(s, file=sys.stderr, flush=True))
+                 sweep=args.sweep, progress=lambda s: print(s, file=sys.stderr, flush=True))
     print(format_report(result))
     if args.json:
         args.json.write_text(json.dumps(result, indent=1) + "\n")

@@ -19,6 +19,7 @@ Public: ``mx_dequantize``, ``available``, ``FLAVOURS``.
 from __future__ import annotations
 
 import contextlib
+import functools
 
 import numpy as np
 import torch
@@ -41,6 +42,14 @@ def available(device: torch.device | str) -> str | None:
     tiny models.
     """
     dev = torch.device(device)
+    if dev.type == "cuda" and dev.index is None and torch.cuda.is_available():
+        dev = torch.device("cuda", torch.cuda.current_device())
+    return _available(str(dev))
+
+
+@functools.cache
+def _available(device: str) -> str | None:
+    dev = torch.device(device)
     try:
         import triton  # noqa: F401
     except ImportError:
@@ -49,7 +58,7 @@ def available(device: torch.device | str) -> str | None:
     if dev.type == "cuda":
         if not torch.cuda.is_available():
             return f"kernel 'fast' needs a visible CUDA GPU, none is; {_EMULATED}"
-        index = dev.index if dev.index is not None else torch.cuda.current_device()
+        index = dev.index or 0
         major, minor = torch.cuda.get_device_capability(index)
         if major < 8:
             return f"kernel 'fast' needs compute capability 8.0+ (BF16), GPU {index} has {major}.{minor}; {_EMULATED}"
@@ -75,11 +84,14 @@ def _as_3d(x: torch.Tensor, along_rows: bool) -> torch.Tensor:
 
 
 def _launch_config(device_type: str, along_rows: bool, rows: int, cols: int) -> tuple[int, int, int]:
-    """(BR, BC, num_warps). On CPU the interpreter pays per program, so tiles are large; on a GPU the
-    tile holds 4096 elements (8 KiB of BF16 in, 8 KiB out) for 4 warps, 32 per thread."""
+    """(BR, BC, num_warps). On CPU the interpreter pays per program, so tiles are large. On a GPU a tile
+    holds 4096 elements (8 KiB of BF16 in, 8 KiB out) for 4 warps, 32 per thread: 32 x 128 along the
+    last dim (256-byte rows in and out); 64 x 64 along dim -2, so the load (along a row) and the
+    transposed store (along a column) both move 128 contiguous bytes. Not yet tuned on a GPU: the
+    benchmark's --sweep times the alternatives."""
     if device_type != "cuda":
         return (128, 128, 1)
-    return (128, 32, 4) if along_rows else (32, 128, 4)
+    return (64, 64, 4) if along_rows else (32, 128, 4)
 
 
 def mx_dequantize(
@@ -100,8 +112,8 @@ def mx_dequantize(
     their graphs whole around it.
     """
     along_rows = _validate(x, elem, mode, dim, flavour, out_dtype)
-    if return_bytes:
-        return _cast(x, elem, mode, along_rows, flavour, out_dtype, return_bytes=True)
+    if return_bytes or not torch.compiler.is_compiling():  # eager: skip the custom op's dispatch cost
+        return _cast(x, elem, mode, along_rows, flavour, out_dtype, return_bytes=return_bytes)
     return _dequantize_op(x, elem, mode, -2 if along_rows else -1, flavour, out_dtype)
 
 
@@ -134,23 +146,24 @@ def _empty_result(x: torch.Tensor, along_rows: bool, dtype: torch.dtype) -> torc
     return torch.empty(x.shape, dtype=dtype, device=x.device)
 
 
-def _cast(x, elem, mode, along_rows, flavour, out_dtype, *, return_bytes: bool):
+def _cast(x, elem, mode, along_rows, flavour, out_dtype, *, return_bytes: bool, config=None):
+    """``config`` = (BR, BC, num_warps) overrides the tile choice (the benchmark's sweep)."""
     reason = available(x.device)
     if reason:
         raise FastUnavailable(reason)
     out = _empty_result(x, along_rows, out_dtype)
-    codes = _empty_result(x, along_rows, torch.uint8) if return_bytes else None
     x3, out3 = _as_3d(x, along_rows), _as_3d(out, along_rows)
     batch, rows, cols = x3.shape
-    if along_rows:
-        scales = torch.empty(batch, cols, rows // BLOCK, dtype=torch.uint8, device=x.device).transpose(-2, -1)
-    else:
-        scales = torch.empty(batch, rows, cols // BLOCK, dtype=torch.uint8, device=x.device)
+    block_major = (lambda t: t.transpose(-2, -1)) if along_rows else (lambda t: t)
+    scales = codes = None
+    if return_bytes:
+        codes = _empty_result(x, along_rows, torch.uint8)
+        shape = (batch, cols, rows // BLOCK) if along_rows else (batch, rows, cols // BLOCK)
+        scales = block_major(torch.empty(shape, dtype=torch.uint8, device=x.device))  # shaped like the blocks
     if x3.numel():
-        block_major = (lambda t: t.transpose(-2, -1)) if along_rows else (lambda t: t)
-        _run(x3, block_major(out3), block_major(scales),
+        _run(x3, block_major(out3), block_major(scales) if return_bytes else None,
              block_major(_as_3d(codes, along_rows)) if return_bytes else None,
-             along_rows=along_rows, elem=elem, mode=mode, torchao=flavour == "torchao")
+             along_rows=along_rows, elem=elem, mode=mode, torchao=flavour == "torchao", config=config)
     if not return_bytes:
         return out
     scale_shape = (*x.shape[:-2], rows // BLOCK, cols) if along_rows else (*x.shape[:-1], cols // BLOCK)
@@ -170,14 +183,15 @@ def _(x, elem, mode, dim, flavour, out_dtype):
     return _empty_result(x, dim == -2, out_dtype)
 
 
-def _run(x3, store, scale_store, codes_store, *, along_rows: bool, elem: str, mode: str, torchao: bool) -> None:
+def _run(x3, store, scale_store, codes_store, *, along_rows: bool, elem: str, mode: str, torchao: bool,
+         config=None) -> None:
     from numerics.layer.fast.kernel import MODE_IDS, cast_kernel
 
     fmt = ELEMENTS[elem]
     device_type = x3.device.type
     batch, rows, cols = x3.shape
     thresholds = rceil_thresholds(x3.device, elem) if torchao and mode == "rceil" else exact_thresholds(x3.device)
-    br, bc, warps = _launch_config(device_type, along_rows, rows, cols)
+    br, bc, warps = config or _launch_config(device_type, along_rows, rows, cols)
     grid = (triton_cdiv(rows, br), triton_cdiv(cols, bc), batch)
     x_bits = x3.view(torch.int16 if x3.dtype == torch.bfloat16 else torch.int32)
     out_bits = store.view(torch.int16 if store.dtype == torch.bfloat16 else torch.int32)
@@ -189,11 +203,12 @@ def _run(x3, store, scale_store, codes_store, *, along_rows: bool, elem: str, mo
     quiet = np.errstate(over="ignore") if device_type != "cuda" else contextlib.nullcontext()
     with quiet:
         kernel[grid](
-            x_bits, out_bits, scale_store, codes_store if codes_store is not None else scale_store, thresholds,
+            x_bits, out_bits, store if scale_store is None else scale_store,  # unused pointers when not writing bytes
+            store if codes_store is None else codes_store, thresholds,
             rows, cols, *x3.stride(),
             MODE_IDS[mode], int(torchao), fmt.mbits, fmt.emax, fmt.bias, max_bits, fmt.nan_code,
             IN_BF16=x3.dtype == torch.bfloat16, OUT_BF16=store.dtype == torch.bfloat16,
-            WRITE_BYTES=codes_store is not None, ALONG_ROWS=along_rows, INDEX64=index64, BR=br, BC=bc,
+            WRITE_BYTES=scale_store is not None, ALONG_ROWS=along_rows, INDEX64=index64, BR=br, BC=bc,
             num_warps=warps,
         )
 

@@ -193,7 +193,8 @@ def test_fast_bench_quick_run_prints_every_figure_and_keeps_an_existing_json(tmp
     from numerics.layer.fast import bench
 
     out = tmp_path / "bench.json"
-    argv = ["--device", "cpu", "--quick", "--iters", "1", "--warmup", "0", "--no-compile", "--json", str(out)]
+    argv = ["--device", "cpu", "--quick", "--iters", "1", "--warmup", "0", "--no-compile", "--sweep",
+            "--json", str(out)]
     assert bench.main(argv) == 0
     result = json.loads(out.read_text())
     assert {c["dim"] for c in result["casts"]} == {-1, -2} and [o["op"] for o in result["ops"]] == ["linear",

@@ -282,7 +282,11 @@ def test_fast_available_says_what_works_where_it_cannot_run(monkeypatch):
     assert fast.available("cpu") is None
     reason = fast.available("meta")
     assert reason and "emulated" in reason and "\n" not in reason
+    from numerics.layer.fast import cast
+
     monkeypatch.setitem(__import__("sys").modules, "triton", None)  # as if Triton were not installed
+    cast._available.cache_clear()  # the answer is cached per device, for the per-call cost
+    monkeypatch.setattr(cast, "_available", cast._available.__wrapped__)
     reason = fast.available("cpu")
     assert reason and "Triton" in reason and "pip install" in reason and "emulated" in reason
     with pytest.raises(fast.FastUnavailable, match="emulated"):

@@ -2,9 +2,9 @@
 
 ``cast_kernel(device)`` returns the kernel for a device: compiled by Triton for CUDA, run by Triton's
 interpreter (NumPy) for CPU, from the one Python source below. The kernel only uses operations whose
-results are exact under both: integer and bit operations, float multiplication by powers of two, one
-float addition and one subtraction of a power of two (the rounding step, exact IEEE round-to-nearest-
-even in both), and bit-casts. No division, no transcendental, no float conversion instruction: those
+results are exact under both: integer and bit operations, float multiplication by powers of two, the
+addition and subtraction of a power of two that rounds (exact IEEE round-to-nearest-even in both), and
+bit-casts. No division, no transcendental, no float conversion instruction: those
 are approximate or differ between Triton on a GPU and NumPy. Triton's NVIDIA backend does not flush
 float32 denormals for plain arithmetic (only its libdevice calls, which are not used), so subnormal
 inputs and results are exact there as in NumPy.
@@ -15,19 +15,19 @@ backward, in which case the output is written transposed: block axis fastest in 
 1. ``A`` = max of the magnitudes' bit patterns (the bit patterns of |x| order like |x|, NaN above Inf),
    so the block's amax, and whether it holds a NaN or Inf, come from one integer max.
 2. The shared exponent ``s`` from A's exponent field ``E`` and mantissa field ``M`` (``emax`` is the
-   element's largest exponent, ``M_MAX`` = 0x600000 the mantissa field of 448 = 57344 / 2^7 = 1.75 * 2^8):
+   element's largest exponent, ``M_MAX`` = 0x600000 the mantissa field of 1.75; 448 = 1.75 * 2^8 and
+   57344 = 1.75 * 2^15):
    floor ``E - 127 - emax``; ceil ``+ (M > 0)``; even: E after adding half an element ulp to A
    (round amax to the element's precision, a carry bumps E); rceil ``+ (M > threshold[E])`` with
    threshold ``M_MAX`` under the exact rule, or a per-exponent table (``calibrate.py``) that
    reproduces torchao's float32 ``ceil(log2(amax / max))``. Then clamped to E8M0's [-127, 127].
 3. Elements: ``v = |x| * 2^-t`` (t = s, or torchao's substitute for s = -127, FINDINGS F1), saturated
-   at max and rounded half-to-even to the element grid: for v >= 2^emin by integer rounding of v's
-   bits at bit 23 - mbits; below 2^emin (the element's subnormals, one fixed quantum q) by
-   ``(v + 2^23 q) - 2^23 q``. No int32 operation overflows (Triton's interpreter checks every one).
+   at max and rounded half-to-even to the element grid as ``(v + C) - C`` with ``C = 2^23 * quantum(v)``.
+   No int32 operation overflows (Triton's interpreter checks every one).
 4. Dequantized value ``= rounded * 2^s`` (exact in float32: at least 2^-143, at most 5 significant bits,
    or +-Inf past float32's range), then rounded half-to-even to BF16 by integer arithmetic if asked.
 
-Public: ``cast_kernel(device)``, ``ModeId``.
+Public: ``cast_kernel(device_type)``, ``MODE_IDS``.
 """
 
 import functools
@@ -77,11 +77,13 @@ def _mx_cast(
     sign = u ^ mag  # 0 or INT32_MIN
     # tl.reduce with the standard max combiner rather than tl.max: tl.max is itself a jit function, bound
     # to compiled or interpreted mode when triton is imported, while the interpreter runs this combiner
-    # as a NumPy max (and the compiler as a maximum), so one source serves both in one process
+    # as a NumPy max (and the compiler as a maximum), so one source serves both in one process.
+    # Per-block values stay 2D until used per element (expand_dims): the threshold lookup, a gather,
+    # then only moves these small tensors between register layouts, never the tile.
     if ALONG_ROWS:
-        amax = tl.reduce(mag, 1, tl.standard._elementwise_max, keep_dims=True)  # [BR // 32, 1, BC]
+        amax = tl.reduce(mag, 1, tl.standard._elementwise_max)  # [BR // 32, BC]
     else:
-        amax = tl.reduce(mag, 2, tl.standard._elementwise_max, keep_dims=True)  # [BR, BC // 32, 1]
+        amax = tl.reduce(mag, 2, tl.standard._elementwise_max)  # [BR, BC // 32]
 
     # the shared exponent (unclamped), from amax's exponent field E and mantissa field M; mode and flavour
     # are runtime values (per block, so all four formulas cost 1/32 of an operation per element) to keep
@@ -106,41 +108,51 @@ def _mx_cast(
     # 2^-t and 2^s as float32 bits; 2^-127 is the subnormal 0x00400000
     inv = tl.where(t == 127, 0x400000, (127 - t) << 23).to(tl.float32, bitcast=True)
     deq = tl.where(s == -127, 0x400000, (127 + s) << 23).to(tl.float32, bitcast=True)
+    if ALONG_ROWS:
+        inv3, deq3, bad3 = tl.expand_dims(inv, 1), tl.expand_dims(deq, 1), tl.expand_dims(bad, 1)
+    else:
+        inv3, deq3, bad3 = tl.expand_dims(inv, 2), tl.expand_dims(deq, 2), tl.expand_dims(bad, 2)
 
-    # round |x| * 2^-t half-to-even to the element grid, saturating at max
-    sh = 23 - mbits
-    v = mag.to(tl.float32, bitcast=True) * inv
-    vb = v.to(tl.int32, bitcast=True)
-    vc = tl.minimum(vb, max_bits)  # saturate first, as torchao clamps before its cast (max is on the grid)
-    rn = (vc + ((1 << (sh - 1)) - 1) + ((vc >> sh) & 1)) & (-(1 << sh))
-    big = (1 - bias - mbits + 150) << 23  # 2^23 * the subnormal quantum 2^(emin - mbits), as bits
-    bigf = tl.full([1, 1, 1], big, tl.int32).to(tl.float32, bitcast=True)
-    shifted = v + bigf
-    rs = (shifted - bigf).to(tl.int32, bitcast=True)
-    small = vb < ((1 - bias + 127) << 23)  # v < 2^emin
-    rbits = tl.where(small, rs, rn)
-    d = (rbits.to(tl.float32, bitcast=True) * deq).to(tl.int32, bitcast=True)
+    # round |x| * 2^-t half-to-even to the element grid, saturating at max: adding C = 2^23 * quantum(v)
+    # (quantum = 2^(max(e, emin) - mbits), e = v's exponent) puts v's rounding bit at C's last mantissa
+    # bit, so the float addition rounds v to the grid, half to even, and subtracting C back is exact.
+    # (The product is exact wherever it can matter: below 2^-126 it is far under half a quantum.)
+    v = (mag.to(tl.float32, bitcast=True) * inv3).to(tl.int32, bitcast=True)
+    vc = tl.minimum(v, max_bits)  # saturate first, as torchao clamps before its cast (max is on the grid)
+    emin_bits = (1 - bias + 127) << 23  # 2^emin, the element's smallest normal
+    cb = (tl.maximum(vc, emin_bits) & 0x7F800000) + ((23 - mbits) << 23)
+    cf = cb.to(tl.float32, bitcast=True)
+    shifted = vc.to(tl.float32, bitcast=True) + cf
+    r = shifted - cf
+    d = (r * deq3).to(tl.int32, bitcast=True) | sign  # the dequantized value, exact in float32
 
     if ALONG_ROWS:
         off = b * R * C + cols * R + rows
-        soff = b * (R // 32) * C + cols * (R // 32) + blk
-        smask = (blk * 32 < R) & (cols < C)
     else:
         off = b * R * C + rows * C + cols
-        soff = b * R * (C // 32) + rows * (C // 32) + blk
-        smask = (rows < R) & (blk * 32 < C)
-    if OUT_BF16:
-        o = ((d + 0x7FFF + ((d >> 16) & 1)) >> 16) | ((sign >> 16) & 0x8000)
-        o = tl.where(bad, 0x7FC0, o)
+    if OUT_BF16:  # round half to even on the bits (sign-magnitude: the carry never reaches the sign)
+        o = tl.where(bad3, 0x7FC0, (d + 0x7FFF + ((d >> 16) & 1)) >> 16)
         tl.store(out_ptr + off, o.to(tl.int16), mask=mask)
     else:
-        o = tl.where(bad, 0x7FC00000, d | sign)
-        tl.store(out_ptr + off, o, mask=mask)
+        tl.store(out_ptr + off, tl.where(bad3, 0x7FC00000, d), mask=mask)
     if WRITE_BYTES:
+        if ALONG_ROWS:  # per-block offsets and masks, 2D like the block values
+            blk2 = tl.reshape(blk, (BR // 32, 1))
+            cols2 = tl.reshape(cols, (1, BC))
+            soff = b * (R // 32) * C + cols2 * (R // 32) + blk2
+            smask = (blk2 * 32 < R) & (cols2 < C)
+        else:
+            rows2 = tl.reshape(rows, (BR, 1))
+            blk2 = tl.reshape(blk, (1, BC // 32))
+            soff = b * R * (C // 32) + rows2 * (C // 32) + blk2
+            smask = (rows2 < R) & (blk2 * 32 < C)
         sbyte = tl.where(bad, 255, s + 127)
         tl.store(scale_ptr + soff, sbyte.to(tl.uint8), mask=smask)
-        code = tl.where(small, shifted.to(tl.int32, bitcast=True) - big, (rbits >> sh) - ((127 - bias) << mbits))
-        code = tl.where(bad, nan_code, code) | ((sign >> 24) & 0x80)
+        rb = r.to(tl.int32, bitcast=True)
+        # below 2^emin the sum counts quanta, which is the subnormal code; above, the bits give it
+        code = tl.where(rb < emin_bits, shifted.to(tl.int32, bitcast=True) - cb,
+                        (rb >> (23 - mbits)) - ((127 - bias) << mbits))
+        code = tl.where(bad3, nan_code, code) | ((sign >> 24) & 0x80)
         tl.store(code_ptr + off, code.to(tl.uint8), mask=mask)
 
 
@@ -156,3 +168,28 @@ def cast_kernel(device_type: str):
     from triton.runtime.interpreter import InterpretedFunction
 
     return InterpretedFunction(_mx_cast)
+
+
+def compile_ahead(*, along_rows: bool, in_bf16: bool = True, out_bf16: bool = True, write_bytes: bool = False,
+                  index64: bool = False, tile: tuple[int, int, int] = (32, 128, 4), arch: int = 90):
+    """Compile the CUDA kernel for compute capability ``arch`` with no GPU present (Triton ships ptxas):
+    the CPU tier's check that the compiled variants build, and a look at their code. Arguments as the
+    launcher specialises them: contiguous last stride (1), 16-divisible pointers, sizes and strides."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    fn = triton.JITFunction(_mx_cast, do_not_specialize=_SETTINGS)
+    br, bc, warps = tile
+    ints = ("R", "C", "s_b", "s_r") + _SETTINGS
+    signature = {"x_ptr": "*i16" if in_bf16 else "*i32", "out_ptr": "*i16" if out_bf16 else "*i32",
+                 "scale_ptr": "*u8", "code_ptr": "*u8", "thr_ptr": "*i32", "s_c": "constexpr",
+                 **{name: "i64" if index64 and name in ("s_b", "s_r") else "i32" for name in ints},
+                 **{name: "constexpr" for name in ("IN_BF16", "OUT_BF16", "WRITE_BYTES", "ALONG_ROWS", "INDEX64",
+                                                   "BR", "BC")}}
+    constexprs = {"s_c": 1, "IN_BF16": in_bf16, "OUT_BF16": out_bf16, "WRITE_BYTES": write_bytes,
+                  "ALONG_ROWS": along_rows, "INDEX64": index64, "BR": br, "BC": bc}
+    aligned = [["tt.divisibility", 16]]
+    attrs = {(fn.arg_names.index(name),): aligned for name in ("x_ptr", "out_ptr", "scale_ptr", "code_ptr", "thr_ptr",
+                                                                "R", "C", "s_b", "s_r")}
+    source = ASTSource(fn, {name: signature[name] for name in fn.arg_names}, constexprs=constexprs, attrs=attrs)
+    return triton.compile(source, target=GPUTarget("cuda", arch, 32), options={"num_warps": warps})

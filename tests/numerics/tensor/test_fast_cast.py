@@ -230,6 +230,26 @@ def test_fast_cast_torchao_rceil_rounds_alike_on_cpu_and_cuda():
                                   f"1.75 on CPU, {cuda[differ[0]] - calibrate.M_MAX} on CUDA")
 
 
+@pytest.mark.parametrize(("variant", "tile_moves"), [
+    ({"along_rows": False}, 0),  # training: BF16 in and out, blocks along the last dim
+    ({"along_rows": True, "tile": (64, 64, 4)}, 1),  # along dim -2: the one move is the transposed store
+    ({"along_rows": False, "in_bf16": False, "out_bf16": False, "write_bytes": True}, None),
+    ({"along_rows": True, "index64": True, "write_bytes": True, "tile": (64, 64, 4)}, None),
+], ids=("dim-1", "dim-2", "fp32-bytes", "dim-2-index64-bytes"))
+def test_fast_kernel_compiles_for_hopper_without_a_gpu(variant, tile_moves):
+    """Triton compiles (ptxas included) what the interpreter runs: CI catches a kernel that would not build
+    on the GPU. The tile is read once and moved between register layouts only where it must be."""
+    from numerics.layer.fast.kernel import compile_ahead
+
+    kernel = compile_ahead(**variant)
+    assert kernel.asm["cubin"], "no cubin"
+    if tile_moves is not None:
+        br, bc, _ = variant.get("tile", (32, 128, 4))
+        shape = f"tensor<{br // 32}x32x{bc}x" if variant["along_rows"] else f"tensor<{br}x{bc // 32}x32x"
+        moves = [line for line in kernel.asm["ttgir"].splitlines() if "ttg.convert_layout" in line and shape in line]
+        assert len(moves) == tile_moves, "\n".join(moves)
+
+
 # ----- controls: each comparison above fails when the subject is one ulp off -----
 
 def _one_ulp_off(part: int):

@@ -58,13 +58,18 @@ def _timer(device: torch.device, iters: int, warmup: int) -> Callable[[Callable[
     cycles_per_ms = _sleep_rate(device) if cuda else 0.0
 
     def measure(fn) -> dict:
-        t0 = time.perf_counter()
-        for _ in range(warmup):
+        for _ in range(warmup):  # compiles, autotunes, fills the allocator's cache
             fn()
         if cuda:
             torch.cuda.synchronize(device)
-        # enough GPU sleep ahead of each timed call that the host has enqueued all of fn before the GPU gets there
-        ahead = int(cycles_per_ms * max(1.0, 3e3 * (time.perf_counter() - t0) / max(warmup, 1)))
+        t0 = time.perf_counter()
+        fn()
+        if cuda:
+            torch.cuda.synchronize(device)
+        host_ms = (time.perf_counter() - t0) * 1e3
+        # GPU sleep ahead of each timed call, 3x one call's host time (1 to 50 ms), so the host has
+        # enqueued all of fn before the GPU gets there and launch cost stays out of the device time
+        ahead = int(cycles_per_ms * min(50.0, max(1.0, 3 * host_ms)))
         if cuda:
             pairs = []
             for _ in range(iters):

@@ -73,14 +73,12 @@ def _choice(name: str, value, choices) -> None:
         raise BadInput(f"{name}={value!r} is not supported; choose one of {', '.join(map(repr, choices))}")
 
 
-def _as_3d(x: torch.Tensor, along_rows: bool) -> torch.Tensor:
-    if x.ndim == 1:
-        return x.view(1, 1, -1)
-    if x.ndim == 2:
-        return x.unsqueeze(0)
-    if x.ndim == 3:
-        return x
-    return x.reshape(-1, *x.shape[-2:])  # leading dims merged; copies only if their strides do not allow a view
+def _as_3d(t: torch.Tensor, *, output: bool = False) -> torch.Tensor:
+    """[B, R, C]: leading dims merged. An input may be copied where its strides do not allow a view;
+    an output is always a view (the kernel writes through it)."""
+    if t.ndim <= 3:
+        return t.view(1, 1, -1) if t.ndim == 1 else t.unsqueeze(0) if t.ndim == 2 else t
+    return t.view(-1, *t.shape[-2:]) if output else t.reshape(-1, *t.shape[-2:])
 
 
 def _launch_config(device_type: str, along_rows: bool, rows: int, cols: int) -> tuple[int, int, int]:
@@ -152,7 +150,7 @@ def _cast(x, elem, mode, along_rows, flavour, out_dtype, *, return_bytes: bool, 
     if reason:
         raise FastUnavailable(reason)
     out = _empty_result(x, along_rows, out_dtype)
-    x3, out3 = _as_3d(x, along_rows), _as_3d(out, along_rows)
+    x3, out3 = _as_3d(x), _as_3d(out, output=True)
     batch, rows, cols = x3.shape
     block_major = (lambda t: t.transpose(-2, -1)) if along_rows else (lambda t: t)
     scales = codes = None
@@ -162,7 +160,7 @@ def _cast(x, elem, mode, along_rows, flavour, out_dtype, *, return_bytes: bool, 
         scales = block_major(torch.empty(shape, dtype=torch.uint8, device=x.device))  # shaped like the blocks
     if x3.numel():
         _run(x3, block_major(out3), block_major(scales) if return_bytes else None,
-             block_major(_as_3d(codes, along_rows)) if return_bytes else None,
+             block_major(_as_3d(codes, output=True)) if return_bytes else None,
              along_rows=along_rows, elem=elem, mode=mode, torchao=flavour == "torchao", config=config)
     if not return_bytes:
         return out

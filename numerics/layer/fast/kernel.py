@@ -35,7 +35,7 @@ import functools
 import triton
 import triton.language as tl
 
-# scale modes as the kernel's constexpr
+# scale modes as the kernel takes them (a runtime argument)
 MODE_IDS = {"floor": 0, "rceil": 1, "ceil": 2, "even": 3}
 
 

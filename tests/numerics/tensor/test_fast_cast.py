@@ -181,11 +181,13 @@ def test_fast_cast_3d_expert_weights(dim, device):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_fast_cast_takes_any_strides(device):
-    """Expanded (stride 0), offset and sliced, transposed: the same bits as the contiguous copy."""
+    """Expanded (stride 0), offset and sliced, transposed, 4D with leading dims that do not merge into a
+    view: the same bits as the contiguous copy."""
     g = torch.Generator().manual_seed(4)
     base = torch.randn(96, 160, generator=g).to(device=device, dtype=torch.bfloat16)
     views = {"sliced": base[::2, 32:128], "transposed": base.t(), "expanded": base[:1].expand(64, 160),
-             "batched_transposed": base.reshape(2, 48, 160).transpose(0, 1)[:, :, :64]}
+             "batched_transposed": base.reshape(2, 48, 160).transpose(0, 1)[:, :, :64],
+             "4d_permuted": base[:, :128].reshape(2, 3, 16, 128).permute(1, 0, 3, 2)}
     for name, v in views.items():
         for dim in (-1, -2):
             if v.shape[dim] % 32:

@@ -83,8 +83,8 @@ def _check_linear(dims, hp, spread, seed, device, *, linear=None):
     linear = linear or ops.linear
     m, k, n = dims
     g = torch.Generator().manual_seed(seed)
-    x, w, grad = (_rand((2, m // 2, k), g, spread, device) if m % 64 == 0 else _rand((m, k), g, spread, device),
-                  _rand((n, k), g, spread, device), None)
+    x_shape = (2, m // 2, k) if m % 64 == 0 else (m, k)  # 3D activations too, where the tokens split evenly
+    x, w = _rand(x_shape, g, spread, device), _rand((n, k), g, spread, device)
     grad = _rand((*x.shape[:-1], n), g, spread, device)
     expected = _fwd_bwd(_torchao_linear(hp), x, w, grad)
     got = _fwd_bwd(lambda a, b: linear(a, b, wgrad_with_hp=hp), x, w, grad)
@@ -96,7 +96,7 @@ def _check_grouped(sizes, dims, hp, pad, spread, seed, device, *, grouped_mm=Non
     _, k, n = dims
     g = torch.Generator().manual_seed(seed)
     m = sum(sizes)
-    x, w, grad = _rand((m, k), g, spread, device), _rand((len(sizes), n, k), g, spread, device), None
+    x, w = _rand((m, k), g, spread, device), _rand((len(sizes), n, k), g, spread, device)
     grad = _rand((m, n), g, spread, device)
     offs = torch.tensor(sizes, device=device).cumsum(0).to(torch.int32)
     expected = _fwd_bwd(_torchao_grouped(offs, hp, pad), x, w, grad)

@@ -19,6 +19,7 @@ from convergence.train.loop import TrainConfig, defaults_for, run
 from numerics.cli import EXIT_BAD_INPUT, ArgumentParser, CLIError
 from numerics.errors import BadInput
 from numerics.layer.configs import CONFIGS
+from numerics.layer.mxfp8 import KERNELS as MXFP8_KERNELS
 from numerics.layer.mxfp8 import kernel_problem as mxfp8_problem
 from numerics.layer.recipes import RECIPES
 
@@ -34,6 +35,10 @@ def config_from_args(args) -> TrainConfig:
         raise CLIError(f"--steps must be > 0, got {args.steps}")
     if args.device == "cuda" and not torch.cuda.is_available():
         raise CLIError("--device cuda: no CUDA device is visible")
+    if args.mxfp8_kernel != "auto" and any(RECIPES[r]().mxfp8 for r in recipes):
+        problem = mxfp8_problem(args.mxfp8_kernel, args.device)
+        if problem:
+            raise CLIError(f"--mxfp8-kernel: {problem}")
     d = defaults_for(args.model)
     for key in d:
         v = getattr(args, key, None)
@@ -46,7 +51,7 @@ def config_from_args(args) -> TrainConfig:
     spec = data_mod.DataSpec(path=args.data, tokenizer=args.tokenizer, bin_dtype=args.data_dtype)
     return TrainConfig(model=args.model, recipes=recipes, steps=args.steps, seed=args.seed,
                        device=args.device, data=spec, ep=args.ep or 0, ep_backend=args.ep_backend,
-                       deterministic=args.deterministic, **d)
+                       deterministic=args.deterministic, mxfp8_kernel=args.mxfp8_kernel, **d)
 
 
 class _RankParser(ArgumentParser):
@@ -81,6 +86,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--ep-backend", default="reference",
                    help="reference (all-to-all), deepep (V1 Buffer) or deepep-v2 (numerics.ep.backends)")
     p.add_argument("--deterministic", action="store_true", help="deterministic algorithms, fixed seeds")
+    p.add_argument("--mxfp8-kernel", default="auto", choices=["auto", *MXFP8_KERNELS],
+                   help="emulated (torchao's eager ops), fast (fused casts, bit-identical), real (SM100); auto: "
+                   "real on SM100, emulated elsewhere")
     p.add_argument("--dist-timeout", type=float, default=300.0, help="seconds before a collective gives up")
     args = p.parse_args(argv)
     rank = os.environ.get("RANK", "0")

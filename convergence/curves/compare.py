@@ -48,6 +48,7 @@ from scipy import stats
 from convergence.curves.align import align, block_means, windowed_mean
 from convergence.curves.divergence import detect_divergence
 from convergence.curves.load import Curve, load_curves
+from numerics.errors import BadInput
 from numerics.tolerances import floor
 
 
@@ -74,14 +75,12 @@ class CompareOptions:
     final_rise: float = _tol("final_rise")
 
     def check(self) -> CompareOptions:
-        from numerics.cli import CLIError
-
         if not 0 < self.margin < 1:
-            raise CLIError(f"--margin must be in (0, 1), got {self.margin}")
+            raise BadInput(f"--margin must be in (0, 1), got {self.margin}")
         if not 0.5 < self.confidence < 1:
-            raise CLIError(f"--confidence must be in (0.5, 1), got {self.confidence}")
+            raise BadInput(f"--confidence must be in (0.5, 1), got {self.confidence}")
         if not 0 <= self.start_fraction < 1 or not 0 < self.final_fraction <= 1:
-            raise CLIError("--start-fraction must be in [0, 1) and --final-fraction in (0, 1]")
+            raise BadInput("--start-fraction must be in [0, 1) and --final-fraction in (0, 1]")
         return self
 
 

@@ -190,7 +190,7 @@ def write_scalars(path, series: dict[str, tuple[np.ndarray, np.ndarray]], *, wal
 
     path = Path(path)
     if path.exists():
-        raise FileExistsError(f"{path} exists; not overwriting")
+        raise CurveError(f"{path} exists; not overwriting")
     pack, masked = struct.pack, masker()
     with open(path, "wb") as f:
         def put(payload: bytes):

@@ -289,7 +289,8 @@ def run_training(plan: Plan, out: Path, progress: Progress) -> LevelResult:
 
 # ---------------------------------------------------------------- curves
 
-VERDICT_STATUS = {"equivalent": "pass", "not_equivalent": "fail", "diverged": "fail", "inconclusive": "inconclusive"}
+VERDICT_STATUS = {"equivalent": "pass", "not_equivalent": "fail", "diverged": "fail", "inconclusive": "inconclusive",
+                  "incomplete": "fail"}  # a run that did not cover the others is not a pass
 
 
 def run_curves(plan: Plan, out: Path, progress: Progress) -> LevelResult:

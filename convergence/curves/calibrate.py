@@ -75,10 +75,11 @@ def _error(truth: str, counts: Counter, n: int) -> tuple[str, float]:
     return "miss", 1 - counts["diverged"] / n
 
 
-def calibrate(pairs: int, seed: int, *, out=sys.stdout) -> list[dict]:
+def calibrate(pairs: int, seed: int, *, out=None) -> list[dict]:
     from convergence.curves.compare import CompareOptions, compare_curves
     from convergence.curves.synthetic import SyntheticSpec, make_runs
 
+    out = out or sys.stdout  # looked up at call time: a default bound at import outlives a replaced stdout
     opts = CompareOptions(margin=MARGIN)
     rows = []
     print(f"{pairs} pairs per scenario, margin {MARGIN:.2%}, family confidence {opts.confidence:.0%}", file=out)

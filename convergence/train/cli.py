@@ -18,6 +18,7 @@ from convergence.train import data as data_mod
 from convergence.train.loop import TrainConfig, defaults_for, run
 from numerics.cli import EXIT_BAD_INPUT, ArgumentParser, CLIError
 from numerics.errors import BadInput
+from numerics.files import atomic_write, check_writable
 from numerics.layer.configs import CONFIGS
 from numerics.layer.mxfp8 import KERNELS as MXFP8_KERNELS
 from numerics.layer.mxfp8 import kernel_problem as mxfp8_problem
@@ -157,10 +158,8 @@ def bench_main(argv: Sequence[str] | None = None) -> int:
         problem = mxfp8_problem(k, device)
         if problem:
             raise CLIError(problem)
-    if args.json and args.json.exists() and not args.force:
-        raise CLIError(f"{args.json} exists; pass --force to overwrite it")
-    if args.json and not args.json.parent.is_dir():
-        raise CLIError(f"--json {args.json}: directory {args.json.parent} does not exist")
+    if args.json:
+        check_writable(args.json, force=args.force)
     cfg_flops = bench.step_flops(bench.get_config(args.model), args.seq)
     print(f"model {args.model}, {args.batch} x {args.seq} tokens/step, {cfg_flops / 1e9:.4g} GFLOP/token, "
           f"device {args.device}", flush=True)
@@ -176,9 +175,7 @@ def bench_main(argv: Sequence[str] | None = None) -> int:
         if r.get("ratio_to_bf16") is not None and r["recipe"] != "bf16":
             print(f"step-time ratio mxfp8/{r['kernel']} (compiled={r['compiled']}) / bf16: {r['ratio_to_bf16']:.2f}x")
     if args.json:
-        from numerics.io import write_atomic
-
-        write_atomic(args.json, json.dumps(doc, indent=1, default=str) + "\n")
+        atomic_write(args.json, json.dumps(doc, indent=1, default=str) + "\n", force=True)
         print(f"wrote {args.json}")
     return 0
 
@@ -197,16 +194,14 @@ def ep_identity_main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--json", type=Path, metavar="OUT", help="write the result with versions and hardware")
     p.add_argument("--force", action="store_true", help="overwrite an existing --json file")
     args = p.parse_args(argv)
-    if args.json is not None and args.json.exists() and not args.force:
-        raise CLIError(f"{args.json} exists; pass --force to overwrite it")
+    if args.json is not None:
+        check_writable(args.json, force=args.force)
     result = compare_runs(args.a, args.b, args.recipe)
     print(report(result))
     if args.json is not None:
         from numerics.environment import describe
-        from numerics.io import write_atomic
-
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(args.json, json.dumps(result | {"environment": describe()}, indent=2, default=str) + "\n")
+        atomic_write(args.json, json.dumps(result | {"environment": describe()}, indent=2, default=str) + "\n",
+                     force=True)
     return 0 if result["identical"] else 1
 
 if __name__ == "__main__":

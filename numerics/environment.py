@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.metadata
+import os
 import platform
 import subprocess
 import sys
@@ -28,6 +29,10 @@ def _deep_ep_version() -> str | None:
 
 
 def _git_commit() -> str | None:
+    """The checkout's commit; ``MXVAL_COMMIT`` overrides it where the copy's git metadata is not the
+    checkout's (a GPU machine that receives a working tree)."""
+    if os.environ.get("MXVAL_COMMIT"):
+        return os.environ["MXVAL_COMMIT"]
     try:
         out = subprocess.run(
             ["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5, check=False

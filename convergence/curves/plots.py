@@ -39,6 +39,9 @@ def plot_comparison(result: dict, out_png, *, force: bool = False) -> Path:
         top.plot(s["steps"], s["candidate_smoothed"], color="tab:orange", lw=1.8,
                  label=f"{s['candidate_name']} (smoothed)")
         top.set_yscale("log")
+    else:  # too few points to draw curves (e.g. a 5-step smoke run): say so instead of an empty panel
+        top.text(0.5, 0.5, "no curves to draw: too few points were compared", transform=top.transAxes,
+                 ha="center", va="center", color="tab:gray")
     div = result.get("divergence")
     if div:
         for ax in (top, bottom):
@@ -47,7 +50,8 @@ def plot_comparison(result: dict, out_png, *, force: bool = False) -> Path:
                      xycoords=("data", "axes fraction"),
                      color="tab:red", ha="right", va="top")
     top.set_ylabel("loss")
-    top.legend(loc="upper right", fontsize=8)
+    if top.get_legend_handles_labels()[0]:  # matplotlib warns on a legend with nothing in it
+        top.legend(loc="upper right", fontsize=8)
     top.set_title(f"{result['verdict'].upper()}: {result['reason']}", fontsize=9, loc="left")
 
     m = result["margin"]

@@ -144,6 +144,8 @@ def bench_main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--kernel", action="append", help="repeatable MXFP8 kernel (emulated, fast, real); default: "
                    "every one that runs on the device")
     p.add_argument("--no-compile", action="store_true", help="eager only (eager and compiled is the default)")
+    p.add_argument("--compile-emulated", action="store_true",
+                   help="also compile the emulated kernel (minutes of compilation on an H200)")
     p.add_argument("--json", type=Path, help="write the rows, the cast-work floor and the environment here")
     p.add_argument("--force", action="store_true", help="overwrite an existing --json file")
     args = p.parse_args(argv)
@@ -165,7 +167,8 @@ def bench_main(argv: Sequence[str] | None = None) -> int:
           f"device {args.device}", flush=True)
     bench.progress_line(bench.format_rows([]))
     rows = bench.bench(args.model, batch=args.batch, seq=args.seq, steps=args.steps, warmup=args.warmup,
-                       device=device, compile_=not args.no_compile, kernels=args.kernel, progress=bench.progress_line)
+                       device=device, compile_=not args.no_compile, kernels=args.kernel, progress=bench.progress_line,
+                       compile_emulated=args.compile_emulated)
     doc = bench.report(rows, model=args.model, batch=args.batch, seq=args.seq, device=device)
     print(bench.format_rows(rows))
     if doc["cast_floor_ms"] is not None:

@@ -255,7 +255,7 @@ def _train_config(plan: Plan, seed: int, *, probes: bool = True):
     d["ckpt_every"] = plan.train_steps  # one checkpoint, at the end (deleted: the report does not need it)
     d["probe_every"] = min(d["probe_every"], max(1, plan.train_steps // 4)) if probes else 0
     return train.TrainConfig(model=plan.train_model, recipes=("bf16", "mxfp8"), steps=plan.train_steps, seed=seed,
-                             device=plan.device, **d)
+                             device=plan.device, mxfp8_kernel=plan.mxfp8_kernel, **d)
 
 
 def runs(plan: Plan, out: Path) -> dict[str, Path]:

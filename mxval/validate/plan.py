@@ -40,6 +40,7 @@ class Plan:
     train_steps: int
     seed: int = 0
     strict: bool = False  # known findings (FINDINGS.md) fail a level instead of passing it as "known"
+    mxfp8_kernel: str = "auto"  # training's MXFP8 kernel: fast on a GPU where it runs (bit-identical, ~6x)
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -51,7 +52,11 @@ def make_plan(*, gpus: int, deep_ep: bool, quick: bool = False, steps: int | Non
     2 cores (measured in README.md (validate section)); ``quick`` shrinks every level further (tests, smoke runs).
     """
     gpu = gpus >= 1
+    kernel = "auto"
     if gpu:
+        from numerics.layer.mxfp8 import kernel_problem
+
+        kernel = "fast" if kernel_problem("fast", "cuda") is None else "auto"
         # proxy: ~0.1 s (bf16) + ~1 s (emulated mxfp8) per step on an H200 -> ~4 min for 200 steps
         default_steps = 40 if quick else 200
     else:
@@ -68,6 +73,7 @@ def make_plan(*, gpus: int, deep_ep: bool, quick: bool = False, steps: int | Non
         train_steps=steps or default_steps,
         seed=seed,
         strict=strict,
+        mxfp8_kernel=kernel,
     )
 
 

@@ -44,7 +44,7 @@ TORCHAO_OPS = {  # what a converted module runs, recorded in config.json
 
 def _is_sm100(device: torch.device | str) -> bool:
     dev = torch.device(device)
-    return dev.type == "cuda" and torch.cuda.get_device_capability(dev)[0] == 10
+    return dev.type == "cuda" and torch.cuda.is_available() and torch.cuda.get_device_capability(dev)[0] == 10
 
 
 def default_kernel(device: torch.device | str) -> str:

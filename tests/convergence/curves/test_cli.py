@@ -105,6 +105,16 @@ def test_plot_comparison_redraws_from_json_alone(tmp_path):
     assert png.stat().st_size > 10_000
 
 
+def test_plot_comparison_of_a_run_too_short_to_draw_raises_no_warning(tmp_path):
+    """A 5-step smoke run compares no series; the figure says so (matplotlib used to warn about an empty
+    legend, which the GPU tier's warnings-as-errors turned into a failure)."""
+    from convergence.curves.plots import plot_comparison
+
+    result = {"verdict": "inconclusive", "reason": "too few points", "margin": 0.0025, "series": None,
+              "windows": None, "overall": None, "final_window": None, "divergence": None}
+    assert plot_comparison(result, tmp_path / "short.png").stat().st_size > 5_000
+
+
 def test_calibrate_smoke_prints_table(capsys):
     assert main(["calibrate", "--pairs", "1"]) == 0
     out = capsys.readouterr().out

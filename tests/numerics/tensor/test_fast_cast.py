@@ -218,6 +218,8 @@ def test_fast_cast_torchao_rceil_thresholds_stay_inside_the_F2_window(device):
 
 
 @pytest.mark.gpu
+@pytest.mark.xfail(strict=True, reason="F5: torchao 0.18's RCEIL scale byte differs between CPU and CUDA at one "
+                   "float32 ulp per exponent inside F2's window (FINDINGS.md F5); the fast path calibrates per device")
 def test_fast_cast_torchao_rceil_rounds_alike_on_cpu_and_cuda():
     """torchao's RCEIL scale bytes for every amax near 1.75 * 2^k, CPU against CUDA (F2's window may depend
     on the device's division and log2); the fast kernel follows each device either way."""

@@ -155,6 +155,32 @@ def test_torchao_cast_inf_blocks_F3(elem, mode, x):
     assert not bad, _report(x, elem, mode, bad, *arrays)
 
 
+@pytest.mark.gpu
+@pytest.mark.xfail(strict=True, reason="F5: torchao 0.18's RCEIL scale byte depends on the device inside F2's window "
+                   "(CUDA divides by a scalar as a multiply by its reciprocal; FINDINGS.md F5)")
+@pytest.mark.parametrize("elem", ["e4m3", "e5m2"])
+def test_torchao_cast_rceil_bytes_are_the_same_on_cpu_and_cuda_F5(elem):
+    """One block per amax, every other element 0: amax walks the 1025 float32 ulps around 1.75 * 2^k (F2's
+    window; 1.75 is the mantissa of both elements' max) for every normal exponent k. The same input must
+    give the same scale byte on either device; the message names the first amax where it does not."""
+    from torchao.prototype.mx_formats.config import ScaleCalculationMode
+    from torchao.prototype.mx_formats.mx_tensor import to_mx
+
+    fields = (np.arange(1, 255)[:, None] << 23) | (0x600000 + np.arange(-512, 513))[None, :]
+    mantissas = (fields & 0x7FFFFF).reshape(-1)  # 1.75's mantissa field, +- 512 ulps, every exponent
+    blocks = np.zeros((mantissas.size, 32), dtype=np.float32)
+    blocks[:, 0] = fields.reshape(-1).astype(np.uint32).view(np.float32)
+    x = torch.from_numpy(blocks)
+    scales = [to_mx(x.to(dev), torchao_cast.TORCH_ELEM[elem], 32, ScaleCalculationMode.RCEIL)[0]
+              .view(torch.uint8).cpu().reshape(-1) for dev in ("cpu", "cuda")]
+    differ = torch.nonzero(scales[0] != scales[1]).reshape(-1)
+    if differ.numel():
+        i = int(differ[0])
+        raise AssertionError(f"{elem}: {differ.numel()} amax values get different scale bytes; first amax "
+                             f"{float(x[i, 0]):.9g} (mantissa 1.75 + {int(mantissas[i]) - 0x600000} ulps): "
+                             f"CPU 0x{int(scales[0][i]):02x}, CUDA 0x{int(scales[1][i]):02x}")
+
+
 def test_torchao_cast_inf_block_follows_saturate_reading_under_rceil():
     x = _minimal(np.inf)
     x[0, 1] = 1.0

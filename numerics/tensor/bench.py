@@ -29,7 +29,8 @@ import numpy as np
 import torch
 
 from numerics.cli import ArgumentParser, CLIError, run_main
-from numerics.tensor import mx, torchao_cast
+from numerics.tensor import mx
+from numerics.tensor.subjects import torchao
 
 DEFAULT_ELEMENTS = 1 << 24  # 16M, the input size
 ROW = 4096
@@ -56,7 +57,7 @@ def cast(*, elements: int = DEFAULT_ELEMENTS, elem: str = "e4m3", modes: Sequenc
     rows = []
     for mode in modes:
         t_oracle = _best(lambda mode=mode: mx.quantize(x, elem, mode), repeat)
-        t_torchao = _best(lambda mode=mode: torchao_cast.quantize(t, elem, mode), repeat)
+        t_torchao = _best(lambda mode=mode: torchao.quantize(t, elem, mode), repeat)
         rows.append({"mode": mode, "elem": elem, "elements": elements,
                      "oracle_s": t_oracle, "torchao_s": t_torchao,
                      "oracle_elem_per_s": elements / t_oracle, "torchao_elem_per_s": elements / t_torchao,

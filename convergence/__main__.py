@@ -11,10 +11,10 @@ from numerics.cli import dispatch
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "compare": ("convergence.curves.cli", "decide whether a candidate loss curve matches its baseline(s)"),
     "calibrate": ("convergence.curves.calibrate", "false-alarm / miss rates on synthetic truth; --bench: loader speed"),
-    "train": ("convergence.train.loop", "paired BF16 / MXFP8 pretraining runs with probes and checkpoints"),
-    "ep-identity": ("convergence.train.ep_identity",
+    "train": ("convergence.train.cli", "paired BF16 / MXFP8 pretraining runs with probes and checkpoints"),
+    "ep-identity": ("convergence.train.cli:ep_identity_main",
                     "are two runs (e.g. reference vs deepep EP) identical step for step"),
-    "bench": ("convergence.train.bench", "tokens/s and MFU of bf16 and mxfp8 training steps, in one run"),
+    "bench": ("convergence.train.cli:bench_main", "tokens/s of bf16 and mxfp8 (per kernel) training steps, one run"),
 }
 
 

@@ -42,7 +42,8 @@ def run_main(main: Callable[[Sequence[str] | None], int], argv: Sequence[str] | 
 def dispatch(prog: str, subcommands: dict[str, tuple[str, str]], argv: Sequence[str] | None = None) -> int:
     """``prog SUBCOMMAND ARGS``: import the subcommand's module lazily and run its ``main(ARGS)``.
 
-    ``subcommands`` maps a name to (module, one-line help); bare ``prog`` or ``--help`` lists them.
+    ``subcommands`` maps a name to (``module`` or ``module:function``, one-line help); the function is
+    ``main`` unless named. Bare ``prog`` or ``--help`` lists them.
     """
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] in ("-h", "--help"):
@@ -55,4 +56,5 @@ def dispatch(prog: str, subcommands: dict[str, tuple[str, str]], argv: Sequence[
     if name not in subcommands:
         sys.stderr.write(f"error: unknown subcommand {name!r}; choose from {', '.join(subcommands)}\n")
         return EXIT_BAD_INPUT
-    return run_main(importlib.import_module(subcommands[name][0]).main, rest)
+    module, _, function = subcommands[name][0].partition(":")
+    return run_main(getattr(importlib.import_module(module), function or "main"), rest)

@@ -64,39 +64,56 @@ _TABLE: list[Tolerance] = [
     # Our tighter floor for one MXFP8 GEMM on Gaussian operands (linear, grouped GEMM; out, dX, dW):
     Tolerance("layer", "mxfp8", "gemm.normal", "sqnr_db", 27.5,
               "derived: each E4M3 RCEIL operand carries ~31.5 dB of quantization noise (GPU.md), two "
-              "independent operands add their noise: 31.5 - 10log10(2) = 28.5 dB; measured 28.34-28.49 dB "
-              "(small config, 3 seeds, CPU, torch 2.13 / torchao 0.18) and 28.5 dB at 16384x2048->1408 "
-              "(GPU.md, H200); 27.5 leaves 0.8 dB for small-shape variance"),
-    Tolerance("layer", "mxfp8", "gemm.heavy_tailed", "sqnr_db", 26.5,
-              "outlier-channel and lognormal-row inputs (layers.INPUT_FAMILIES): measured minimum 27.57 dB "
-              "(weight gradient, lognormal rows, small config, 3 seeds, CPU); 1 dB margin"),
+              "independent operands add their noise: 31.5 - 10log10(2) = 28.5 dB; measured 28.31-28.67 dB "
+              "(tiny suite, CPU, torch 2.13 / torchao 0.18), 28.5 dB at 16384x2048->1408 (GPU.md, H200), and a "
+              "minimum of 27.75 dB over 300 random draws of the Hypothesis shape space (grouped GEMMs of 4-384 "
+              "rows, K, N in 32..128: small outputs spread ~0.7 dB around 28.5); 0.25 dB margin there"),
+    Tolerance("layer", "mxfp8", "gemm.heavy_tailed", "sqnr_db", 25.0,
+              "outlier-channel and lognormal-row inputs (harness.INPUT_FAMILIES), where a block's scale follows "
+              "its largest element and the rest lose bits: minimum 25.98 dB (lognormal rows, out) over 300 random "
+              "draws of the Hypothesis shape space (CPU, torch 2.13 / torchao 0.18; 5th percentile 27.1); 1 dB "
+              "margin. torchao's 27/25/24 dB bars are for Gaussian operands and are not applied here"),
     # torchao's MoE bar: test/prototype/moe_training/test_training.py (MoE layer vs BF16, torchao 0.18).
     Tolerance("layer", "mxfp8", "moe.out", "sqnr_db", 23.0,
               "torchao's bar for an MXFP8 MoE layer output vs BF16 (test_training.py, 0.18); derived "
               "~23.7 dB: w1/w3 outputs at 28.5 dB multiply in SwiGLU (25.5 dB), then w2 adds 28.5 dB; "
-              "measured 23.39-23.57 dB (small config, 3 seeds, CPU)"),
+              "measured on the model's own MoE block (tiny suite, 128 tokens, CPU): median 23.53, minimum 23.16 dB "
+              "over 30 seeds; torchao's bar is kept as it is, the thin margin is what the layer gives"),
     Tolerance("layer", "mxfp8", "moe.dx", "sqnr_db", 22.0,
               "torchao's test_training.py bar (dX 27 dB) uses an MSE-to-ones loss whose upstream gradient is "
               "nearly constant and quantizes almost exactly; with the harness's Gaussian upstream gradient "
-              "dX passes two MXFP8 GEMMs in series like the output (~23.7 dB derived); measured "
-              "23.31-23.36 dB (small config, 3 seeds, CPU); ~1.3 dB margin"),
+              "dX passes two MXFP8 GEMMs in series like the output (~23.7 dB derived); measured minimum "
+              "23.16 dB over 30 seeds (tiny suite, CPU); ~1.2 dB margin"),
     Tolerance("layer", "mxfp8", "moe.dw", "sqnr_db", 21.5,
               "torchao's test_training.py bar for MoE parameter gradients is 21 dB; ours is tighter: measured "
-              "minimum 22.72 dB (router gate, whose gradient sums the experts' "
-              "MXFP8 errors; small config, 3 seeds, CPU); ~1.2 dB margin"),
-    Tolerance("layer", "mxfp8", "mla.out", "sqnr_db", 20.0,
-              "no torchao bar; derived ~22 dB: wkv_a -> wkv_b -> attention -> wo puts three MXFP8 GEMMs "
-              "in series (28.5 dB each, noise adds); measured 21.39-21.87 dB (small, 3 seeds, CPU); 1.4 dB margin"),
-    Tolerance("layer", "mxfp8", "mla.dx", "sqnr_db", 19.0,
-              "no torchao bar; measured minimum 20.23 dB (small, 3 seeds, CPU); ~1.2 dB margin"),
-    Tolerance("layer", "mxfp8", "mla.dw", "sqnr_db", 18.5,
-              "no torchao bar; measured minimum 20.07 dB (wq, small, 3 seeds, CPU); ~1.5 dB margin"),
+              "minimum 21.96 dB over 30 seeds (router gate, whose gradient sums the experts' MXFP8 errors; "
+              "tiny suite, CPU); ~0.5 dB margin, 1 dB above torchao's bar"),
+    # MLA: the model's own attention (numerics.layer.modules.Attention), with RoPE and DeepSeek-V3's YaRN
+    # attention temperature (softmax scale x m^2, m = 0.1 * mscale * ln(rope_factor) + 1 = 1.258, so x1.58):
+    # the sharper softmax amplifies the relative error of q.k. Measured on the tiny suite (128 tokens,
+    # 30 seeds, CPU, torch 2.13 / torchao 0.18): with the temperature 0.7-1.3 dB below the same module
+    # without it (max_seq_len = original_seq_len), and below the RoPE-free twin the floors were first
+    # measured on (mla.out 21.39, mla.dx 20.23 dB).
+    Tolerance("layer", "mxfp8", "mla.out", "sqnr_db", 19.5,
+              "no torchao bar; derived ~22 dB for wkv_a -> wkv_b -> attention -> wo (three MXFP8 GEMMs in series "
+              "at 28.5 dB each), less the YaRN temperature's amplification; measured minimum 20.78 dB over 30 "
+              "seeds (tiny suite, CPU); 1.3 dB margin"),
+    Tolerance("layer", "mxfp8", "mla.dx", "sqnr_db", 17.5,
+              "no torchao bar; the gradient passes the same GEMMs and the softmax backward at 1.58x temperature; "
+              "measured minimum 18.89 dB over 30 seeds (tiny suite, CPU); 1.4 dB margin"),
+    Tolerance("layer", "mxfp8", "mla.dw", "sqnr_db", 18.0,
+              "projection weight gradients (wq, wkv_a, wkv_b, wo); no torchao bar; measured minimum 19.21 dB "
+              "(wq) over 30 seeds (tiny suite, CPU); 1.2 dB margin"),
+    Tolerance("layer", "mxfp8", "mla.dw_norm", "sqnr_db", 15.5,
+              "kv_norm's weight gradient: a sum over tokens of the normalised latent times the MXFP8 wkv_b input "
+              "gradient, only kv_lora_rank values (32 on tiny), so its SQNR spreads widely over seeds: measured "
+              "median 20.8, minimum 17.34 dB over 30 seeds (tiny suite, CPU); 1.8 dB margin"),
     # exact-by-construction identities checked statistically where the GEMM order may differ
     Tolerance("layer", "mxfp8", "emulation_identity", "sqnr_db", 80.0,
               "the issue's bar for 'MXFP8 output == BF16 GEMM of the oracle-dequantized operands' where "
               "bit-exactness is not promised (different GEMM call layout); torchao's own > 80 dB for mm "
               "AUTO-vs-EMULATED on SM100 is the same bar"),
-    Tolerance("layer", "mxfp8_wgrad_hp", "hp_path", "sqnr_db", 40.0,
+    Tolerance("layer", "mxfp8-wgrad-hp", "hp_path", "sqnr_db", 40.0,
               "tensors that stay in BF16 under an MXFP8 recipe (the wgrad_hp weight gradient, bias "
               "gradients): the same BF16 GEMM or sum as the BF16 run, differing at most in accumulation "
               "order, i.e. at BF16 output rounding (~50 dB, the BF16-vs-FP32 figure measured here); "

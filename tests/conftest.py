@@ -73,7 +73,7 @@ def hardware_skip_reason(markers: set[str], hw: dict) -> str | None:
 
 @functools.cache
 def _quantize_api_refusal() -> str | None:
-    from numerics.layer.harness import quantize_api_refusal
+    from numerics.layer.mxfp8 import quantize_api_refusal
 
     reason = quantize_api_refusal()
     return None if reason is None else reason + " (FINDINGS.md C1); the functional route is tested regardless"

@@ -84,14 +84,14 @@ def test_notebook_layer_errors_missing_file_is_one_clear_message():
 
 
 def test_notebook_layer_errors_reads_a_layers_json(tmp_path):
-    from numerics.layer import harness as layers
-    from numerics.layer.cli import header
-    from numerics.layer.configs import get
+    from numerics.layer import harness
+    from numerics.layer.configs import suite
+    from numerics.layer.results import to_json
 
-    cfg = get("small")
-    results = layers.run_linear(cfg.linears[0], recipes=layers.RECIPES, seed=cfg.seed)
+    s = suite("tiny")
+    results = harness.run_linear(s.linears[0], recipes=harness.RECIPES, seed=s.seed)
     path = tmp_path / "layers.json"
-    path.write_text(layers.to_json([results], header("small", "cpu")))
+    path.write_text(to_json([results], harness.header("tiny", "cpu")))
     text = outputs_text(execute(NOTEBOOKS[1], {"LAYERS_JSON": str(path), "FRESH_CONFIG": None}))
     assert f"{len(results.stats)} fresh records (layers.json)" in text
     assert "in the golden file, not measured" in text  # one linear against the whole golden config
@@ -127,8 +127,8 @@ def test_notebook_ep_bandwidth_plots_a_bench_result(tmp_path):
     from numerics.ep import bench
 
     path = tmp_path / "bench.json"  # a real bench on 2 gloo ranks: the NCCL reference's code path, CPU-sized
-    assert bench.main(["--backends", "reference", "--shapes", "16b", "--payload", "bf16", "--tokens", "64",
+    assert bench.main(["--backends", "nccl,reference", "--shapes", "16b", "--payload", "bf16", "--tokens", "64",
                        "--iters", "2", "--warmup", "1", "--json", str(path)]) == 0
     text = outputs_text(execute(NOTEBOOKS[3], {"BENCH_JSON": str(path)}))
-    assert "3 rows, 2 ranks over gloo" in text
+    assert "5 rows, 2 ranks over gloo" in text and "2 timed calls per op (< 50)" in text
     assert "no DeepEP rows in this result" in text

@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from numerics.cli import CLIError
+from numerics.errors import BadInput
 
 VAL_PERCENT = 2
 _SKIP_DIRS = {"test", "tests", "idle_test", "site-packages", "__pycache__", "dist-packages"}
@@ -90,19 +90,19 @@ def _user_documents(path: Path) -> Iterator[str]:
                     try:
                         yield json.loads(line)["text"]
                     except (json.JSONDecodeError, KeyError, TypeError):
-                        raise CLIError(f"{path}:{n}: expected a JSON object with a 'text' field") from None
+                        raise BadInput(f"{path}:{n}: expected a JSON object with a 'text' field") from None
     elif suffix == ".parquet":
         try:
             import pyarrow.parquet as pq
         except ImportError:
-            raise CLIError("reading Parquet needs pyarrow: pip install pyarrow") from None
+            raise BadInput("reading Parquet needs pyarrow: pip install pyarrow") from None
         table = pq.read_table(path, columns=["text"])
         yield from (t for t in table.column("text").to_pylist() if t)
     else:
         try:
             yield path.read_text(encoding="utf-8")
         except UnicodeDecodeError:
-            raise CLIError(f"{path} is not UTF-8 text (pre-tokenized data must end in .bin)") from None
+            raise BadInput(f"{path} is not UTF-8 text (pre-tokenized data must end in .bin)") from None
 
 
 def _split_docs(docs: Iterable[tuple[str, str]]) -> tuple[list[str], list[str]]:
@@ -141,7 +141,7 @@ def bpe_tokenizer(train_docs: list[str], vocab_size: int, cache_dir: Path) -> _B
     try:
         from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     except ImportError:
-        raise CLIError("--tokenizer bpe needs the tokenizers package: pip install 'mxval[bpe]'") from None
+        raise BadInput("--tokenizer bpe needs the tokenizers package: pip install 'mxval[bpe]'") from None
     h = hashlib.sha256()
     for d in train_docs:
         h.update(d.encode())
@@ -171,17 +171,17 @@ def _digest(a: np.ndarray) -> str:
 def load_tokens(spec: DataSpec) -> TokenData:
     """Read, clean, split and tokenize the data a run trains on (the same for every recipe)."""
     if spec.tokenizer not in ("byte", "bpe"):
-        raise CLIError(f"unknown tokenizer {spec.tokenizer!r}; choose from byte, bpe")
+        raise BadInput(f"unknown tokenizer {spec.tokenizer!r}; choose from byte, bpe")
     meta: dict = {"source": spec.path or "python-stdlib", "tokenizer": spec.tokenizer}
     if spec.path is not None:
         path = Path(spec.path)
         if not path.exists():
-            raise CLIError(f"data path {path} does not exist")
+            raise BadInput(f"data path {path} does not exist")
         if path.is_dir():
-            raise CLIError(f"data path {path} is a directory; pass a .txt/.jsonl/.parquet/.bin file")
+            raise BadInput(f"data path {path} is a directory; pass a .txt/.jsonl/.parquet/.bin file")
         if path.suffix.lower() == ".bin":
             if spec.bin_dtype not in ("uint16", "uint32"):
-                raise CLIError(f"--data-dtype must be uint16 or uint32, got {spec.bin_dtype!r}")
+                raise BadInput(f"--data-dtype must be uint16 or uint32, got {spec.bin_dtype!r}")
             ids = np.fromfile(path, dtype=np.dtype(spec.bin_dtype))
             n_val = len(ids) // 100
             train, val = ids[: len(ids) - n_val], ids[len(ids) - n_val:]
@@ -195,7 +195,7 @@ def load_tokens(spec: DataSpec) -> TokenData:
         meta["python"] = sys.version.split()[0]
         train_docs, val_docs = _split_docs(default_corpus_documents())
     if not train_docs:
-        raise CLIError(f"data {meta['source']} holds no training documents")
+        raise BadInput(f"data {meta['source']} holds no training documents")
     if not val_docs:  # tiny inputs: hold out the last document rather than run without validation
         train_docs, val_docs = train_docs[:-1] or train_docs, train_docs[-1:]
     if spec.tokenizer == "bpe":
@@ -225,7 +225,7 @@ class Batches:
         self.tokens, self.batch, self.seq, self.seed = tokens, batch, seq, seed
         self.windows = (len(tokens) - 1) // seq
         if self.windows < batch:
-            raise CLIError(
+            raise BadInput(
                 f"the data yields {len(tokens)} training tokens, fewer than one batch "
                 f"({batch} x {seq} + 1 = {batch * seq + 1})"
             )

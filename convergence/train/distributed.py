@@ -3,8 +3,9 @@
 ``torchrun --nproc-per-node N -m convergence train --model M --steps S --out DIR --ep N
 [--ep-backend reference|deepep] [--deterministic] [--device cuda]``
 
-Public: ``check_request(cfg, world)`` (bad input, before any process group), ``run_distributed(cfg, out,
-...)``, ``grad_norm_and_clip(...)``.
+Public: ``Distributed`` (the placement the training loop runs on, see ``convergence.train.placement``),
+``open_group(cfg, timeout_s, check)`` (joins the group, agrees on bad input, yields the placement, tears
+down), ``check_request(cfg, world)`` (bad input, before any process group), ``grad_norm_and_clip(...)``.
 
 One process per rank, ``N = --ep = WORLD_SIZE`` (1, 2, 4, 8; gloo on CPUs, NCCL on GPUs):
 * every rank builds the full model from ``--seed`` (the same initial weights as the single-process run,
@@ -31,26 +32,24 @@ Probes (per-layer BF16 vs MXFP8 side runs) are single-process only.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
-import json
-import math
 import os
 import sys
-import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torch import nn
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 
-from convergence.train import data as data_mod
 from convergence.train import dist_checkpoint as dckpt
-from convergence.train.checkpoint import JsonlLog
 from convergence.train.ep_dispatch import CommTimer, EPDispatch, combine_width, expert_params, shard_experts
-from convergence.train.model import get_config
-from convergence.train.recipes import apply_recipe, get_recipe
-from numerics.cli import CLIError
+from convergence.train.placement import Single
+from numerics.errors import BadInput
+from numerics.layer.configs import get_config
 
 BACKENDS = ("reference", "deepep")
 
@@ -63,29 +62,29 @@ def check_request(cfg, world: int) -> None:
     """Bad input that every rank can see alone (``run_distributed`` still agrees on it collectively)."""
     if cfg.ep != world:
         how = f"torchrun --nproc-per-node {cfg.ep} -m convergence train ..." if cfg.ep > 1 else "python -m"
-        raise CLIError(f"--ep {cfg.ep} needs {cfg.ep} processes but the world size is {world}; launch "
+        raise BadInput(f"--ep {cfg.ep} needs {cfg.ep} processes but the world size is {world}; launch "
                        f"with {how}")
     if cfg.ep not in (1, 2, 4, 8):
-        raise CLIError(f"--ep must be 1, 2, 4 or 8, got {cfg.ep}")
+        raise BadInput(f"--ep must be 1, 2, 4 or 8, got {cfg.ep}")
     experts = get_config(cfg.model).n_routed_experts
     if experts % cfg.ep:
-        raise CLIError(f"--ep {cfg.ep} does not divide the {experts} routed experts of model {cfg.model}")
+        raise BadInput(f"--ep {cfg.ep} does not divide the {experts} routed experts of model {cfg.model}")
     if cfg.batch % cfg.ep:
-        raise CLIError(f"--batch {cfg.batch} must be divisible by --ep {cfg.ep} (each rank takes an equal "
+        raise BadInput(f"--batch {cfg.batch} must be divisible by --ep {cfg.ep} (each rank takes an equal "
                        "share of the rows)")
     if cfg.ep_backend not in BACKENDS:
-        raise CLIError(f"unknown --ep-backend {cfg.ep_backend!r}; choose from {', '.join(BACKENDS)}")
+        raise BadInput(f"unknown --ep-backend {cfg.ep_backend!r}; choose from {', '.join(BACKENDS)}")
     if cfg.probe_every:
-        raise CLIError("--probe-every is single-process only; drop it (or pass 0) with --ep")
+        raise BadInput("--probe-every is single-process only; drop it (or pass 0) with --ep")
     if cfg.ep_backend == "deepep":
         if cfg.device != "cuda":
-            raise CLIError("--ep-backend deepep needs --device cuda (DeepEP runs on NVLink-connected GPUs)")
+            raise BadInput("--ep-backend deepep needs --device cuda (DeepEP runs on NVLink-connected GPUs)")
         from numerics.ep.deepep import import_deep_ep
 
         try:
             import_deep_ep()
         except ImportError as exc:
-            raise CLIError(f"--ep-backend deepep: {exc}") from None
+            raise BadInput(f"--ep-backend deepep: {exc}") from None
 
 
 def set_deterministic(device: str) -> None:
@@ -155,150 +154,102 @@ def grad_norm_and_clip(grads: list[torch.Tensor | None], max_norm: float, world:
     return total
 
 
-def _mean_over_ranks(x: torch.Tensor, world: int) -> float:
-    x = x.detach().float().clone()
-    if world > 1:
-        dist.all_reduce(x)
-        x = x / world
-    return float(x)
+class Distributed(Single):
+    """FSDP2 for the dense parameters, expert parallelism for the routed experts, over ``mesh``."""
 
+    def __init__(self, cfg, rank: int, world: int, device: torch.device, mesh, backend):
+        super().__init__(device)
+        self.cfg, self.rank, self.world, self.mesh, self.backend = cfg, rank, world, mesh, backend
+        self.timer = CommTimer(device)
 
-def _rows(batch: torch.Tensor, rank: int, world: int) -> torch.Tensor:
-    b = batch.shape[0] // world
-    return batch[rank * b:(rank + 1) * b]
+    def place(self, model: nn.Module) -> list[nn.Parameter]:
+        shard_experts(model, self.rank, self.world)
+        model.to(self.device)
+        return expert_params(model)
 
+    def after_recipe(self, model: nn.Module, experts: list[nn.Parameter]) -> None:
+        for _, moe in model.moe_layers():
+            moe.dispatcher = EPDispatch(self.backend, self.timer)
+        ignored = set(experts)
+        for block in model.layers:
+            fully_shard(block, mesh=self.mesh, ignored_params=ignored & set(block.parameters()))
+        fully_shard(model, mesh=self.mesh, ignored_params=ignored)
+        self._experts = experts
 
-@torch.no_grad()
-def _validate(model, val: data_mod.Batches, cfg, device, rank: int, world: int) -> float:
-    from convergence.train.loop import _loss
+    def rows(self, batch: torch.Tensor) -> torch.Tensor:
+        b = batch.shape[0] // self.world
+        return batch[self.rank * b:(self.rank + 1) * b]
 
-    moes = [m for _, m in model.moe_layers()]
-    saved = [m.tokens_per_expert.clone() for m in moes]
-    losses = [_mean_over_ranks(_loss(model, _rows(b, rank, world), device), world)
-              for b in val.eval_batches(cfg.val_batches)]
-    for m, s in zip(moes, saved):
-        m.tokens_per_expert.copy_(s)
-    return sum(losses) / len(losses)
+    def mean(self, x: torch.Tensor) -> float:
+        x = x.detach().float().clone()
+        if self.world > 1:
+            dist.all_reduce(x)
+            x = x / self.world
+        return float(x)
 
+    def scale_expert_grads(self, experts: list[nn.Parameter]) -> None:
+        # the dispatch backward already sums expert gradients over every rank's tokens; FSDP averages
+        if self.world > 1:
+            for p in experts:
+                if p.grad is not None:
+                    p.grad.mul_(1.0 / self.world)
 
-def _build(cfg, recipe, vocab: int, rank: int, world: int, device: torch.device, backend, timer, mesh):
-    from convergence.train.loop import build_model, fingerprint
+    def clip(self, params: list[nn.Parameter], max_norm: float) -> torch.Tensor:
+        return grad_norm_and_clip([p.grad for p in params], max_norm, self.world)
 
-    model = build_model(cfg, vocab)
-    init_fp = fingerprint(model)
-    shard_experts(model, rank, world)
-    model.to(device)
-    applied = apply_recipe(model, recipe, device)
-    for _, moe in model.moe_layers():
-        moe.dispatcher = EPDispatch(backend, timer)
-    experts = expert_params(model)
-    ignored = set(experts)
-    for block in model.layers:
-        fully_shard(block, mesh=mesh, ignored_params=ignored & set(block.parameters()))
-    fully_shard(model, mesh=mesh, ignored_params=ignored)
-    return model, experts, init_fp, applied
+    def sum_counts(self, counts: list[torch.Tensor]) -> None:
+        if self.world > 1 and counts:
+            total = torch.stack(counts)
+            dist.all_reduce(total)
+            for c, t in zip(counts, total):
+                c.copy_(t)
 
+    def any(self, flag: bool) -> bool:
+        t = torch.tensor([flag], dtype=torch.int32, device=self.device)
+        if self.world > 1:
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)  # rank 0's clock is not the others'
+        return bool(t)
 
-def train_recipe_distributed(cfg, recipe_name: str, run_dir: Path, tokens: data_mod.TokenData, *, ctx: dict,
-                             resume: bool, progress: bool = True, stop_after_s: float | None = None) -> bool:
-    """One recipe on every rank; returns True when it reached ``cfg.steps``."""
-    from convergence.train.loop import _loss, _optimizer, _progress, write_run_config
+    def comm_seconds(self) -> float:
+        return self.timer.take()
 
-    rank, world, device, mesh = ctx["rank"], ctx["world"], ctx["device"], ctx["mesh"]
-    recipe = get_recipe(recipe_name)
-    timer = CommTimer(device)
-    model, experts, init_fp, applied = _build(cfg, recipe, tokens.vocab_size, rank, world, device,
-                                              ctx["backend"], timer, mesh)
-    opt, sched = _optimizer(model, cfg)
-    ckpt_dir = run_dir / "checkpoint"
-    metrics = JsonlLog(run_dir / "metrics.jsonl")
-    start = 0
-    if resume and dckpt.exists(ckpt_dir):
-        meta = dckpt.load(ckpt_dir, model, opt, expert_params=experts, mesh=mesh)
+    def extra_config(self) -> dict:
+        cfg = self.cfg
+        return {"distributed": {
+            "world_size": self.world, "ep": cfg.ep, "ep_backend": cfg.ep_backend,
+            "backend_class": type(self.backend).__name__, "comm": dist.get_backend(),
+            "fsdp": "fully_shard per transformer block and the root; routed experts ignored (EP)",
+            "rows_per_rank": cfg.batch // self.world, "deterministic": cfg.deterministic,
+        }}
+
+    def checkpoint_path(self, run_dir: Path) -> Path:
+        return run_dir / "checkpoint"
+
+    def has_checkpoint(self, run_dir: Path) -> bool:
+        return dckpt.exists(self.checkpoint_path(run_dir))
+
+    def save(self, run_dir: Path, model: nn.Module, opt, sched, meta: dict) -> None:
+        dckpt.save(self.checkpoint_path(run_dir), model, opt, meta | {"scheduler": sched.state_dict(),
+                                                                      "world_size": self.world},
+                   expert_params=self._experts, mesh=self.mesh)
+
+    def load(self, run_dir: Path, model: nn.Module, opt, sched) -> dict:
+        meta = dckpt.load(self.checkpoint_path(run_dir), model, opt, expert_params=self._experts, mesh=self.mesh)
         sched.load_state_dict(meta["scheduler"])
         for group, lr in zip(opt.param_groups, sched.get_last_lr()):  # load_state_dict does not set them
             group["lr"] = lr
-        start = meta["step"]
-    if rank == 0:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        if metrics.path.exists():
-            metrics.truncate_after(start)
-        write_run_config(run_dir, cfg, recipe, applied, model.cfg, tokens, init_fp, distributed={
-            "world_size": world, "ep": cfg.ep, "ep_backend": cfg.ep_backend,
-            "backend_class": type(ctx["backend"]).__name__, "comm": dist.get_backend(),
-            "fsdp": "fully_shard per transformer block and the root; routed experts ignored (EP)",
-            "rows_per_rank": cfg.batch // world, "deterministic": cfg.deterministic,
-        })
+        return meta
 
-    batches = data_mod.Batches(tokens.train, batch=cfg.batch, seq=cfg.seq, seed=cfg.seed)
-    val = data_mod.Batches(tokens.val, batch=cfg.batch, seq=cfg.seq, seed=cfg.seed)
-    moe_layers = model.moe_layers()
-    coeff = model.cfg.load_balance_coeff
-    t_start = time.monotonic()
-    for step in range(start, cfg.steps):
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        timer.take()
-        t0 = time.perf_counter()
-        loss = _loss(model, _rows(batches.batch_at(step), rank, world), device)
-        loss.backward()
-        for p in experts:
-            if p.grad is not None and world > 1:
-                p.grad.mul_(1.0 / world)
-        grad_norm = grad_norm_and_clip([p.grad for p in model.parameters()], cfg.grad_clip, world)
-        lr = sched.get_last_lr()[0]
-        opt.step()
-        sched.step()
-        opt.zero_grad(set_to_none=True)
-        if world > 1:
-            counts = torch.stack([m.tokens_per_expert for _, m in moe_layers])
-            dist.all_reduce(counts)
-            for (_, m), c in zip(moe_layers, counts):
-                m.tokens_per_expert.copy_(c)
-        shares = {f"layer{i}": m.end_step(coeff) for i, m in moe_layers}
-        loss_f = _mean_over_ranks(loss, world)
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        dt = time.perf_counter() - t0
-        comm = timer.take()
-        done = step + 1
-        rec = {
-            "step": done, "loss": loss_f, "grad_norm": float(grad_norm), "lr": lr,
-            "tokens": done * cfg.batch * cfg.seq, "tokens_per_s": cfg.batch * cfg.seq / dt,
-            "expert_load_max_share": shares, "dispatch_combine_s": comm, "dispatch_combine_share": comm / dt,
-        }
-        if cfg.val_every and (done % cfg.val_every == 0 or done == cfg.steps):
-            rec["val_loss"] = _validate(model, val, cfg, device, rank, world)
-        if not math.isfinite(loss_f):
-            rec["diverged"] = True
-        if rank == 0:
-            metrics.append(rec)
-        flag = torch.tensor([stop_after_s is not None and time.monotonic() - t_start > stop_after_s],
-                            dtype=torch.int32, device=device)
-        if world > 1:
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX)  # rank 0's clock is not the others'
-        out_of_time = bool(flag)
-        if cfg.ckpt_every and (done % cfg.ckpt_every == 0 or done == cfg.steps or out_of_time
-                               or not math.isfinite(loss_f)):
-            dckpt.save(ckpt_dir, model, opt, {
-                "step": done, "scheduler": sched.state_dict(),
-                "data_position": {"step": done, "samples": done * cfg.batch, "seed": cfg.seed},
-                "config": json.loads(json.dumps(cfg.fields_for_resume(), default=str)), "world_size": world,
-            }, expert_params=experts, mesh=mesh)
-        if progress and rank == 0:
-            _progress(recipe_name, done, cfg.steps, loss_f, rec["tokens_per_s"])
-        if not math.isfinite(loss_f):
-            return True
-        if out_of_time and done < cfg.steps:
-            return False
-    return True
+    def barrier(self) -> None:
+        dist.barrier()
 
 
-def run_distributed(cfg, out: Path, *, resume: bool = False, force: bool = False, progress: bool = True,
-                    stop_after_s: float | None = None, timeout_s: float = 300.0) -> dict | None:
-    """All recipes of ``cfg`` on every rank of the group; rank 0 returns the verdict, others None."""
-    from convergence.train.loop import _check_run_dir, compare_and_plot
-
+@contextlib.contextmanager
+def open_group(cfg, timeout_s: float, check: Callable[[], None]):
+    """Join torchrun's group (or make a one-rank group without torchrun), check the request on every rank
+    and ``check()`` (the run directory) on rank 0, agree on any error (``PeerFailed`` everywhere, rank 0
+    having printed it), and yield the ``Distributed`` placement; the backend and the group are torn down
+    on the way out, whatever happened."""
     if cfg.deterministic:
         set_deterministic(cfg.device)
     torch.manual_seed(cfg.seed)
@@ -310,26 +261,15 @@ def run_distributed(cfg, out: Path, *, resume: bool = False, force: bool = False
         try:
             check_request(cfg, world)
             if rank == 0:
-                _check_run_dir(cfg, Path(out), resume, force)
-        except CLIError as exc:
+                check()
+        except BadInput as exc:
             error = str(exc)
         agree(error)
-        tokens = data_mod.load_tokens(cfg.data)
-        data_mod.Batches(tokens.train, batch=cfg.batch, seq=cfg.seq, seed=cfg.seed)  # fail early: too few
-        data_mod.Batches(tokens.val, batch=cfg.batch, seq=cfg.seq, seed=cfg.seed)
         from torch.distributed.device_mesh import init_device_mesh
 
         mesh = init_device_mesh(device.type, (world,))
         backend = make_backend(cfg, device, timeout)
-        ctx = {"rank": rank, "world": world, "device": device, "mesh": mesh, "backend": backend}
-        t0 = time.monotonic()
-        for name in cfg.recipes:
-            left = None if stop_after_s is None else stop_after_s - (time.monotonic() - t0)
-            if not train_recipe_distributed(cfg, name, Path(out) / name, tokens, ctx=ctx, resume=resume,
-                                            progress=progress, stop_after_s=left):
-                return None
-        dist.barrier()
-        return compare_and_plot(Path(out), cfg.recipes) if rank == 0 else None
+        yield Distributed(cfg, rank, world, device, mesh, backend)
     finally:
         if backend is not None:
             backend.close()

@@ -1,9 +1,9 @@
-"""python -m convergence ep-identity RUN_A RUN_B [--recipe R ...] [--json OUT] [--force]
+"""Are two training runs the same, step for step? (``python -m convergence ep-identity RUN_A RUN_B``)
 
-Are two training runs the same, step for step? For the distributed level's claim that DeepEP changes
+The distributed level's claim that DeepEP changes
 speed, not results: the same run with ``--ep-backend reference`` and ``--ep-backend deepep``.
 
-Public: ``TIMING_FIELDS``, ``compare_runs(a, b, recipes=None) -> dict``, ``main(argv)``.
+Public: ``TIMING_FIELDS``, ``compare_runs(a, b, recipes=None) -> dict``, ``report(result) -> str``.
 
 Each argument is a run directory (``OUT`` of ``convergence train``, holding ``<recipe>/metrics.jsonl``)
 or one ``metrics.jsonl``. Every record's fields are compared for equality except ``TIMING_FIELDS``
@@ -22,7 +22,7 @@ import statistics
 from collections.abc import Sequence
 from pathlib import Path
 
-from numerics.cli import ArgumentParser, CLIError
+from numerics.errors import BadInput
 
 TIMING_FIELDS = ("tokens_per_s", "dispatch_combine_s", "dispatch_combine_share")
 WARMUP = 2  # first steps left out of the speed medians (allocator and communicator warm-up)
@@ -34,23 +34,23 @@ def _records(path: Path) -> list[dict]:
         try:
             out.append(json.loads(line))
         except json.JSONDecodeError:
-            raise CLIError(f"{path}:{n}: not a JSON line") from None
+            raise BadInput(f"{path}:{n}: not a JSON line") from None
     return out
 
 
 def _runs(path: Path, recipes: Sequence[str] | None) -> dict[str, Path]:
     if not path.exists():
-        raise CLIError(f"{path} does not exist")
+        raise BadInput(f"{path} does not exist")
     if path.is_file():
         return {"run": path}
     found = {d.name: d / "metrics.jsonl" for d in sorted(path.iterdir()) if (d / "metrics.jsonl").exists()}
     if recipes:
         missing = [r for r in recipes if r not in found]
         if missing:
-            raise CLIError(f"{path} has no {missing[0]}/metrics.jsonl (it has: {', '.join(found) or 'none'})")
+            raise BadInput(f"{path} has no {missing[0]}/metrics.jsonl (it has: {', '.join(found) or 'none'})")
         found = {r: found[r] for r in recipes}
     if not found:
-        raise CLIError(f"{path} holds no <recipe>/metrics.jsonl")
+        raise BadInput(f"{path} holds no <recipe>/metrics.jsonl")
     return found
 
 
@@ -92,7 +92,7 @@ def compare_runs(a: Path, b: Path, recipes: Sequence[str] | None = None) -> dict
         (na, pa), (nb, pb) = next(iter(runs_a.items())), next(iter(runs_b.items()))
         pairs = [(na if na != "run" else nb, pa, pb)]
     else:
-        raise CLIError(f"the runs hold different recipes: {', '.join(runs_a)} vs {', '.join(runs_b)}")
+        raise BadInput(f"the runs hold different recipes: {', '.join(runs_a)} vs {', '.join(runs_b)}")
     result: dict = {"a": str(a), "b": str(b), "excluded_fields": list(TIMING_FIELDS), "recipes": {}}
     fields: set[str] = set()
     for name, pa, pb in pairs:
@@ -131,23 +131,3 @@ def report(r: dict) -> str:
         lines.append(f"  tokens/s B / A: {_fmt(ratio, '.3f')} (medians after step {WARMUP}, one session)")
     lines.append("verdict: " + ("IDENTICAL" if r["identical"] else "DIFFERENT"))
     return "\n".join(lines)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    p = ArgumentParser(prog="python -m convergence ep-identity", description=__doc__.splitlines()[2])
-    p.add_argument("a", type=Path, help="run directory or metrics.jsonl (e.g. --ep-backend reference)")
-    p.add_argument("b", type=Path, help="run directory or metrics.jsonl (e.g. --ep-backend deepep)")
-    p.add_argument("--recipe", action="append", help="compare only these recipes (repeatable)")
-    p.add_argument("--json", type=Path, metavar="OUT", help="write the result with versions and hardware")
-    p.add_argument("--force", action="store_true", help="overwrite an existing --json file")
-    args = p.parse_args(argv)
-    if args.json is not None and args.json.exists() and not args.force:
-        raise CLIError(f"{args.json} exists; pass --force to overwrite it")
-    result = compare_runs(args.a, args.b, args.recipe)
-    print(report(result))
-    if args.json is not None:
-        from numerics.environment import describe
-
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result | {"environment": describe()}, indent=2, default=str) + "\n")
-    return 0 if result["identical"] else 1

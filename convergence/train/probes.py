@@ -5,67 +5,20 @@ Public: ``probe(model, tokens, *, recipe, device) -> dict`` (one probes.jsonl re
 
 For every module the ``mxfp8`` recipe would quantize (attention / dense FFN / shared-expert linears,
 routed-expert grouped GEMMs), a forward + backward of the model on the step's batch captures the
-module's input and the gradient arriving at its output. Two private copies of the module — one with
-plain BF16 weights, one given the recipe's torchao MXFP8 op by ``apply_recipe`` — are run
-on that input, backpropagated with that gradient, and compared: SQNR (dB) of the MXFP8 output, input
-gradient and weight gradients against BF16's (``numerics.metrics.sqnr_db``). Both bf16 and mxfp8 runs
+module's input and the gradient arriving at its output; the layer level's ``mxfp8_vs_bf16``
+(``numerics.layer.harness``) then runs a BF16 and an MXFP8 copy of that module on them and reports the
+SQNR (dB) of the MXFP8 output, input gradient and weight gradient against BF16's. Both bf16 and mxfp8 runs
 are probed, so a diverging pair shows which layer's error grew first and on which trajectory.
-
-Seam: this is a self-contained stand-in for the layer-level harness ``numerics/layers.py`` (run a layer
-as FP32 / BF16 / MXFP8 on identical inputs, fwd + bwd); ``_compare_module`` is the call to replace
-with it once it lands.
 """
 
 from __future__ import annotations
 
-import copy
-
 import torch
 from torch import nn
 
-from convergence.train.checkpoint import plain
-from convergence.train.moe import MoE
-from convergence.train.recipes import Recipe, apply_recipe, get_recipe, quantized_fqns
-from numerics.metrics import sqnr_db
-
-
-def _plain_copy(module: nn.Module, device: torch.device) -> nn.Module:
-    """A copy of ``module`` with plain (unwrapped) FP32 parameters on ``device``, no gradients and no
-    MXFP8 op (a module of an mxfp8 run carries its recipe's op; the copy starts from plain precision)."""
-    twin = copy.deepcopy(module)
-    for name, p in module.named_parameters(recurse=False):
-        setattr(twin, name, nn.Parameter(plain(p).to(device)))
-    if hasattr(twin, "mxfp8_op"):
-        twin.mxfp8_op = None
-    return twin
-
-
-def _run(module: nn.Module, inputs: tuple, grad_out: torch.Tensor, device_type: str):
-    x = inputs[0].detach().clone().requires_grad_(True)
-    with torch.autocast(device_type, dtype=torch.bfloat16):
-        y = module(x, *inputs[1:])
-    y.backward(grad_out)
-    grads = {n: p.grad.detach().float() for n, p in module.named_parameters()}
-    return y.detach().float(), x.grad.detach().float(), grads
-
-
-def _compare_module(module: nn.Module, inputs: tuple, grad_out: torch.Tensor, recipe: Recipe,
-                    device: torch.device) -> dict:
-    """SQNR of MXFP8 against BF16 for one layer on identical inputs (seam: numerics/layers.py)."""
-    ref = _plain_copy(module, device)
-    mx = _plain_copy(module, device)
-    wrapper = nn.ModuleDict({"m": mx})
-    probe_recipe = Recipe(
-        name=recipe.name, mxfp8=True, linear_fqns=("m",), grouped_experts=True,
-        wgrad_with_hp=recipe.wgrad_with_hp, scale_calculation_mode=recipe.scale_calculation_mode,
-    )
-    apply_recipe(wrapper, probe_recipe, device)
-    y_ref, dx_ref, dw_ref = _run(ref, inputs, grad_out, device.type)
-    y_mx, dx_mx, dw_mx = _run(wrapper["m"], inputs, grad_out, device.type)
-    rec = {"out_sqnr_db": sqnr_db(y_ref, y_mx), "dx_sqnr_db": sqnr_db(dx_ref, dx_mx)}
-    for name in dw_ref:
-        rec[f"d{name}_sqnr_db"] = sqnr_db(dw_ref[name], dw_mx[name])
-    return rec
+from numerics.layer.harness import mxfp8_vs_bf16
+from numerics.layer.modules import MoE
+from numerics.layer.recipes import Recipe, get_recipe, quantized_fqns
 
 
 def probe(model: nn.Module, tokens: torch.Tensor, *, recipe: Recipe, device: torch.device) -> dict:
@@ -104,5 +57,5 @@ def probe(model: nn.Module, tokens: torch.Tensor, *, recipe: Recipe, device: tor
     layers = {}
     for fqn, (inputs, grad_out) in captured.items():
         if grad_out is not None:
-            layers[fqn] = _compare_module(targets[fqn], inputs, grad_out, recipe, device)
+            layers[fqn] = mxfp8_vs_bf16(targets[fqn], inputs, grad_out, mx_recipe.name, device)
     return {"layers": layers}

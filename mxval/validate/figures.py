@@ -47,7 +47,7 @@ def tensor_sqnr(records: list[dict], png: Path) -> Path:
 
 
 def layer_sqnr(results, png: Path) -> Path:
-    from numerics.layer import harness as layers
+    from numerics.layer import results as layers
 
     labels, vals, floors = [], {"out": [], "dx": [], "dw": []}, {"out": [], "dx": [], "dw": []}
     for r in results:

@@ -1,7 +1,7 @@
 """What ``mxval validate`` runs on this machine: the levels, their sizes, and the result records.
 
 Public: ``LEVELS`` (the ladder, in order), ``Plan`` / ``make_plan(...)`` (sizes chosen from the
-hardware: CPU -> small shapes and the tiny model, a GPU -> 16B shapes and the proxy model, two GPUs
+hardware: CPU -> the tiny model's layers and the tiny model, a GPU -> 16B shapes and the proxy model, two GPUs
 with deep_ep -> DeepEP against NCCL), ``Check`` and ``LevelResult`` (what each level returns; the
 report and ``summary.json`` are written from these alone), ``level_status(checks)``.
 
@@ -39,12 +39,14 @@ class Plan:
     train_model: str  # convergence.train.model config name
     train_steps: int
     seed: int = 0
+    strict: bool = False  # known findings (FINDINGS.md) fail a level instead of passing it as "known"
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
 
 
-def make_plan(*, gpus: int, deep_ep: bool, quick: bool = False, steps: int | None = None, seed: int = 0) -> Plan:
+def make_plan(*, gpus: int, deep_ep: bool, quick: bool = False, steps: int | None = None, seed: int = 0,
+              strict: bool = False) -> Plan:
     """Sizes for this machine. CPU numbers are chosen so the whole ladder fits in a few minutes on
     2 cores (measured in README.md (validate section)); ``quick`` shrinks every level further (tests, smoke runs).
     """
@@ -58,13 +60,14 @@ def make_plan(*, gpus: int, deep_ep: bool, quick: bool = False, steps: int | Non
     return Plan(
         device="cuda" if gpu else "cpu", gpus=gpus, deep_ep=deep_ep, quick=quick,
         tensor_size="quick",
-        layer_config="16b" if gpu and not quick else "small",
+        layer_config="16b" if gpu and not quick else "tiny",
         ep_world=2,
         ep_cases=10 if quick else 120,
         ep_backend="deepep" if gpus >= 2 and deep_ep else "reference",
         train_model="proxy" if gpu and not quick else "tiny",
         train_steps=steps or default_steps,
         seed=seed,
+        strict=strict,
     )
 
 

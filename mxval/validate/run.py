@@ -204,6 +204,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="smaller sizes at every level (a smoke test, ~1 min on CPU)")
     p.add_argument("--steps", type=int, default=None, help="training steps per run (default 200)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--strict", action="store_true", help="known findings (FINDINGS.md) fail their level")
     args = p.parse_args(argv)
     levels = [v for v in args.levels.split(",") if v]
     unknown = [v for v in levels if v not in LEVELS]
@@ -213,7 +214,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise CLIError(f"--steps {args.steps}: at least 10 (a curve needs points to compare)")
     out = prepare_out(args.out)
     gpus, deep_ep = _gpus_and_deep_ep()
-    plan = make_plan(gpus=gpus, deep_ep=deep_ep, quick=args.quick, steps=args.steps, seed=args.seed)
+    plan = make_plan(gpus=gpus, deep_ep=deep_ep, quick=args.quick, steps=args.steps, seed=args.seed,
+                     strict=args.strict)
     console = sys.stderr
     console.write(f"mxval validate -> {out}  ({plan.device}, {gpus} GPU(s){', deep_ep' if deep_ep else ''})\n")
     summary = validate(plan, out, levels, console)

@@ -1,8 +1,10 @@
 """The one interface every expert-parallel (EP) communication backend implements, and its input rules.
 
 Public names: ``EPBackend`` (the interface), ``Dispatched`` (what a dispatch returns), ``Layout``
-(what a layout computation returns), ``Payload`` helpers (``is_fp8``, ``payload_rows``),
-``validate_dispatch`` / ``validate_combine`` (collective input checks), ``PeerInputError``.
+(what a layout computation returns), payload helpers (``is_fp8``, ``payload_rows``, ``row_bytes``),
+``validate_dispatch`` / ``validate_payload`` (collective input checks) with ``Limits`` (what a
+backend's buffers hold), ``finish`` (wait for a collective), ``COMBINE_START`` / ``COMBINE_STARTS``,
+``PeerInputError``.
 
 Semantics (DeepEP V1, ``deep_ep.Buffer`` in intranode normal mode), stated once here and implemented
 independently by ``numerics.ep.reference`` (over torch.distributed) and ``numerics.ep.simulate``
@@ -22,12 +24,22 @@ independently by ``numerics.ep.reference`` (over torch.distributed) and ``numeri
   weight where the index is kept, else +0.0. ``num_recv_tokens_per_expert[l]`` (a list of int) is the
   number of received tokens that select local expert ``l``.
 * Combine: rank ``j`` holds ``y`` (bf16, one row per received row); rank ``s`` gets, for each of its
-  tokens ``t``, the sum without weights of the rows that came back for ``t``: each row widened to
-  float32 exactly, added in float32 (IEEE round-to-nearest-even after every addition) in ascending
-  order of the rank it came back from, starting from the first such row (so a single row of -0.0 stays
-  -0.0), and rounded once to bf16 (round-to-nearest-even). A token sent to no rank combines to +0.0.
-  A NaN sum may come back as any NaN encoding (IEEE 754 fixes no payload for arithmetic, and CUDA and
-  x86 differ); every other bit, -0.0 included, is part of the contract.
+  tokens ``t``, the sum without weights of the rows that came back for ``t``: a float32 accumulator
+  that starts at +0.0, each row widened to float32 exactly and added (IEEE round-to-nearest-even after
+  every addition) in ascending order of the rank it came back from, rounded once to bf16
+  (round-to-nearest-even). A token sent to no rank combines to +0.0. A NaN sum may come back as any NaN
+  encoding (IEEE 754 fixes no payload for arithmetic, and CUDA and x86 differ); every other bit, the
+  sign of a zero included, is part of the contract.
+
+  Why the sum starts at +0.0 (``COMBINE_START = "zero"``): it is what the path users switch away from
+  computes (torchtitan's all-to-all token dispatcher, ``models/common/token_dispatcher.py``, scatter-adds
+  the returned rows into ``torch.zeros_like``), what DeepEP's V1 intranode combine kernel does (its
+  float32 accumulator starts from the bias sum, +0.0 without bias) and what DeepEP V2's own reference
+  (``deep_ep.utils.refs.combine``) does. Starting at +0.0 differs from folding from the first row only
+  where every row is -0.0: +0.0 + (-0.0) is +0.0, so such a sum is +0.0, not -0.0. The reference and
+  ``simulate`` also offer the other convention (``"first-row"``, the IEEE sum of the rows alone); under
+  it every zero-initialised combine differs on those values, which FINDINGS.md records as E1 (first
+  reported as a DeepEP defect, withdrawn: it is this convention).
 
 Bad input raises ``ValueError`` on the rank that has it, naming the tensor and the constraint; the
 other ranks raise ``PeerInputError``. Both happen after one small all-gather, before any payload moves,
@@ -46,6 +58,9 @@ import torch.distributed as dist
 
 FP8_BLOCK = 128  # channels per float32 scale in the FP8 pair (DeepSeek-V3's 1x128 activation blocks)
 DEFAULT_TIMEOUT = datetime.timedelta(seconds=120)
+MAX_TOKENS = 8192  # tokens per rank a check case may hold (2x DeepSeek-V3's 4096); buffers are sized for it
+COMBINE_STARTS = ("zero", "first-row")  # how a combine sum starts; "zero" is the contract (see above)
+COMBINE_START = "zero"
 
 
 class PeerInputError(RuntimeError):
@@ -90,10 +105,16 @@ def row_bytes(hidden: int, fp8: bool) -> int:
 
 
 class EPBackend(abc.ABC):
-    """dispatch / combine with DeepEP V1 intranode semantics (see the module docstring)."""
+    """dispatch / combine with DeepEP V1 intranode semantics (see the module docstring).
+
+    ``validate = False`` skips the collective input checks (one all-gather and a few host syncs per
+    call); only benchmarks do that, after a validating call with the same inputs. ``has_layout`` is
+    False for a backend whose subject offers no layout computation (``layout`` then raises)."""
 
     group: Any
     timeout: datetime.timedelta
+    validate: bool = True
+    has_layout: bool = True
 
     @property
     def rank(self) -> int:
@@ -160,6 +181,24 @@ def _payload_error(x: Any, what: str = "x") -> str | None:
     return None
 
 
+@dataclass(frozen=True)
+class Limits:
+    """What a backend's buffers were sized for; checked collectively with the other input rules."""
+
+    max_tokens: int | None = None  # tokens per rank
+    max_hidden: int | None = None
+    max_topk: int | None = None
+
+    def error(self, tokens: int, hidden: int, topk: int, backend: str) -> str | None:
+        for what, value, limit, arg in (("tokens per rank", tokens, self.max_tokens, "max_tokens"),
+                                        ("hidden size", hidden, self.max_hidden, "max_hidden"),
+                                        ("top-k", topk, self.max_topk, "max_topk")):
+            if limit is not None and value > limit:
+                return (f"{what} {value} exceeds the {limit} this {backend} buffer was sized for; construct "
+                        f"it with a larger {arg}")
+        return None
+
+
 def _local_dispatch_error(x: Any, topk_idx: Any, topk_weights: Any, num_experts: Any,
                           world: int, device: torch.device) -> str | None:
     if not isinstance(num_experts, int) or isinstance(num_experts, bool) or num_experts <= 0:
@@ -202,13 +241,27 @@ def _device_error(device: torch.device, **tensors: Any) -> str | None:
     return None
 
 
+def finish(work: Any, timeout: datetime.timedelta, device: torch.device) -> None:
+    """Wait for an asynchronous collective without adding latency.
+
+    On CPU (gloo) ``work.wait(timeout)`` blocks until done or raises after ``timeout``. On CUDA the
+    current stream waits (``work.wait()``) and the process group's own timeout, enforced by its
+    watchdog, ends a hung collective: ``work.wait(timeout)`` there makes the CPU poll the collective
+    with 1 ms sleeps (PyTorch's ``WorkNCCL::wait``, ``kSynchronizeBusyWaitMillis = 1``), which added up
+    to a millisecond to every call the old bench timed."""
+    if device.type == "cuda":
+        work.wait()
+    else:
+        work.wait(timeout)
+
+
 def _agree(group: Any, device: torch.device, error: str | None, signature: list[int],
            names: list[str], timeout: datetime.timedelta) -> None:
     """All ranks learn whether any rank had bad input, and check that their signatures match rank 0's."""
     world = dist.get_world_size(group)
     mine = torch.tensor([0 if error is None else 1, *signature], dtype=torch.int64, device=device)
     gathered = [torch.empty_like(mine) for _ in range(world)]
-    dist.all_gather(gathered, mine, group=group, async_op=True).wait(timeout)
+    finish(dist.all_gather(gathered, mine, group=group, async_op=True), timeout, device)
     table = [g.tolist() for g in gathered]
     me = dist.get_rank(group)
     if error is not None:
@@ -227,9 +280,11 @@ def _agree(group: Any, device: torch.device, error: str | None, signature: list[
 
 
 def validate_dispatch(backend: EPBackend, x: Any, topk_idx: Any, topk_weights: Any, num_experts: Any,
-                      device: torch.device) -> None:
+                      device: torch.device, limits: Limits | None = None) -> None:
     """Collective: ValueError on the rank with bad input, PeerInputError on the others."""
     error = _local_dispatch_error(x, topk_idx, topk_weights, num_experts, backend.world_size, device)
+    if error is None and limits is not None:
+        error = limits.error(payload_rows(x), payload_hidden(x), int(topk_idx.shape[1]), type(backend).__name__)
     if error is None:
         sig = [payload_hidden(x), int(topk_idx.shape[1]), num_experts, _KIND["fp8" if is_fp8(x) else "bf16"]]
     else:

@@ -1,17 +1,48 @@
-"""``python -m numerics.ep bench``: dispatch / combine latency and bandwidth, DeepEP vs NCCL.
+"""``python -m numerics.ep bench``: dispatch / combine time and bandwidth, DeepEP vs NCCL, vs the NVLink limit.
 
     torchrun --nproc-per-node 2 -m numerics.ep bench --json results/ep-bench.json
-    python -m numerics.ep bench --world 2 --backends reference --tokens 64    # CPU smoke run (gloo)
+    python -m numerics.ep bench --world 2 --backends nccl,reference --tokens 64 --iters 5   # CPU (gloo)
 
 Shapes: ``v3`` (4096 tokens/rank, hidden 7168, top-8 of 256 experts) and ``16b`` (4096, 2048, top-6 of
-64), uniform routing, BF16 and FP8 payloads. Ops: ``dispatch`` (layout + dispatch, what a training
-step pays), ``dispatch_cached`` (along an earlier handle) and ``combine`` (bf16 only: combine always
-sums bf16). Per op: the median over ``--iters`` timed calls on each rank (CUDA events; a barrier
-before each call), the slowest rank's median as the latency. Bytes, per rank and averaged over ranks:
-``logical`` counts every received row including those a rank sends itself, ``remote`` only rows that
-cross a link. The NVLink limit is measured in the same run by a plain device-to-device peer copy of
-1 GiB from GPU 0 to GPU 1 (one direction, and both at once). It prints a table and, with ``--json``,
-writes it with ``numerics.environment.describe()``. A benchmark, never a timed assertion.
+64), uniform routing, BF16 and FP8 payloads. What each row times:
+
+* ``nccl``: a bare ``all_to_all_single`` of the payload rows along the case's routing (the floor any
+  all-to-all path pays): ``dispatch_cached`` (rows out) and ``combine`` (bf16 rows back).
+* ``reference``: ``AllToAllReference`` with its bookkeeping (layout, count exchange, packing, metadata).
+* ``deepep`` (V1 ``Buffer``) and ``deepep-v2`` (V2 ``ElasticBuffer``, ``deterministic=False``, DeepEP's
+  default) at each ``--num-sms``: ``dispatch`` (layout + dispatch, DeepEP's own CPU sync included),
+  ``dispatch_cached`` (along a handle) and ``combine`` (bf16).
+
+Every backend is timed as built by ``numerics.ep.backends.make_backend(validate=False)``: the inputs
+are checked once by a validating call, never inside the timed calls. Timing: after ``--warmup``
+calls, the ranks synchronise (device sync and a gloo barrier), then ``--iters`` calls run back to back,
+each between two CUDA events on the current stream (GPU) or two ``perf_counter`` readings (CPU); a rank's
+figure is the median per-call time, the row's is the slowest rank's median (the mean, first start to
+last end over the calls, is kept too). Bytes per rank, averaged over ranks: ``logical`` counts every
+received row including those a rank sends itself, ``remote`` only rows that cross a link. The NVLink
+limit is measured in the same run, as GPU.md measured it independently: rank 0 copies 1 GiB from GPU 0
+to GPU 1 (and both ways at once), 3 warm-ups then 10 timed copies, synchronised wall clock, while the
+other ranks wait on the CPU. A benchmark: it prints a table (and ``--json``), it asserts nothing.
+
+Why the old bench disagreed with independent measurement on the same machine kind (peer copy 238.8
+GB/s against 372.7; DeepEP v1.2.1 at 20 SMs, 0.82 ms cached and 1.2-1.5 ms full dispatch against 0.412
+cached; the reference's dispatch 6.1 ms against 0.224 for a bare all-to-all), read from its code:
+
+1. Every timed DeepEP and reference call checked its inputs collectively: an NCCL all-gather and host
+   syncs (``int(topk_idx.min())``, ``.tolist()``) inside the CUDA-event window.
+2. Each collective was awaited with ``work.wait(timeout)``, which on NCCL makes the CPU poll with 1 ms
+   sleeps (PyTorch's ``WorkNCCL::wait``, ``kSynchronizeBusyWaitMillis = 1``): up to 1 ms per collective
+   while the GPU idles in the window, four of them in the reference's dispatch.
+3. A barrier before every call and events around that single call, over 20 calls: each call started
+   from an idle GPU and paid its launch latency, and the median of 20 such calls was noisy (the 20- and
+   64-SM rows came out in the wrong order for several ops).
+4. The peer copy ran on rank 0 while rank 1 waited for the next task inside an NCCL broadcast, a kernel
+   spinning on GPU 1. torch's cross-device ``copy_`` records and waits on events on GPU 1's stream in
+   rank 0's context, and a GPU time-slices between processes' contexts, so most likely each copy waited
+   for a time slice behind that kernel: 1 GiB took 4.5 ms instead of 2.9 (238.8 GB/s one way; the
+   478.9 "both ways" is the same 4.5 ms per step for twice the bytes, as a fixed wait per step would
+   give). Control messages now travel over gloo (``numerics.ep.launch``), so no rank waits in a GPU
+   kernel while another is timed; a run of this bench that measures ~373 GB/s confirms the cause.
 """
 
 from __future__ import annotations
@@ -22,7 +53,7 @@ import os
 import statistics
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -31,13 +62,18 @@ import torch
 import torch.distributed as dist
 
 from numerics.cli import ArgumentParser, CLIError
-from numerics.ep.backend import row_bytes
+from numerics.ep.backend import MAX_TOKENS, row_bytes
+from numerics.ep.backends import make_backend, require
 from numerics.ep.strategies import CaseSpec, make_combine_input, make_inputs
+from numerics.errors import BadInput
 
 SHAPES = {  # name -> (tokens per rank, hidden, top-k, experts)
     "v3": (4096, 7168, 8, 256),
     "16b": (4096, 2048, 6, 64),
 }
+BACKEND_NAMES = ("nccl", "reference", "deepep", "deepep-v2")
+QUOTABLE_ITERS = 50  # fewer timed calls per op and the median moves by more than the effects compared
+PEER_COPY = {"nbytes": 1 << 30, "warmup": 3, "iters": 10}  # as GPU.md's independent measurement
 
 
 @dataclass(frozen=True)
@@ -45,84 +81,117 @@ class BenchTask:
     shape: str
     tokens: int
     payload: str
-    backend: str  # "reference" or "deepep"
+    backend: str  # one of BACKEND_NAMES
     num_sms: int | None = None
 
 
+@dataclass(frozen=True)
+class PeerCopyTask:
+    nbytes: int = PEER_COPY["nbytes"]
+
+
 class BenchRunner:
+    """One per rank: builds every backend once (``validate=False``), then times tasks."""
+
     def __init__(self, rank: int, world: int, device: torch.device, *, warmup: int, iters: int,
                  max_num_sms: int | None, timeout_s: float, backends: Sequence[str]):
-        from numerics.ep.reference import AllToAllReference
+        from numerics.ep.launch import control_group
 
         self.rank, self.world, self.device = rank, world, device
         self.warmup, self.iters = warmup, iters
         self.timeout = datetime.timedelta(seconds=timeout_s)
-        self.reference = AllToAllReference(device=device, timeout=self.timeout)
-        self.deepep = None
-        if "deepep" in backends:
-            from numerics.ep.deepep import DeepEPBackend
-            self.deepep = DeepEPBackend(num_sms=max_num_sms, max_hidden=max(s[1] for s in SHAPES.values()),
-                                        timeout=self.timeout)
+        self.control = control_group(self.timeout)  # CPU barriers: no GPU kernel waits while another times
+        hidden = max(s[1] for s in SHAPES.values())
+        self.checker = make_backend("reference", device=device, timeout=self.timeout)  # validates, routes
+        self.backends = {}
+        for name in backends:
+            if name != "nccl":
+                self.backends[name] = make_backend(name, device=device, timeout=self.timeout, validate=False,
+                                                   num_sms=max_num_sms, max_hidden=hidden, deterministic=False)
 
     def close(self) -> None:
-        if self.deepep is not None:
-            self.deepep.close()
+        for backend in self.backends.values():
+            backend.close()
 
     def _sync(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize()
+        dist.barrier(group=self.control)
 
-    def _time(self, fn) -> float:
-        """Median milliseconds of ``fn`` over the timed iterations, after warm-up."""
+    def _time(self, fn: Callable[[], Any]) -> dict[str, float]:
+        """Per-call milliseconds of ``fn``: median, mean (first start to last end / iters), min, max."""
         for _ in range(self.warmup):
             fn()
         self._sync()
-        times = []
-        for _ in range(self.iters):
-            dist.barrier(async_op=True).wait(self.timeout)
-            if self.device.type == "cuda":
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        if self.device.type == "cuda":
+            events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                      for _ in range(self.iters)]
+            for start, end in events:
                 start.record()
                 fn()
                 end.record()
-                end.synchronize()
-                times.append(start.elapsed_time(end))
-            else:
-                t0 = time.perf_counter()
+            torch.cuda.synchronize()
+            times = [s.elapsed_time(e) for s, e in events]
+            total = events[0][0].elapsed_time(events[-1][1])
+        else:
+            times, t0 = [], time.perf_counter()
+            for _ in range(self.iters):
+                t = time.perf_counter()
                 fn()
-                times.append(1e3 * (time.perf_counter() - t0))
-        return statistics.median(times)
+                times.append(1e3 * (time.perf_counter() - t))
+            total = 1e3 * (time.perf_counter() - t0)
+        return {"median": statistics.median(times), "mean": total / self.iters, "min": min(times),
+                "max": max(times)}
 
-    def __call__(self, task: BenchTask) -> dict[str, Any]:
+    def __call__(self, task: BenchTask | PeerCopyTask) -> dict[str, Any]:
+        if isinstance(task, PeerCopyTask):
+            return {"peer_copy": peer_copy_gbps(task.nbytes) if self.rank == 0 else None}
         _, hidden, topk, experts = SHAPES[task.shape]
         spec = CaseSpec(world=self.world, seed=12345, tokens=(task.tokens,) * self.world, hidden=hidden,
                         topk=topk, num_experts=experts, payload=task.payload, specials=0.0)
         x, idx, w = make_inputs(spec, self.rank, self.device)
-        ref = self.reference.dispatch(x, idx, w, experts)
-        recv = sum(ref.handle.recv_counts)
-        remote = recv - ref.handle.recv_counts[self.rank]
-        backend = self.reference
-        if task.backend == "deepep":
-            backend = self.deepep
-            backend.set_num_sms(task.num_sms or backend.max_num_sms)
-        d = backend.dispatch(x, idx, w, experts)
+        routed = self.checker.dispatch(x, idx, w, experts)  # validates the inputs once, outside any timing
+        h = routed.handle
+        recv = sum(h.recv_counts)
         y = make_combine_input(spec, self.rank, recv, hidden, self.device)
-        out = {"recv_rows": recv, "remote_rows": remote, "ms": {}}
+        out = {"recv_rows": recv, "remote_rows": recv - h.recv_counts[self.rank], "ms": {}}
+        if task.backend == "nccl":
+            out["ms"] = self._time_floor(x, y, h, combine=task.payload == "bf16")
+            return out
+        backend = self.backends[task.backend]
+        if task.num_sms is not None:
+            backend.set_num_sms(task.num_sms)
+        d = backend.dispatch(x, idx, w, experts)
         out["ms"]["dispatch"] = self._time(lambda: backend.dispatch(x, idx, w, experts))
         out["ms"]["dispatch_cached"] = self._time(lambda: backend.dispatch_cached(x, d.handle))
         if task.payload == "bf16":
             out["ms"]["combine"] = self._time(lambda: backend.combine(y, d.handle))
         return out
 
+    def _time_floor(self, x: Any, y: torch.Tensor, handle: Any, *, combine: bool) -> dict[str, dict[str, float]]:
+        """A bare all_to_all_single of the rows the routing moves: out (payload) and back (bf16)."""
+        from numerics.ep.reference import _as_bytes, _pack_payload
 
-def peer_copy_gbps(nbytes: int = 1 << 30, iters: int = 10) -> dict[str, float] | None:
+        group = self.checker.group
+        send = _pack_payload(x)[handle.send_index].contiguous()
+        recv = torch.empty((sum(handle.recv_counts), send.shape[1]), dtype=send.dtype, device=send.device)
+        back_send = _as_bytes(y)
+        back = torch.empty((sum(handle.send_counts), back_send.shape[1]), dtype=torch.uint8, device=y.device)
+        ms = {"dispatch_cached": self._time(lambda: dist.all_to_all_single(
+            recv, send, handle.recv_counts, handle.send_counts, group=group))}
+        if combine:  # as for the backends: a combine always moves bf16 rows, timed with the bf16 payload
+            ms["combine"] = self._time(lambda: dist.all_to_all_single(
+                back, back_send, handle.send_counts, handle.recv_counts, group=group))
+        return ms
+
+
+def peer_copy_gbps(nbytes: int = PEER_COPY["nbytes"]) -> dict[str, float] | None:
     """GB/s of a plain GPU0 -> GPU1 copy (and of both directions at once), or None without 2 GPUs."""
     if not torch.cuda.is_available() or torch.cuda.device_count() < 2:
         return None
     a = torch.empty(nbytes, dtype=torch.uint8, device="cuda:0")
     b = torch.empty(nbytes, dtype=torch.uint8, device="cuda:1")
-    a2 = torch.empty_like(a)
-    b2 = torch.empty_like(b)
+    a2, b2 = torch.empty_like(a), torch.empty_like(b)
     s0, s1 = torch.cuda.Stream(device=0), torch.cuda.Stream(device=1)
 
     def one_way():
@@ -130,68 +199,74 @@ def peer_copy_gbps(nbytes: int = 1 << 30, iters: int = 10) -> dict[str, float] |
             b.copy_(a, non_blocking=True)
 
     def both_ways():
-        with torch.cuda.stream(s0):
-            b.copy_(a, non_blocking=True)
+        one_way()
         with torch.cuda.stream(s1):
             a2.copy_(b2, non_blocking=True)
 
-    result = {}
+    def sync():
+        torch.cuda.synchronize(0)
+        torch.cuda.synchronize(1)
+
+    result = {"nbytes": nbytes, "iters": PEER_COPY["iters"], "warmup": PEER_COPY["warmup"]}
     for name, fn, moved in (("one_way", one_way, nbytes), ("both_ways", both_ways, 2 * nbytes)):
-        fn()
-        torch.cuda.synchronize(0)
-        torch.cuda.synchronize(1)
-        t0 = time.perf_counter()
-        for _ in range(iters):
+        for _ in range(PEER_COPY["warmup"]):
             fn()
-        torch.cuda.synchronize(0)
-        torch.cuda.synchronize(1)
-        result[f"{name}_gbps"] = round(moved * iters / (time.perf_counter() - t0) / 1e9, 1)
+        sync()
+        t0 = time.perf_counter()
+        for _ in range(PEER_COPY["iters"]):
+            fn()
+        sync()
+        result[f"{name}_gbps"] = round(moved * PEER_COPY["iters"] / (time.perf_counter() - t0) / 1e9, 1)
     return result
 
 
-def summarize(tasks: list[BenchTask], results: list[list[dict]], world: int, peer: dict | None) -> list[dict]:
+def summarize(tasks: list[BenchTask], results: list[list[dict]], peer: dict | None) -> list[dict]:
     rows = []
-    nccl_ms = {}
+    floor: dict[tuple[str, str, str], float] = {}
     for task, per_rank in zip(tasks, results):
         _, hidden, topk, experts = SHAPES[task.shape]
-        fp8 = task.payload == "fp8"
         for op in per_rank[0]["ms"]:
-            ms = max(r["ms"][op] for r in per_rank)
-            width = 2 * hidden if op == "combine" else row_bytes(hidden, fp8)
+            ms = max(r["ms"][op]["median"] for r in per_rank)
+            mean = max(r["ms"][op]["mean"] for r in per_rank)
+            width = 2 * hidden if op == "combine" else row_bytes(hidden, task.payload == "fp8")
             logical = statistics.mean(r["recv_rows"] for r in per_rank) * width
             remote = statistics.mean(r["remote_rows"] for r in per_rank) * width
-            key = (task.shape, task.payload, op)
-            if task.backend == "reference":
-                nccl_ms[key] = ms
-            row = {"shape": task.shape, "tokens": task.tokens, "hidden": hidden, "topk": topk,
-                   "experts": experts, "payload": task.payload, "op": op, "backend": task.backend,
-                   "num_sms": task.num_sms, "ms": round(ms, 4), "logical_gbps": round(logical / ms / 1e6, 1),
+            if task.backend == "nccl":
+                floor[(task.shape, task.payload, op)] = ms
+            row = {"shape": task.shape, "tokens": task.tokens, "hidden": hidden, "topk": topk, "experts": experts,
+                   "payload": task.payload, "op": op, "backend": task.backend, "num_sms": task.num_sms,
+                   "ms": round(ms, 4), "mean_ms": round(mean, 4), "logical_gbps": round(logical / ms / 1e6, 1),
                    "remote_gbps": round(remote / ms / 1e6, 1), "logical_bytes": int(logical),
                    "remote_bytes": int(remote)}
             if peer:
                 row["remote_pct_of_peer_copy"] = round(100 * row["remote_gbps"] / peer["one_way_gbps"], 1)
             rows.append(row)
-    for row in rows:
-        ref = nccl_ms.get((row["shape"], row["payload"], row["op"]))
-        row["vs_reference"] = round(row["ms"] / ref, 3) if ref else None
+    for row in rows:  # both dispatch ops move what the floor's bare all-to-all moves
+        ref = floor.get((row["shape"], row["payload"], "combine" if row["op"] == "combine" else "dispatch_cached"))
+        row["vs_floor"] = round(row["ms"] / ref, 3) if ref else None
     return rows
 
 
-def format_table(rows: list[dict], peer: dict | None) -> str:
-    head = (f"{'shape':<5} {'payload':<7} {'op':<15} {'backend':<12} {'ms':>8} {'logical GB/s':>12} "
-            f"{'remote GB/s':>11} {'% peer':>6} {'x NCCL':>7}")
+def format_table(rows: list[dict], peer: dict | None, iters: int | None = None) -> str:
+    head = (f"{'shape':<5} {'payload':<7} {'op':<15} {'backend':<15} {'ms':>8} {'mean ms':>8} {'logical GB/s':>12} "
+            f"{'remote GB/s':>11} {'% peer':>6} {'x floor':>7}")
     lines = [head]
     for r in rows:
         name = r["backend"] + (f"/{r['num_sms']}sm" if r["num_sms"] else "")
         pct = r.get("remote_pct_of_peer_copy")
-        lines.append(f"{r['shape']:<5} {r['payload']:<7} {r['op']:<15} {name:<12} {r['ms']:>8.3f} "
-                     f"{r['logical_gbps']:>12.1f} {r['remote_gbps']:>11.1f} "
-                     f"{'' if pct is None else f'{pct:.0f}':>6} {r['vs_reference'] or 0:>7.2f}")
+        ratio = r.get("vs_floor", r.get("vs_reference"))
+        lines.append(f"{r['shape']:<5} {r['payload']:<7} {r['op']:<15} {name:<15} {r['ms']:>8.3f} "
+                     f"{r.get('mean_ms', r['ms']):>8.3f} {r['logical_gbps']:>12.1f} {r['remote_gbps']:>11.1f} "
+                     f"{'' if pct is None else f'{pct:.0f}':>6} {'' if ratio is None else f'{ratio:.2f}':>7}")
     if peer:
-        lines.append(f"NVLink limit (peer copy GPU0->GPU1, 1 GiB): {peer['one_way_gbps']} GB/s one way, "
-                     f"{peer['both_ways_gbps']} GB/s both ways together")
+        lines.append(f"NVLink limit (peer copy GPU0->GPU1, 1 GiB, 10 timed after 3 warm-ups): {peer['one_way_gbps']} "
+                     f"GB/s one way, {peer['both_ways_gbps']} GB/s both ways together")
     else:
         lines.append("NVLink limit: not measured (needs 2 visible GPUs)")
+    lines.append("ms: median per call, slowest rank; x floor: against a bare all_to_all_single of the same rows "
+                 "(row nccl; NCCL on GPUs, gloo on CPUs)")
+    if iters is not None and iters < QUOTABLE_ITERS:
+        lines.append(f"{iters} timed calls per op (< {QUOTABLE_ITERS}): a smoke run, not figures to quote")
     return "\n".join(lines)
 
 
@@ -199,11 +274,12 @@ def build_parser() -> ArgumentParser:
     p = ArgumentParser(prog="python -m numerics.ep bench", description=__doc__.splitlines()[0])
     p.add_argument("--shapes", default="v3,16b")
     p.add_argument("--payload", default="bf16,fp8")
-    p.add_argument("--backends", default="reference,deepep")
-    p.add_argument("--num-sms", default="20,64", help="DeepEP SM counts to sweep (even)")
+    p.add_argument("--backends", default="nccl,reference,deepep", help=", ".join(BACKEND_NAMES))
+    p.add_argument("--num-sms", default="20,24,32,64", help="DeepEP SM counts to sweep (even)")
     p.add_argument("--tokens", type=int, default=4096, help="tokens per rank")
-    p.add_argument("--warmup", type=int, default=5)
-    p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--warmup", type=int, default=10)
+    p.add_argument("--iters", type=int, default=QUOTABLE_ITERS,
+                   help=f"timed calls per op (quote only >= {QUOTABLE_ITERS})")
     p.add_argument("--world", type=int, default=2, help="ranks to spawn when not under torchrun")
     p.add_argument("--timeout", type=float, default=300.0)
     p.add_argument("--json", type=Path, default=None)
@@ -218,60 +294,75 @@ def _list(text: str, allowed: Sequence[str], what: str) -> list[str]:
     return vals
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def plan(args, world: int) -> tuple[list[Any], dict]:
+    """Tasks and runner arguments from the options; CLIError (one line, exit 2) on anything bad."""
     shapes = _list(args.shapes, list(SHAPES), "shapes")
     payloads = _list(args.payload, ["bf16", "fp8"], "payload")
-    backends = _list(args.backends, ["reference", "deepep"], "backends")
+    backends = _list(args.backends, BACKEND_NAMES, "backends")
     try:
         sms = sorted({int(v) for v in args.num_sms.split(",") if v})
     except ValueError:
         raise CLIError(f"--num-sms {args.num_sms!r} is not a list of even integers") from None
     if not sms or any(v <= 0 or v % 2 for v in sms):
         raise CLIError(f"--num-sms {args.num_sms!r}: DeepEP needs positive even SM counts")
-    if args.tokens < 1 or args.iters < 1 or args.warmup < 0:
-        raise CLIError("--tokens and --iters must be >= 1, --warmup >= 0")
+    if not 1 <= args.tokens <= MAX_TOKENS or args.iters < 1 or args.warmup < 0 or args.timeout <= 0:
+        raise CLIError(f"--tokens must be in [1, {MAX_TOKENS}], --iters >= 1, --warmup >= 0, --timeout > 0")
+    if world < 2:
+        raise CLIError(f"--world {world}: the communication level needs at least 2 ranks")
+    odd = [s for s in shapes if SHAPES[s][3] % world]
+    if odd:
+        raise CLIError(f"--world {world} does not divide the experts of shape {odd[0]} ({SHAPES[odd[0]][3]})")
     if args.json and args.json.exists() and not args.force:
         raise CLIError(f"{args.json} exists; pass --force to overwrite it")
-    if "deepep" in backends:
-        from numerics.ep.deepep import import_deep_ep
-        try:
-            import_deep_ep()
-        except ImportError as exc:
-            raise CLIError(f"{exc} (or pass --backends reference)") from None
-    tasks = [BenchTask(s, args.tokens, p, "reference") for s in shapes for p in payloads]
-    if "deepep" in backends:
-        tasks += [BenchTask(s, args.tokens, p, "deepep", n) for s in shapes for p in payloads for n in sms]
+    for name in backends:
+        if name in ("deepep", "deepep-v2"):
+            require(name, world=world)
+    tasks: list[Any] = [BenchTask(s, args.tokens, p, b) for s in shapes for p in payloads
+                        for b in backends if b in ("nccl", "reference")]
+    tasks += [BenchTask(s, args.tokens, p, b, n) for s in shapes for p in payloads
+              for b in backends if b.startswith("deepep") for n in sms]
     kwargs = {"warmup": args.warmup, "iters": args.iters, "max_num_sms": max(sms), "timeout_s": args.timeout,
               "backends": backends}
+    return tasks, kwargs
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    under_torchrun = "RANK" in os.environ and "WORLD_SIZE" in os.environ
+    world = int(os.environ["WORLD_SIZE"]) if under_torchrun else args.world
+    try:
+        tasks, kwargs = plan(args, world)
+    except BadInput:
+        if under_torchrun and os.environ["RANK"] != "0":
+            return 2  # rank 0 prints the one line; every rank stops before any process group exists
+        raise
     factory = "numerics.ep.bench:BenchRunner"
-    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+    if under_torchrun:
         from numerics.ep.launch import lead_under_torchrun
 
         def lead(run, world: int, device):
-            return world, peer_copy_gbps(), _drive(run, tasks), "nccl" if device.type == "cuda" else "gloo"
+            return _drive(run, tasks), "nccl" if device.type == "cuda" else "gloo"
 
         led = lead_under_torchrun(factory, kwargs, args.timeout, lead)
         if led is None:  # a serving rank
             return 0
-        world, peer, results, comm = led
+        (peer, results), comm = led
     else:
-        if args.world < 2:
-            raise CLIError("--world must be >= 2")
         from numerics.ep.launch import Session
 
-        world = args.world
         on_gpu = torch.cuda.is_available() and torch.cuda.device_count() >= world
-        if "deepep" in backends and not on_gpu:
-            raise CLIError(f"DeepEP needs {world} CUDA GPUs, found {torch.cuda.device_count()}")
         comm = "nccl" if on_gpu else "gloo"
-        peer = peer_copy_gbps()
         with Session(world, factory, kwargs, comm=comm, timeout_s=args.timeout) as session:
-            results = _drive(session.run, tasks)
+            peer, results = _drive(session.run, tasks)
     return _report(args, tasks, results, world, comm, peer)
 
 
-def _drive(run, tasks: list[BenchTask]) -> list[list[dict]]:
+def _drive(run, tasks: list[BenchTask]) -> tuple[dict | None, list[list[dict]]]:
+    """The peer copy first (rank 0 copies, the others wait on the CPU), then every task in order."""
+    first = run(PeerCopyTask())[0]
+    if "error" in first:
+        raise RuntimeError(f"peer copy failed on rank 0: {first['error']}")
+    peer = first.get("peer_copy")
     results = []
     for i, task in enumerate(tasks):
         per_rank = run(task)
@@ -281,19 +372,25 @@ def _drive(run, tasks: list[BenchTask]) -> list[list[dict]]:
         results.append(per_rank)
         print(f"  {i + 1}/{len(tasks)} {task.shape} {task.payload} {task.backend}"
               f"{'/' + str(task.num_sms) + 'sm' if task.num_sms else ''}", file=sys.stderr, flush=True)
-    return results
+    return peer, results
 
 
 def _report(args, tasks, results, world: int, comm: str, peer: dict | None) -> int:
     from numerics.environment import describe
 
-    rows = summarize(tasks, results, world, peer)
-    print(format_table(rows, peer))
+    rows = summarize(tasks, results, peer)
+    print(format_table(rows, peer, args.iters))
     if args.json:
-        doc = {"kind": "ep-bench", "version": 1, "world": world, "comm_backend": comm,
-               "method": "median of --iters calls per rank after --warmup, barrier before each; slowest rank",
+        doc = {"kind": "ep-bench", "version": 2, "world": world, "comm_backend": comm,
+               "method": (f"per call CUDA events (GPU) or perf_counter (CPU), {args.iters} calls back to back after "
+                          f"{args.warmup} warm-ups and a device sync + gloo barrier; median per rank, slowest rank; "
+                          "backends built with validate=False; peer copy 1 GiB, 10 timed after 3 warm-ups, "
+                          "synchronised wall clock, other ranks idle on the CPU"),
                "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
                "tasks": [asdict(t) for t in tasks], "peer_copy": peer, "rows": rows, "environment": describe()}
+        if any(t.backend.startswith("deepep") for t in tasks):
+            from numerics.ep.deepep import describe_deep_ep
+            doc["deep_ep"] = describe_deep_ep()
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(doc, indent=1) + "\n")
         print(f"wrote {args.json}")

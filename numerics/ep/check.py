@@ -1,15 +1,19 @@
 """``python -m numerics.ep check``: a backend against a reference, bit for bit, on many routings.
 
     torchrun --nproc-per-node 2 -m numerics.ep check --backend deepep --against reference
+    torchrun --nproc-per-node 2 -m numerics.ep check --backend deepep-v2 --against reference
     python -m numerics.ep check --world 2          # CPU: spawns 2 gloo ranks, reference vs simulate
 
 Every rank regenerates every rank's inputs from the case (``numerics.ep.strategies``), runs
-``simulate`` for the expectation and the row provenance, runs the backend(s), and compares bits.
-Rank 0 prints a PASS/FAIL table with, per check, the first mismatch located by rank / row / column
-and source rank and token, and the case that produced it (replay it with ``--spec``). Exit code 0
-when everything passed, 1 on any mismatch or error, 2 on bad command-line input. Bad-input cases
-(``BAD_INPUTS``) run first: the rank with the bad tensor must raise ValueError naming it, the others
-PeerInputError; the group must stay usable for the cases after them.
+``simulate`` for the expectation and the row provenance, runs the backend(s) (``numerics.ep.backends``),
+and compares bits. Rank 0 prints a table with, per check, the first mismatch located by rank / row /
+column and source rank and token, and the case that produced it (replay it with ``--spec``), then one
+verdict line. Differences that a known finding explains (``numerics.ep.known``) are counted on their
+row and do not fail the run: ``PASS (known: E1 on 44 values in 3 cases)``; ``--strict`` fails them.
+Exit code 0 on PASS, 1 on FAIL (a mismatch, an error, or a known finding under ``--strict``), 2 on bad
+input, which is refused before any case runs. Bad-input cases (``BAD_INPUTS``) run first: the rank
+with the bad tensor must raise ValueError naming it, the others PeerInputError; the group must stay
+usable for the cases after them.
 """
 
 from __future__ import annotations
@@ -21,17 +25,19 @@ import os
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from numerics.cli import ArgumentParser, CLIError
-from numerics.ep import compare
-from numerics.ep.backend import PeerInputError, is_fp8
+from numerics.ep import compare, known
+from numerics.ep.backend import COMBINE_START, COMBINE_STARTS, PeerInputError, is_fp8
+from numerics.ep.backends import BACKENDS, is_custom, make_backend, require
 from numerics.ep.simulate import simulate
 from numerics.ep.strategies import (
+    EXPERTS,
     HIDDENS,
     MAX_TOKENS,
     PAYLOADS,
@@ -41,6 +47,7 @@ from numerics.ep.strategies import (
     make_inputs,
     sample_specs,
 )
+from numerics.errors import BadInput
 
 # defect -> (words the ValueError must contain, whether rank 0 may hold it)
 BAD_INPUTS: dict[str, tuple[tuple[str, ...], bool]] = {
@@ -63,22 +70,10 @@ class BadInputSpec:
     bad_rank: int
 
 
-def make_backend(name: str, device: torch.device, *, num_sms: int | None, max_hidden: int,
-                 timeout: datetime.timedelta):
-    if name == "reference":
-        from numerics.ep.reference import AllToAllReference
-        return AllToAllReference(device=device, timeout=timeout)
-    if name == "deepep":
-        from numerics.ep.deepep import DeepEPBackend
-        return DeepEPBackend(num_sms=num_sms, max_hidden=max_hidden, timeout=timeout)
-    if ":" in name:  # "package.module:Class", your own EPBackend, built as Class(device=, timeout=)
-        from numerics.ep.launch import load
-        return load(name)(device=device, timeout=timeout)
-    raise ValueError(f"unknown backend {name!r}; use reference, deepep or package.module:Class")
-
-
 def _run(backend, x, idx, w, y, num_experts: int, *, twice: bool) -> dict[str, Any]:
-    out: dict[str, Any] = {"layout": backend.layout(idx, num_experts)}
+    out: dict[str, Any] = {}
+    if backend.has_layout:
+        out["layout"] = backend.layout(idx, num_experts)
     out["dispatch"] = d = backend.dispatch(x, idx, w, num_experts)
     out["cached"] = backend.dispatch_cached(x, d.handle)
     out["combine"] = backend.combine(y, d.handle)
@@ -94,23 +89,20 @@ def _payload_parts(prefix: str, x: Any) -> dict[str, torch.Tensor]:
     return {f"{prefix}.bf16": x}
 
 
-KNOWN_E1 = "known.E1.combine_negative_zero"  # rows named known.* are findings, reported, not failed
-
-
-def is_known(check_name: str) -> bool:
-    return check_name.startswith("known.")
-
-
-def compare_outputs(exp: dict[str, Any], got: dict[str, Any], *, rank: int, sim_rank) -> dict[str, str | None]:
-    """Check name -> None (bit-identical) or the first mismatch, for one rank and one case."""
+def compare_outputs(exp: dict[str, Any], got: dict[str, Any], *, rank: int, sim_rank,
+                    known_out: dict[str, dict[str, dict[str, Any]]] | None = None) -> dict[str, str | None]:
+    """Check name -> None (bit-identical, or only known findings) or the first unexplained mismatch,
+    for one rank and one case. Known findings' counts go to ``known_out[check][finding]``."""
     rows = compare.recv_row_locator(sim_rank.recv_src_rank, sim_rank.recv_src_idx)
     checks: dict[str, str | None] = {}
-    el, gl = exp["layout"], got["layout"]
-    checks["layout.num_tokens_per_rank"] = compare.diff(el.num_tokens_per_rank, gl.num_tokens_per_rank, rank=rank)
-    checks["layout.num_tokens_per_expert"] = compare.diff(el.num_tokens_per_expert, gl.num_tokens_per_expert,
-                                                          rank=rank)
-    checks["layout.is_token_in_rank"] = compare.diff(el.is_token_in_rank, gl.is_token_in_rank, rank=rank,
-                                                     where=compare.layout_locator)
+    if "layout" in got and "layout" in exp:  # DeepEP V2 has no layout call
+        el, gl = exp["layout"], got["layout"]
+        checks["layout.num_tokens_per_rank"] = compare.diff(el.num_tokens_per_rank, gl.num_tokens_per_rank,
+                                                            rank=rank)
+        checks["layout.num_tokens_per_expert"] = compare.diff(el.num_tokens_per_expert, gl.num_tokens_per_expert,
+                                                              rank=rank)
+        checks["layout.is_token_in_rank"] = compare.diff(el.is_token_in_rank, gl.is_token_in_rank, rank=rank,
+                                                         where=compare.layout_locator)
     ed, gd = exp["dispatch"], got["dispatch"]
     for prefix, e_x, g_x in (("dispatch.recv_x", ed.recv_x, gd.recv_x), ("dispatch_cached.recv_x",
                                                                          exp["cached"], got["cached"])):
@@ -124,14 +116,10 @@ def compare_outputs(exp: dict[str, Any], got: dict[str, Any], *, rank: int, sim_
     checks["dispatch.num_recv_tokens_per_expert"] = compare.diff(
         list(ed.num_recv_tokens_per_expert), list(gd.num_recv_tokens_per_expert), rank=rank)
     where = compare.combine_locator(sim_rank.layout.is_token_in_rank)
-    checks["combine"] = compare.diff(exp["combine"], got["combine"], rank=rank, nan_any=True, where=where,
-                                     ignore=compare.negative_zero_lost)
-    # Known finding E1 (FINDINGS.md): a sum of -0.0 rows comes back +0.0. Counted on its own row,
-    # so the strict combine check above still fails on any other difference.
-    lost = compare.negative_zero_lost(exp["combine"], got["combine"])
-    checks[KNOWN_E1] = (compare.diff(exp["combine"], got["combine"], rank=rank, where=where,
-                                     ignore=lambda e, a: ~compare.negative_zero_lost(e, a))
-                        if lost.any() else None)
+    checks["combine"], found = compare.split_known(exp["combine"], got["combine"], rank=rank, nan_any=True,
+                                                   where=where, known=known.for_check("combine"))
+    if found and known_out is not None:
+        known_out["combine"] = found
     return checks
 
 
@@ -151,17 +139,19 @@ class CaseRunner:
 
     def __init__(self, rank: int, world: int, device: torch.device, *, backend: str = "reference",
                  against: str = "simulate", num_sms: int | None = None, max_hidden: int = max(HIDDENS),
-                 timeout_s: float = 120.0, deterministic: bool = False):
+                 timeout_s: float = 120.0, deterministic: bool = False, combine_start: str = COMBINE_START):
         self.rank, self.world, self.device = rank, world, device
+        self.combine_start = combine_start  # the expectation's convention (simulate, the --against reference)
         # torch.use_deterministic_algorithms for this rank while the runner lives (restored by close)
         self._deterministic_before = torch.are_deterministic_algorithms_enabled()
         if deterministic:
             torch.use_deterministic_algorithms(True)
         timeout = datetime.timedelta(seconds=timeout_s)
-        self.subject = make_backend(backend, device, num_sms=num_sms, max_hidden=max_hidden, timeout=timeout)
+        self.subject = make_backend(backend, device=device, num_sms=num_sms, max_hidden=max_hidden, timeout=timeout)
         self.target = None
         if against != "simulate":
-            self.target = make_backend(against, device, num_sms=num_sms, max_hidden=max_hidden, timeout=timeout)
+            self.target = make_backend(against, device=device, num_sms=num_sms, max_hidden=max_hidden,
+                                       timeout=timeout, combine_start=combine_start)
 
     def close(self) -> None:
         for b in (self.subject, self.target):
@@ -177,20 +167,21 @@ class CaseRunner:
         ys = [make_combine_input(spec, r, sim.num_recv(r), None, self.device) for r in range(spec.world)]
         sim_rank = sim.ranks[self.rank]
         expected = {"layout": sim_rank.layout, "dispatch": sim_rank.dispatched,
-                    "cached": sim_rank.dispatched.recv_x, "combine": sim.combine(ys)[self.rank]}
+                    "cached": sim_rank.dispatched.recv_x, "combine": sim.combine(ys, self.combine_start)[self.rank]}
         x, idx, w = inputs[self.rank]
         y = ys[self.rank]
         got = _run(self.subject, x, idx, w, y, spec.num_experts, twice=True)
         checks = _determinism(got, self.rank)
+        found: dict[str, dict[str, dict[str, Any]]] = {}
         if self.target is None:
-            checks.update(compare_outputs(expected, got, rank=self.rank, sim_rank=sim_rank))
+            checks.update(compare_outputs(expected, got, rank=self.rank, sim_rank=sim_rank, known_out=found))
         else:
             target = _run(self.target, x, idx, w, y, spec.num_experts, twice=False)
-            checks.update(compare_outputs(target, got, rank=self.rank, sim_rank=sim_rank))
+            checks.update(compare_outputs(target, got, rank=self.rank, sim_rank=sim_rank, known_out=found))
             vs_sim = compare_outputs(expected, target, rank=self.rank, sim_rank=sim_rank)
             bad = [f"{k}: {v}" for k, v in vs_sim.items() if v]
             checks["against.matches_simulate"] = bad[0] if bad else None
-        return {"checks": checks}
+        return {"checks": checks, "known": found}
 
     def _bad_input(self, spec: BadInputSpec) -> dict[str, Any]:
         base = CaseSpec(world=spec.world, seed=7, tokens=(8,) * spec.world, hidden=2048, topk=8,
@@ -243,15 +234,16 @@ def bad_input_specs(world: int) -> list[BadInputSpec]:
 
 
 # ---------------------------------------------------------------------------------------------
-# Driving the cases (rank 0) and the report
+# Driving the cases (rank 0), the verdict and the report
 # ---------------------------------------------------------------------------------------------
 
 @dataclass
 class CheckRow:
     cases: int = 0
-    failures: int = 0
+    failures: int = 0  # cases with a difference no known finding explains
     first: str | None = None
     first_case: str | None = None
+    known: dict[str, dict[str, Any]] = field(default_factory=dict)  # id -> {cases, values, first}
 
 
 def drive(run: Callable[[Any], list[Any]], specs: Sequence[Any], *, progress=None) -> dict[str, CheckRow]:
@@ -266,6 +258,19 @@ def drive(run: Callable[[Any], list[Any]], specs: Sequence[Any], *, progress=Non
                 row.first = msg
                 row.first_case = spec.to_json() if isinstance(spec, CaseSpec) else repr(spec)
 
+    def record_known(results: list[dict]) -> None:
+        per: dict[tuple[str, str], dict[str, Any]] = {}
+        for res in results:
+            for check, found in (res.get("known") or {}).items():
+                for fid, info in found.items():
+                    agg = per.setdefault((check, fid), {"values": 0, "first": info["first"]})
+                    agg["values"] += info["values"]
+        for (check, fid), agg in per.items():
+            entry = rows.setdefault(check, CheckRow()).known.setdefault(
+                fid, {"cases": 0, "values": 0, "first": agg["first"]})
+            entry["cases"] += 1
+            entry["values"] += agg["values"]
+
     start = time.monotonic()
     for i, spec in enumerate(specs):
         results = run(spec)
@@ -278,19 +283,52 @@ def drive(run: Callable[[Any], list[Any]], specs: Sequence[Any], *, progress=Non
             for name in names:
                 msgs = [res["checks"].get(name) for res in results if "checks" in res]
                 record(name, next((m for m in msgs if m), None), spec)
+            record_known([res for res in results if "checks" in res])
         if progress and (i + 1) % 10 == 0 or progress and i + 1 == len(specs):
             progress(f"  {i + 1}/{len(specs)} cases, {time.monotonic() - start:.1f} s")
     return rows
 
 
-def format_table(rows: dict[str, CheckRow]) -> str:
+@dataclass(frozen=True)
+class Verdict:
+    status: str  # "pass" or "fail"
+    line: str  # "PASS", "PASS (known: E1 on 44 values in 3 cases)", "FAIL: ...": never contradicts status
+    known: dict[str, dict[str, Any]]  # finding id -> {cases, values, what}
+    failed: tuple[str, ...]  # checks with unexplained differences
+
+
+def verdict(rows: dict[str, CheckRow], *, strict: bool = False) -> Verdict:
+    """One status and its one-line reason, from the same counts: PASS, PASS (known: ...), or FAIL."""
+    failed = tuple(n for n, r in rows.items() if r.failures)
+    found: dict[str, dict[str, Any]] = {}
+    for row in rows.values():
+        for fid, k in row.known.items():
+            agg = found.setdefault(fid, {"cases": 0, "values": 0, "what": known.describe(fid)})
+            agg["cases"] += k["cases"]
+            agg["values"] += k["values"]
+    known_text = ", ".join(f"{fid} on {k['values']} values in {k['cases']} case{'s' * (k['cases'] != 1)}"
+                           for fid, k in found.items())
+    if failed:
+        line = f"FAIL: {len(failed)} check{'s' * (len(failed) != 1)} differ ({', '.join(failed[:4])}"
+        line += ", ..." if len(failed) > 4 else ""
+        line += f"){'; known: ' + known_text if known_text else ''}"
+        return Verdict("fail", line, found, failed)
+    if found and strict:
+        return Verdict("fail", f"FAIL (--strict, known findings fail): {known_text}", found, failed)
+    return Verdict("pass", f"PASS (known: {known_text})" if found else "PASS", found, failed)
+
+
+def format_table(rows: dict[str, CheckRow], *, strict: bool = False) -> str:
     width = max([len(n) for n in rows] + [5])
     lines = [f"{'check':<{width}}  {'cases':>5}  {'fail':>4}  result  first mismatch"]
     for name, row in rows.items():
-        verdict = "PASS" if row.failures == 0 else ("KNOWN" if is_known(name) else "FAIL")
-        lines.append(f"{name:<{width}}  {row.cases:>5}  {row.failures:>4}  {verdict:<6}  {row.first or ''}")
+        result = "FAIL" if row.failures or (row.known and strict) else ("KNOWN" if row.known else "PASS")
+        lines.append(f"{name:<{width}}  {row.cases:>5}  {row.failures:>4}  {result:<6}  {row.first or ''}")
         if row.first_case:
             lines.append(f"{'':<{width}}  {'':>5}  {'':>4}  {'':<6}  case: {row.first_case}")
+        for fid, k in row.known.items():
+            lines.append(f"{'':<{width}}  {'':>5}  {'':>4}  {'':<6}  known {fid}: {k['values']} values in "
+                         f"{k['cases']} cases; first: {k['first']}")
     return "\n".join(lines)
 
 
@@ -308,11 +346,14 @@ def _csv(text: str, allowed: Sequence[Any], cast=str) -> tuple:
 def build_parser() -> ArgumentParser:
     p = ArgumentParser(prog="python -m numerics.ep check", description=__doc__.splitlines()[0])
     p.add_argument("--backend", default="reference",
-                   help="reference, deepep, or package.module:Class (your EPBackend, built with device=, timeout=)")
+                   help=f"{', '.join(BACKENDS)}, or package.module:Class (an EPBackend built with device=, timeout=)")
     p.add_argument("--against", choices=["simulate", "reference"], default="simulate")
+    p.add_argument("--combine-start", choices=COMBINE_STARTS, default=COMBINE_START,
+                   help="the expected combine sum starts at +0.0 (the contract) or at the first row (E1)")
+    p.add_argument("--strict", action="store_true", help="known findings fail the run too")
     p.add_argument("--cases", type=int, default=120, help="sampled routings after the named edge cases")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--max-tokens", type=int, default=MAX_TOKENS, help="tokens per rank, at most")
+    p.add_argument("--max-tokens", type=int, default=MAX_TOKENS, help=f"tokens per rank, at most (<= {MAX_TOKENS})")
     p.add_argument("--max-elements", type=int, default=None,
                    help="cap on tokens x hidden per rank (default: none on GPU, 2**19 on CPU)")
     p.add_argument("--payload", default=",".join(PAYLOADS), help="bf16,fp8")
@@ -328,15 +369,56 @@ def build_parser() -> ArgumentParser:
     return p
 
 
+def _parse_specs(args) -> list[CaseSpec]:
+    try:
+        specs = [CaseSpec.from_json(s) for s in args.spec]
+    except (ValueError, TypeError) as exc:
+        raise CLIError(f"--spec is not a case as printed by check: {exc}") from None
+    for spec in specs:
+        problem = spec.problem()
+        if problem:
+            raise CLIError(f"--spec {spec.to_json()}: {problem}")
+    return specs
+
+
+def check_world(args, world: int) -> None:
+    """Refuse a world the cases cannot run on, before any process starts (CLIError: one line, exit 2)."""
+    if world < 2:
+        raise CLIError(f"--world {world}: the communication level needs at least 2 ranks")
+    if args.spec:
+        bad = [s for s in _parse_specs(args) if s.world != world]
+        if bad:
+            raise CLIError(f"--spec was recorded for {bad[0].world} ranks, not {world}")
+        return
+    odd = [e for e in EXPERTS if e % world]
+    if odd:
+        fits = [w for w in range(2, min(EXPERTS) + 1) if all(e % w == 0 for e in EXPERTS)]
+        raise CLIError(f"--world {world} does not divide the case space's expert counts "
+                       f"({', '.join(map(str, EXPERTS))}); use one of {', '.join(map(str, fits))}")
+
+
+def check_args(args) -> None:
+    """Every option that can be judged without processes; CLIError (one line, exit 2) on the first bad one."""
+    if args.json and args.json.exists() and not args.force:
+        raise CLIError(f"{args.json} exists; pass --force to overwrite it")
+    if args.json and args.json.is_dir():
+        raise CLIError(f"--json {args.json} is a directory")
+    if args.cases < 0 or args.timeout <= 0:
+        raise CLIError("--cases must be >= 0 and --timeout > 0")
+    if not 0 <= args.max_tokens <= MAX_TOKENS:
+        raise CLIError(f"--max-tokens {args.max_tokens}: must be in [0, {MAX_TOKENS}] (what the buffers hold)")
+    if args.max_elements is not None and args.max_elements < 1:
+        raise CLIError(f"--max-elements {args.max_elements}: must be >= 1")
+    if args.num_sms is not None and (args.num_sms <= 0 or args.num_sms % 2):
+        raise CLIError(f"--num-sms {args.num_sms}: DeepEP needs a positive even number of SMs")
+    _csv(args.payload, PAYLOADS)
+    _csv(args.hidden, HIDDENS, int)
+    _parse_specs(args)
+
+
 def _specs(args, world: int, on_gpu: bool) -> list[Any]:
     if args.spec:
-        try:
-            specs = [CaseSpec.from_json(s) for s in args.spec]
-        except (ValueError, TypeError) as exc:
-            raise CLIError(f"--spec is not a case as printed by check: {exc}") from None
-        if any(s.world != world for s in specs):
-            raise CLIError(f"--spec was recorded for another world size than {world}")
-        return specs
+        return list(_parse_specs(args))
     payloads = _csv(args.payload, PAYLOADS)
     hiddens = _csv(args.hidden, HIDDENS, int)
     max_elements = args.max_elements or (MAX_TOKENS * max(HIDDENS) if on_gpu else 2**19)
@@ -351,59 +433,59 @@ def _specs(args, world: int, on_gpu: bool) -> list[Any]:
 def report(args, world: int, rows: dict[str, CheckRow], seconds: float, backend: str) -> int:
     from numerics.environment import describe
 
-    passed = all(r.failures == 0 for n, r in rows.items() if not is_known(n))
-    print(format_table(rows))
-    print(f"{'PASS' if passed else 'FAIL'}: {args.backend} against {args.against}, {world} ranks ({backend}), "
-          f"{max((r.cases for r in rows.values()), default=0)} cases in {seconds:.1f} s")
+    v = verdict(rows, strict=args.strict)
+    cases = max((r.cases for r in rows.values()), default=0)
+    summary = (f"{v.line}: {args.backend} against {args.against}, {world} ranks ({backend}), "
+               f"{cases} cases in {seconds:.1f} s")
+    print(format_table(rows, strict=args.strict))
+    print(summary)
     if args.json:
-        doc = {"kind": "ep-check", "version": 1, "passed": passed, "world": world, "comm_backend": backend,
-               "backend": args.backend, "against": args.against, "seconds": round(seconds, 2),
+        doc = {"kind": "ep-check", "version": 2, "status": v.status, "passed": v.status == "pass",
+               "verdict": v.line, "summary": summary, "strict": args.strict, "known": v.known,
+               "failed_checks": list(v.failed),
+               "world": world, "comm_backend": backend, "backend": args.backend, "against": args.against,
+               "combine_start": args.combine_start, "seconds": round(seconds, 2),
                "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
                "checks": {n: dataclasses.asdict(r) for n, r in rows.items()}, "environment": describe()}
+        if "deepep" in (args.backend, args.against) or args.backend == "deepep-v2":
+            from numerics.ep.deepep import describe_deep_ep
+            doc["deep_ep"] = describe_deep_ep()
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(doc, indent=1) + "\n")
         print(f"wrote {args.json}")
-    return 0 if passed else 1
+    return 0 if v.status == "pass" else 1
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.json and args.json.exists() and not args.force:
-        raise CLIError(f"{args.json} exists; pass --force to overwrite it")
-    if args.backend not in ("reference", "deepep") and ":" not in args.backend:
-        raise CLIError(f"--backend {args.backend!r}: use reference, deepep or package.module:Class")
-    if args.cases < 0 or args.max_tokens < 0 or args.timeout <= 0:
-        raise CLIError("--cases and --max-tokens must be >= 0 and --timeout > 0")
-    if args.num_sms is not None and (args.num_sms <= 0 or args.num_sms % 2):
-        raise CLIError(f"--num-sms {args.num_sms}: DeepEP needs a positive even number of SMs")
-    uses_deepep = "deepep" in (args.backend, args.against)
-    if uses_deepep:
-        from numerics.ep.deepep import import_deep_ep
-        try:
-            import_deep_ep()
-        except ImportError as exc:
-            raise CLIError(str(exc)) from None
+    under_torchrun = "RANK" in os.environ and "WORLD_SIZE" in os.environ
+    world = int(os.environ["WORLD_SIZE"]) if under_torchrun else args.world
+    try:
+        check_args(args)
+        check_world(args, world)
+        on_gpu = torch.cuda.is_available() and torch.cuda.device_count() >= world
+        require(args.backend, world=world if not is_custom(args.backend) else None)
+    except BadInput:
+        if under_torchrun and os.environ["RANK"] != "0":
+            return 2  # rank 0 prints the one line; every rank stops before any process group exists
+        raise
     kwargs = {"backend": args.backend, "against": args.against, "num_sms": args.num_sms,
-              "timeout_s": args.timeout}
+              "timeout_s": args.timeout, "combine_start": args.combine_start}
     factory = "numerics.ep.check:CaseRunner"
+
     def progress(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
 
-    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # under torchrun
+    if under_torchrun:
         return _main_torchrun(args, factory, kwargs, progress)
-    if args.world < 2:
-        raise CLIError("--world must be >= 2 (the communication level needs peers)")
-    on_gpu = torch.cuda.is_available() and torch.cuda.device_count() >= args.world
-    if uses_deepep and not on_gpu:
-        raise CLIError(f"--backend deepep needs {args.world} CUDA GPUs, found {torch.cuda.device_count()}")
     from numerics.ep.launch import Session
 
-    specs = _specs(args, args.world, on_gpu)
+    specs = _specs(args, world, on_gpu)
     comm = "nccl" if on_gpu else "gloo"
     start = time.monotonic()
-    with Session(args.world, factory, kwargs, comm=comm, timeout_s=args.timeout) as session:
+    with Session(world, factory, kwargs, comm=comm, timeout_s=args.timeout) as session:
         rows = drive(session.run, specs, progress=progress)
-    return report(args, args.world, rows, time.monotonic() - start, comm)
+    return report(args, world, rows, time.monotonic() - start, comm)
 
 
 def _main_torchrun(args, factory: str, kwargs: dict, progress) -> int:

@@ -7,11 +7,13 @@ included, must match.
 
 ``diff(...)`` returns ``None`` or a one-line description such as
 ``rank 1, row 4031, col 17 (from rank 0 token 17): expected 0x3f80, got 0x3f81 [3 of 917504 differ]``.
+``split_known(...)`` does the same for the differences no known finding explains, and counts, per
+finding (``numerics.ep.known``), the values it explains.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -31,9 +33,18 @@ def _hex(v: int, width: int) -> str:
 
 
 def negative_zero_lost(expected: torch.Tensor, actual: torch.Tensor) -> torch.Tensor:
-    """Elements where ``expected`` is -0.0 and ``actual`` is +0.0: DeepEP's combine, finding E1 in FINDINGS.md."""
+    """Elements where ``expected`` is -0.0 and ``actual`` is +0.0 (FINDINGS.md E1: a zero-initialised sum)."""
     actual = actual.to(expected.device)
     return ((expected == 0) & torch.signbit(expected)) & ((actual == 0) & ~torch.signbit(actual))
+
+
+def differing(expected: torch.Tensor, actual: torch.Tensor, *, nan_any: bool = False) -> torch.Tensor:
+    """Bool mask of the elements whose bits differ (any NaN matching any NaN when ``nan_any``)."""
+    actual = actual.to(expected.device)
+    differ = bits(expected) != bits(actual)
+    if nan_any:
+        differ &= ~(torch.isnan(expected) & torch.isnan(actual))
+    return differ
 
 
 def diff(expected: Any, actual: Any, *, rank: int, where: Callable[[tuple[int, ...]], str] | None = None,
@@ -55,9 +66,7 @@ def diff(expected: Any, actual: Any, *, rank: int, where: Callable[[tuple[int, .
     if tuple(actual.shape) != tuple(expected.shape):
         return f"{head}: expected shape {tuple(expected.shape)}, got {tuple(actual.shape)}"
     e, a = bits(expected), bits(actual.to(expected.device))
-    differ = e != a
-    if nan_any:
-        differ &= ~(torch.isnan(expected) & torch.isnan(actual.to(expected.device)))
+    differ = differing(expected, actual, nan_any=nan_any)
     if ignore is not None:
         differ &= ~ignore(expected, actual)
     n = int(differ.sum())
@@ -88,3 +97,35 @@ def combine_locator(is_token_in_rank: torch.Tensor) -> Callable[[tuple[int, ...]
 
 def layout_locator(idx: tuple[int, ...]) -> str:
     return f"token {idx[0]}, destination rank {idx[1]}" if len(idx) == 2 else f"entry {idx[0]}"
+
+
+def split_known(expected: torch.Tensor, actual: Any, *, rank: int, known: Sequence[Any],
+                where: Callable[[tuple[int, ...]], str] | None = None, nan_any: bool = False
+                ) -> tuple[str | None, dict[str, dict[str, Any]]]:
+    """(first unexplained difference or None, {finding id: {"values": n, "first": message}}).
+
+    ``known`` are ``numerics.ep.known.Known`` entries; each explains the differing values its
+    predicate picks. A value two findings could explain is counted for the first."""
+    if not known or not isinstance(actual, torch.Tensor) or actual.dtype != expected.dtype \
+            or tuple(actual.shape) != tuple(expected.shape):
+        return diff(expected, actual, rank=rank, where=where, nan_any=nan_any), {}
+    differ = differing(expected, actual, nan_any=nan_any)
+    masks = [k.explains(expected, actual) & differ for k in known]
+
+    def any_of(e: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
+        out = torch.zeros_like(masks[0])
+        for m in masks:
+            out |= m
+        return out
+
+    unexplained = diff(expected, actual, rank=rank, where=where, nan_any=nan_any, ignore=any_of)
+    counts: dict[str, dict[str, Any]] = {}
+    taken = torch.zeros_like(masks[0])
+    for k, mask in zip(known, masks):
+        mine = mask & ~taken
+        taken |= mask
+        if bool(mine.any()):
+            first = diff(expected, actual, rank=rank, where=where, nan_any=nan_any,
+                         ignore=lambda e, a, m=mine: ~m)
+            counts[k.id] = {"values": int(mine.sum()), "first": first}
+    return unexplained, counts

@@ -14,6 +14,11 @@ every rank's result. A runner's exception becomes that rank's result (``{"error"
 killing the rank. Every collective runs under the group's timeout, so a rank that stops answering
 turns into an error on the others, never a hang; ``Session`` tears the group down in ``finally`` and
 ends children that outlive it.
+
+The cases and results travel over a gloo group (``control_group``), also when the payload group is
+NCCL: a rank waiting for the next case then waits on the CPU, not in an NCCL kernel spinning on its
+GPU. Such a kernel, from another process, time-slices that GPU against rank 0's work on it, which is
+how the old bench lost a third of the peer-copy bandwidth (``numerics.ep.bench``).
 """
 
 from __future__ import annotations
@@ -61,6 +66,13 @@ def init_from_env(timeout: datetime.timedelta, backend: str | None = None) -> tu
     return dist.get_rank(), world, device
 
 
+def control_group(timeout: datetime.timedelta):
+    """A gloo group over the same ranks for control messages (collective: every rank calls it)."""
+    if dist.get_backend() == "gloo":
+        return dist.group.WORLD
+    return dist.new_group(backend="gloo", timeout=timeout)
+
+
 def _error_text(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
@@ -71,10 +83,11 @@ def lead_under_torchrun(factory: str, kwargs: dict, timeout_s: float,
     ``lead(run, world, device)``, where ``run(spec)`` runs one spec on every rank, while the other ranks
     serve until rank 0 stops them. Tears the channel and the group down on every path. Returns
     ``lead``'s result on rank 0 and None on the others."""
-    rank, world, device = init_from_env(datetime.timedelta(seconds=timeout_s))
+    timeout = datetime.timedelta(seconds=timeout_s)
+    rank, world, device = init_from_env(timeout)
     channel = None
     try:
-        channel = CaseChannel(rank, world, device, factory, kwargs)
+        channel = CaseChannel(rank, world, device, factory, kwargs, control_group(timeout))
         if rank != 0:
             channel.serve()
             return None
@@ -91,14 +104,16 @@ def lead_under_torchrun(factory: str, kwargs: dict, timeout_s: float,
 class CaseChannel:
     """Rank 0 sends cases, every rank runs them, rank 0 collects the results."""
 
-    def __init__(self, rank: int, world: int, device: torch.device, factory: str, kwargs: dict):
+    def __init__(self, rank: int, world: int, device: torch.device, factory: str, kwargs: dict,
+                 control: Any = None):
         self.rank, self.world, self.device = rank, world, device
+        self.control = control if control is not None else dist.group.WORLD
         try:
             self.runner, setup_error = load(factory)(rank, world, device, **kwargs), None
         except Exception as exc:  # noqa: BLE001 - reported to every rank, then raised
             self.runner, setup_error = None, _error_text(exc)
         errors: list[Any] = [None] * world
-        dist.all_gather_object(errors, setup_error)
+        dist.all_gather_object(errors, setup_error, group=self.control)
         failed = {r: e for r, e in enumerate(errors) if e}
         if failed:
             raise RuntimeError("set-up failed on " + "; ".join(f"rank {r}: {e}" for r, e in failed.items()))
@@ -112,23 +127,23 @@ class CaseChannel:
     def run(self, spec: Any) -> list[Any]:
         """Rank 0 only: run ``spec`` on every rank; the list of results indexed by rank."""
         box = [spec]
-        dist.broadcast_object_list(box, src=0)
+        dist.broadcast_object_list(box, src=0, group=self.control)
         mine = self._one(spec)
         results: list[Any] = [None] * self.world
-        dist.gather_object(mine, results, dst=0)
+        dist.gather_object(mine, results, dst=0, group=self.control)
         return results
 
     def serve(self) -> None:
         """Ranks other than 0: run cases until rank 0 says stop."""
         while True:
             box: list[Any] = [None]
-            dist.broadcast_object_list(box, src=0)
+            dist.broadcast_object_list(box, src=0, group=self.control)
             if box[0] == STOP:
                 return
-            dist.gather_object(self._one(box[0]), None, dst=0)
+            dist.gather_object(self._one(box[0]), None, dst=0, group=self.control)
 
     def stop(self) -> None:
-        dist.broadcast_object_list([STOP], src=0)
+        dist.broadcast_object_list([STOP], src=0, group=self.control)
 
     def close(self) -> None:
         closer = getattr(self.runner, "close", None)
@@ -141,11 +156,12 @@ def _child(rank: int, world: int, store_path: str, backend: str, timeout_s: floa
     torch.set_num_threads(threads)
     store = dist.FileStore(store_path, world)
     device = _device_for(backend, rank)
-    dist.init_process_group(backend, store=store, rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=timeout_s), **_device_id(device))
+    timeout = datetime.timedelta(seconds=timeout_s)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout,
+                            **_device_id(device))
     channel = None
     try:
-        channel = CaseChannel(rank, world, device, factory, kwargs)
+        channel = CaseChannel(rank, world, device, factory, kwargs, control_group(timeout))
         channel.serve()
     finally:
         if channel is not None:
@@ -184,10 +200,10 @@ class Session:
         torch.set_num_threads(self.threads)
         try:
             device = _device_for(self.comm, 0)
+            timeout = datetime.timedelta(seconds=self.timeout_s)
             dist.init_process_group(self.comm, store=dist.FileStore(store_path, self.world), rank=0,
-                                    world_size=self.world, timeout=datetime.timedelta(seconds=self.timeout_s),
-                                    **_device_id(device))
-            self.channel = CaseChannel(0, self.world, device, self.factory, self.kwargs)
+                                    world_size=self.world, timeout=timeout, **_device_id(device))
+            self.channel = CaseChannel(0, self.world, device, self.factory, self.kwargs, control_group(timeout))
         except BaseException:
             self.__exit__(None, None, None)
             raise

@@ -15,9 +15,12 @@ dispatch
 combine
     the received rows travel back along the same counts (the reverse all-to-all), so row ``i`` that
     comes back from rank ``j`` belongs to the ``i``-th token this rank sent to ``j``. For each token,
-    contributions are folded in ascending ``j``: ``acc = y_first`` then ``acc = fp32(acc + y_next)``,
-    and ``acc`` is rounded to bf16 once (torch's float32 -> bfloat16 conversion is
-    round-to-nearest-even). Tokens sent nowhere give +0.0.
+    contributions are added in ascending ``j`` to a float32 accumulator that starts at +0.0
+    (``combine_start="zero"``, the contract) or at the first row (``"first-row"``, the other
+    convention, see ``numerics.ep.backend``), and ``acc`` is rounded to bf16 once (torch's float32 ->
+    bfloat16 conversion is round-to-nearest-even). Tokens sent nowhere give +0.0.
+
+Every wait goes through ``backend.finish``: bounded by the timeout on gloo, stream-ordered on NCCL.
 """
 
 from __future__ import annotations
@@ -31,11 +34,14 @@ import torch
 import torch.distributed as dist
 
 from numerics.ep.backend import (
+    COMBINE_START,
+    COMBINE_STARTS,
     DEFAULT_TIMEOUT,
     FP8_BLOCK,
     Dispatched,
     EPBackend,
     Layout,
+    finish,
     is_fp8,
     payload_hidden,
     validate_dispatch,
@@ -80,9 +86,14 @@ class AllToAllReference(EPBackend):
     """DeepEP V1 semantics over ``torch.distributed.all_to_all_single`` (NCCL or gloo)."""
 
     def __init__(self, group: Any = None, *, device: torch.device | str | None = None,
-                 timeout: datetime.timedelta = DEFAULT_TIMEOUT):
+                 timeout: datetime.timedelta = DEFAULT_TIMEOUT, combine_start: str = COMBINE_START,
+                 validate: bool = True):
+        if combine_start not in COMBINE_STARTS:
+            raise ValueError(f"combine_start={combine_start!r}: choose from {', '.join(COMBINE_STARTS)}")
         self.group = group if group is not None else dist.group.WORLD
         self.timeout = timeout
+        self.combine_start = combine_start
+        self.validate = validate
         if device is None:
             nccl = "nccl" in str(dist.get_backend(self.group)).lower()
             device = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
@@ -93,7 +104,7 @@ class AllToAllReference(EPBackend):
         out = torch.empty((sum(recv_counts), *send.shape[1:]), dtype=send.dtype, device=send.device)
         work = dist.all_to_all_single(out, send.contiguous(), recv_counts, send_counts, group=self.group,
                                       async_op=True)
-        work.wait(self.timeout)
+        finish(work, self.timeout, self.device)
         return out
 
     # -- the interface ---------------------------------------------------------------------------
@@ -109,7 +120,8 @@ class AllToAllReference(EPBackend):
 
     def dispatch(self, x: Any, topk_idx: torch.Tensor, topk_weights: torch.Tensor,
                  num_experts: int) -> Dispatched:
-        validate_dispatch(self, x, topk_idx, topk_weights, num_experts, self.device)
+        if self.validate:
+            validate_dispatch(self, x, topk_idx, topk_weights, num_experts, self.device)
         world = self.world_size
         local = num_experts // world
         lay = self.layout(topk_idx, num_experts)
@@ -149,22 +161,26 @@ class AllToAllReference(EPBackend):
         return Dispatched(recv_x, recv_topk_idx, recv_topk_weights, num_recv_tokens_per_expert, handle)
 
     def dispatch_cached(self, x: Any, handle: RefHandle) -> Any:
-        validate_payload(self, x, handle.num_tokens, None, "x", self.device)
+        if self.validate:
+            validate_payload(self, x, handle.num_tokens, None, "x", self.device)
         rows = self._all_to_all(_pack_payload(x)[handle.send_index], handle.send_counts, handle.recv_counts)
         return _unpack_payload(rows, payload_hidden(x), is_fp8(x))
 
     def combine(self, y: torch.Tensor, handle: RefHandle) -> torch.Tensor:
-        validate_payload(self, y, sum(handle.recv_counts), None, "y", self.device, bf16_only=True)
+        if self.validate:
+            validate_payload(self, y, sum(handle.recv_counts), None, "y", self.device, bf16_only=True)
         hidden = y.shape[1]
         back = self._all_to_all(_as_bytes(y), handle.recv_counts, handle.send_counts)
         values = back.view(torch.bfloat16).reshape(-1, hidden).float()  # bf16 -> fp32 is exact
-        acc = torch.zeros(handle.num_tokens, hidden, dtype=torch.float32, device=y.device)
+        acc = torch.zeros(handle.num_tokens, hidden, dtype=torch.float32, device=y.device)  # +0.0
         seen = torch.zeros(handle.num_tokens, dtype=torch.bool, device=y.device)
+        first_row = self.combine_start == "first-row"
         start = 0
         for count in handle.send_counts:  # ascending rank order
             tokens = handle.send_index[start:start + count]
             v = values[start:start + count]
-            acc[tokens] = torch.where(seen[tokens, None], acc[tokens] + v, v)
+            added = acc[tokens] + v
+            acc[tokens] = torch.where(seen[tokens, None], added, v) if first_row else added
             seen[tokens] = True
             start += count
         return acc.to(torch.bfloat16)

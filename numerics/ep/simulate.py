@@ -10,6 +10,7 @@ reference backend and DeepEP.
     sim = simulate(xs, topk_idxs, topk_weights, num_experts)   # lists indexed by rank
     sim.ranks[r].dispatched.recv_x, sim.ranks[r].recv_src_rank, sim.ranks[r].recv_src_idx
     sim.combine(ys)                                            # list of bf16 tensors, per rank
+    sim.combine(ys, start="first-row")                         # the other combine convention
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any
 
 import torch
 
-from numerics.ep.backend import Dispatched, Layout, is_fp8
+from numerics.ep.backend import COMBINE_START, COMBINE_STARTS, Dispatched, Layout, is_fp8
 
 
 @dataclass
@@ -91,8 +92,13 @@ class Simulation:
     def num_recv(self, rank: int) -> int:
         return int(self.ranks[rank].recv_src_idx.numel())
 
-    def combine(self, ys: list[torch.Tensor]) -> list[torch.Tensor]:
-        """Each rank's combine output, given every rank's ``y`` (bf16, one row per received row)."""
+    def combine(self, ys: list[torch.Tensor], start: str = COMBINE_START) -> list[torch.Tensor]:
+        """Each rank's combine output, given every rank's ``y`` (bf16, one row per received row).
+
+        ``start``: the float32 sum starts at +0.0 (``"zero"``, the contract) or at the first row that
+        comes back (``"first-row"``); see ``numerics.ep.backend``."""
+        if start not in COMBINE_STARTS:
+            raise ValueError(f"start={start!r}: choose from {', '.join(COMBINE_STARTS)}")
         hidden = ys[0].shape[1]
         out = []
         for src in range(self.world):
@@ -104,7 +110,7 @@ class Simulation:
                 from_src = exp.recv_src_rank == src
                 token = exp.recv_src_idx[from_src]
                 rows = ys[dest][from_src].float()  # bf16 -> float32 is exact
-                first = (count[token] == 0)[:, None]
+                first = (count[token] == 0)[:, None] & (start == "first-row")
                 acc[token] = torch.where(first, rows, acc[token] + rows)  # tokens are distinct per rank
                 count[token] = count[token] + 1
             out.append(acc.to(torch.bfloat16))

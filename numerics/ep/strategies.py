@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from hypothesis import strategies as st
 
-from numerics.ep.backend import FP8_BLOCK
+from numerics.ep.backend import FP8_BLOCK, MAX_TOKENS
 
 ROUTINGS = ("uniform", "zipf", "one_expert", "starve_rank", "masked")
 PAYLOADS = ("bf16", "fp8")
@@ -36,7 +36,6 @@ TOPKS = (6, 8)  # 16B routes top-6 of 64, V3 top-8 of 256
 EXPERTS = (64, 256)
 # token counts that are not multiples of DeepEP's 32/128-token chunks and channel splits
 ODD_TOKENS = (1, 31, 33, 127, 129, 255, 4095, 4097, 8191)
-MAX_TOKENS = 8192  # the issue's upper bound per rank
 
 # bf16 special bit patterns (sign | exponent | mantissa)
 BF16_SPECIALS = (
@@ -68,6 +67,25 @@ class CaseSpec:
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), separators=(",", ":"))
+
+    def problem(self) -> str | None:
+        """Why this case cannot run (None if it can): checked before any process starts."""
+        if self.world < 2 or len(self.tokens) != self.world:
+            return f"world {self.world} needs >= 2 ranks and one token count per rank (got {len(self.tokens)})"
+        if any(not 0 <= t <= MAX_TOKENS for t in self.tokens):
+            return f"token counts must be in [0, {MAX_TOKENS}]"
+        if self.num_experts <= 0 or self.num_experts % self.world:
+            return f"num_experts {self.num_experts} is not a positive multiple of the world size {self.world}"
+        if not 1 <= self.topk <= self.num_experts:
+            return f"topk {self.topk} must be in [1, num_experts {self.num_experts}]"
+        block = FP8_BLOCK if self.payload == "fp8" else 8  # FP8: one scale per 128 channels; bf16: 16-byte rows
+        if self.hidden <= 0 or self.hidden % block:
+            return f"hidden {self.hidden} must be a positive multiple of {block} for {self.payload}"
+        if self.routing not in ROUTINGS or self.payload not in PAYLOADS:
+            return f"routing must be one of {', '.join(ROUTINGS)} and payload one of {', '.join(PAYLOADS)}"
+        if self.routing == "starve_rank" and not 0 <= self.starved < self.world:
+            return f"starved rank {self.starved} is not in [0, {self.world})"
+        return None
 
     @staticmethod
     def from_json(text: str) -> CaseSpec:

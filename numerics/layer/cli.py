@@ -1,4 +1,4 @@
-"""python -m numerics layers [--config small|16b] [--json OUT] [--markdown OUT] — the per-layer table.
+"""python -m numerics layers [--config tiny|16b] [--json OUT] [--markdown OUT] — the per-layer table.
 
 Runs every layer of the config FP32 / BF16 / MXFP8 (both torchao recipes) on one device, prints the
 table, lists any MXFP8 figure below its floor (exit 1 then), and optionally writes
@@ -13,9 +13,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from numerics import environment
 from numerics.cli import ArgumentParser, CLIError, run_main
-from numerics.layer.configs import CONFIGS, get
+from numerics.layer.configs import SUITES, suite
 
 
 def _device(name: str | None) -> str:
@@ -41,24 +40,9 @@ def _writable(path: str | None, force: bool) -> Path | None:
     return p
 
 
-def header(config_name: str, device: str) -> dict:
-    import torch
-
-    from numerics.layer import harness as layers
-
-    return {
-        "config": get(config_name).to_dict(),
-        "device": device,
-        "kernel": layers.default_kernel(device).name,
-        "fp32_matmul_precision": torch.get_float32_matmul_precision(),
-        "versions": environment.describe(),
-        "hardware": environment.hardware_tag() if device != "cpu" else "cpu",
-    }
-
-
 def _main(argv: Sequence[str] | None) -> int:
     parser = ArgumentParser(prog="python -m numerics layers", description=__doc__.splitlines()[0])
-    parser.add_argument("--config", choices=sorted(CONFIGS), default="small")
+    parser.add_argument("--config", choices=sorted(SUITES), default="tiny")
     parser.add_argument("--device", help="cpu or cuda[:N]; default cuda when visible")
     parser.add_argument("--json", help="write the records as JSON here")
     parser.add_argument("--markdown", help="write the table as Markdown here")
@@ -68,21 +52,22 @@ def _main(argv: Sequence[str] | None) -> int:
     json_path, md_path = _writable(args.json, args.force), _writable(args.markdown, args.force)
 
     from numerics.layer import harness as layers
+    from numerics.layer import results as results_mod
 
-    cfg = get(args.config)
+    cfg = suite(args.config)
     start = time.perf_counter()
 
     def progress(msg: str) -> None:
         print(f"{time.perf_counter() - start:7.1f}s {msg}", file=sys.stderr, flush=True)
 
-    results = layers.run_config(cfg, device=device, progress=progress)
+    results = layers.run_suite(cfg, device=device, progress=progress)
     if json_path:
-        json_path.write_text(layers.to_json(results, header(args.config, device)) + "\n")
+        json_path.write_text(results_mod.to_json(results, layers.header(args.config, device)) + "\n")
     if md_path:
         md_path.write_text(f"# Layer statistics: config {cfg.name}, {device}\n\n"
-                           + layers.format_table(results, markdown=True) + "\n")
-    print(layers.format_table(results))
-    bad = layers.floor_violations(results)
+                           + results_mod.format_table(results, markdown=True) + "\n")
+    print(results_mod.format_table(results))
+    bad = results_mod.floor_violations(results)
     for line in bad:
         print(f"BELOW FLOOR {line}")
     print(f"{len(results)} layers, {'all above their floors' if not bad else f'{len(bad)} figures below floor'}"

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
-from numerics.layer.harness import INPUT_FAMILIES, MX_RECIPES
+from numerics.layer.harness import INPUT_FAMILIES
+from numerics.layer.recipes import MX_RECIPES
 
-BLOCK = 32
+BLOCK = 32  # the MX block (numerics.layer.mxfp8.BLOCK): every size torchao quantizes along is a multiple
 
 
 @st.composite

@@ -7,14 +7,14 @@ import json
 from golden import layer_stats
 
 
-def _golden_small_cpu() -> list[dict]:
-    return json.loads((layer_stats.DIR / "layer_stats_small__cpu.json").read_text())["records"]
+def _golden_tiny_cpu() -> list[dict]:
+    return json.loads((layer_stats.DIR / "layer_stats_tiny__cpu.json").read_text())["records"]
 
 
 def test_layer_stats_committed_cpu_file_has_provenance():
-    golden = _golden_small_cpu()
-    meta = json.loads((layer_stats.DIR / "layer_stats_small__cpu.meta.json").read_text())
-    assert meta["versions"]["torchao"] and meta["versions"]["torch"] and meta["config"]["name"] == "small"
+    golden = _golden_tiny_cpu()
+    meta = json.loads((layer_stats.DIR / "layer_stats_tiny__cpu.meta.json").read_text())
+    assert meta["versions"]["torchao"] and meta["versions"]["torch"] and meta["config"]["name"] == "tiny"
     assert {r["recipe"] for r in golden} == {"bf16", "mxfp8"}
     assert {r["layer"] for r in golden} == {"linear", "grouped_mm", "moe", "mla"}
 
@@ -24,7 +24,7 @@ def test_layer_stats_check_passes_on_this_machine():
 
 
 def test_layer_stats_compare_flags_a_drop_of_more_than_one_db():
-    golden = _golden_small_cpu()
+    golden = _golden_tiny_cpu()
     measured = [dict(r) for r in golden]
     measured[3]["sqnr_vs_fp32"] -= 1.01
     measured[5]["sqnr_vs_fp32"] -= 0.99  # within the 1 dB allowance
@@ -33,7 +33,7 @@ def test_layer_stats_compare_flags_a_drop_of_more_than_one_db():
 
 
 def test_layer_stats_compare_flags_missing_and_nan():
-    golden = _golden_small_cpu()[:3]
+    golden = _golden_tiny_cpu()[:3]
     measured = [dict(golden[0], sqnr_vs_fp32=float("nan")), dict(golden[1])]
     problems = layer_stats.compare(golden, measured)
     assert len(problems) == 2 and "not measured" in problems[1]

@@ -137,7 +137,7 @@ def test_level_status_rules():
 
 
 @pytest.mark.parametrize("gpus, deep_ep, layer, model, ep", [
-    (0, False, "small", "tiny", "reference"),
+    (0, False, "tiny", "tiny", "reference"),
     (1, False, "16b", "proxy", "reference"),
     (2, False, "16b", "proxy", "reference"),
     (2, True, "16b", "proxy", "deepep"),
@@ -147,7 +147,7 @@ def test_make_plan_sizes_follow_the_hardware(gpus, deep_ep, layer, model, ep):
     assert (plan.layer_config, plan.train_model, plan.ep_backend) == (layer, model, ep)
     assert plan.device == ("cuda" if gpus else "cpu")
     quick = make_plan(gpus=gpus, deep_ep=deep_ep, quick=True)
-    assert quick.layer_config == "small" and quick.train_model == "tiny"
+    assert quick.layer_config == "tiny" and quick.train_model == "tiny"
     assert quick.train_steps < plan.train_steps and quick.ep_cases < plan.ep_cases
 
 

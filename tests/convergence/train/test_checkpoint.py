@@ -5,8 +5,9 @@ from __future__ import annotations
 import torch
 
 from convergence.train.checkpoint import JsonlLog, load_checkpoint, plain, save_checkpoint
-from convergence.train.model import Transformer, tiny
-from convergence.train.recipes import apply_recipe, get_recipe
+from convergence.train.model import Transformer
+from numerics.layer.configs import tiny
+from numerics.layer.recipes import apply_recipe, get_recipe
 
 
 def test_jsonl_log_ignores_and_repairs_a_torn_last_line(tmp_path):

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from convergence.train.data import Batches, DataSpec, default_corpus_documents, load_tokens
-from numerics.cli import CLIError
+from numerics.errors import BadInput
 
 
 def test_default_corpus_is_deterministic_and_split_disjointly():
@@ -31,7 +31,7 @@ def test_batches_are_a_function_of_seed_and_step():
 
 
 def test_too_few_tokens_is_reported():
-    with pytest.raises(CLIError, match="fewer than one batch"):
+    with pytest.raises(BadInput, match="fewer than one batch"):
         Batches(np.zeros(100, np.uint16), batch=4, seq=32, seed=0)
 
 
@@ -52,12 +52,12 @@ def test_user_text_jsonl_and_bin(tmp_path):
 
 
 def test_bad_data_inputs_are_one_line_errors(tmp_path):
-    with pytest.raises(CLIError, match="does not exist"):
+    with pytest.raises(BadInput, match="does not exist"):
         load_tokens(DataSpec(path=str(tmp_path / "missing.txt")))
     (tmp_path / "bad.jsonl").write_text('{"txt": 1}\n')
-    with pytest.raises(CLIError, match="bad.jsonl:1"):
+    with pytest.raises(BadInput, match="bad.jsonl:1"):
         load_tokens(DataSpec(path=str(tmp_path / "bad.jsonl")))
-    with pytest.raises(CLIError, match="unknown tokenizer"):
+    with pytest.raises(BadInput, match="unknown tokenizer"):
         load_tokens(DataSpec(tokenizer="wordpiece"))
 
 

@@ -17,10 +17,10 @@ from hypothesis import strategies as st
 from convergence.train import distributed
 from convergence.train.ep_dispatch import EPDispatch, join_exact, split_exact
 from convergence.train.loop import TrainConfig
-from convergence.train.model import get_config
-from convergence.train.moe import MoE
-from numerics.cli import CLIError
 from numerics.ep.reference import AllToAllReference
+from numerics.errors import BadInput
+from numerics.layer.configs import get_config
+from numerics.layer.modules import MoE
 
 # float32 values that a router-weight gradient can take, down to where the third piece is still normal
 finite_f32 = st.floats(width=32, allow_nan=False, allow_infinity=False).filter(lambda v: v == 0 or abs(v) >= 2**-102)
@@ -63,12 +63,7 @@ def one_rank_group():
 
 
 def _moe(seed: int) -> MoE:
-    cfg = get_config("tiny")
-    from convergence.train.model import FeedForward, Linear
-
-    moe = MoE(dim=cfg.dim, hidden=cfg.moe_hidden, n_experts=cfg.n_routed_experts, top_k=cfg.top_k,
-              n_shared=cfg.n_shared_experts, score_func=cfg.score_func, route_norm=cfg.route_norm,
-              route_scale=cfg.route_scale, shared_factory=FeedForward, gate_factory=Linear)
+    moe = MoE(get_config("tiny"))
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for p in moe.parameters():
@@ -106,7 +101,7 @@ def _cfg(**kw) -> TrainConfig:
 def test_check_request_ep_must_divide_experts(monkeypatch):
     six = dataclasses.replace(get_config("tiny"), n_routed_experts=6)
     monkeypatch.setattr(distributed, "get_config", lambda name: six)
-    with pytest.raises(CLIError, match="--ep 4 does not divide the 6 routed experts"):
+    with pytest.raises(BadInput, match="--ep 4 does not divide the 6 routed experts"):
         distributed.check_request(_cfg(ep=4), world=4)
 
 
@@ -120,13 +115,13 @@ def test_check_request_ep_must_divide_experts(monkeypatch):
 ])
 def test_check_request_bad_input(kw, match):
     world = kw.pop("world", kw.get("ep", 2))
-    with pytest.raises(CLIError, match=match):
+    with pytest.raises(BadInput, match=match):
         distributed.check_request(_cfg(**kw), world=world)
 
 
 @pytest.mark.skipif(importlib.util.find_spec("deep_ep") is not None, reason="deep_ep is importable here")
 def test_check_request_deepep_not_importable():
-    with pytest.raises(CLIError, match="deep_ep is not importable"):
+    with pytest.raises(BadInput, match="deep_ep is not importable"):
         distributed.check_request(_cfg(ep_backend="deepep", device="cuda"), world=2)
 
 
@@ -134,7 +129,6 @@ def test_backward_combine_rows_are_a_multiple_of_256_columns_for_deepep_E3():
     """DeepEP's combine is wrong for bf16 rows not a multiple of 256 wide (FINDINGS.md E3): the padded
     width of the backward combine must be one, for the shipped models' hidden sizes and top-k."""
     from convergence.train.ep_dispatch import combine_width
-    from convergence.train.model import get_config
 
     for name in ("tiny", "proxy", "16b"):
         cfg = get_config(name)

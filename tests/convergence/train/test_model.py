@@ -7,17 +7,9 @@ import dataclasses
 import pytest
 import torch
 
-from convergence.train.model import (
-    CONFIGS,
-    Transformer,
-    build_on_meta,
-    deepseek_v3_16b,
-    get_config,
-    param_count,
-    rope_frequencies,
-    tiny,
-)
-from convergence.train.moe import MoE
+from convergence.train.model import Transformer, build_on_meta
+from numerics.layer.configs import CONFIGS, deepseek_v3_16b, get_config, param_count, tiny
+from numerics.layer.modules import MoE, rope_frequencies
 
 # DeepSeek-V2-Lite / torchtitan DeepSeek-V3 16B: "15.7B total parameters" (model card), untied head
 KNOWN_16B_TOTAL = 15.7e9
@@ -101,8 +93,8 @@ def test_moe_dispatch_combine_matches_a_per_token_loop(score_func, route_norm):
         for t in range(xf.shape[0]):
             for j in range(m.top_k):
                 k = int(idx[t, j])
-                h = torch.nn.functional.silu(e.w1[k] @ xf[t]) * (e.w3[k] @ xf[t])
-                want[t] += w[t, j] * (e.w2[k] @ h)
+                h = torch.nn.functional.silu(e.w1.weight[k] @ xf[t]) * (e.w3.weight[k] @ xf[t])
+                want[t] += w[t, j] * (e.w2.weight[k] @ h)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 

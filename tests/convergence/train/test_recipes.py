@@ -1,26 +1,22 @@
-"""Recipes as data: torchtitan's module selection, torchao configuration, kernels by hardware."""
+"""Recipes in a training model: torchtitan's module selection, what apply_recipe records, kernels by hardware.
+
+The equality of the functional ops with torchao's ``quantize_`` API lives at the layer level
+(tests/numerics/layer/test_quantize_api.py), on the same modules.
+"""
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 
 import pytest
 import torch
 from torch import nn
 
-from convergence.train.checkpoint import plain
-from convergence.train.model import Linear, Transformer, tiny
-from convergence.train.moe import GroupedExperts
-from convergence.train.recipes import (
-    RECIPES,
-    apply_recipe,
-    get_recipe,
-    kernel_preference_for,
-    quantized_fqns,
-    torchao_config,
-)
-from numerics.assertions import assert_bits_equal
+from convergence.train.model import Transformer
+from numerics.layer.configs import tiny
+from numerics.layer.modules import GroupedLinear, Linear
+from numerics.layer.mxfp8 import default_kernel, kernel_problem
+from numerics.layer.recipes import RECIPES, apply_recipe, get_recipe, quantized_fqns
 
 
 def _model():
@@ -32,17 +28,17 @@ def _model():
 def test_mxfp8_selects_torchtitans_layers_and_keeps_gate_and_head_bf16():
     m = _model()
     q = set(quantized_fqns(m, get_recipe("mxfp8")))
-    linears = {n for n, mod in m.named_modules() if isinstance(mod, torch.nn.Linear)}
+    linears = {n for n, mod in m.named_modules() if isinstance(mod, Linear)}
     kept = linears - q
     assert kept == {"output"} | {f"layers.{i}.moe.router.gate" for i in (1, 2)}
-    assert {f"layers.{i}.moe.experts" for i in (1, 2)} <= q
+    assert {f"layers.{i}.moe.experts.w{j}" for i in (1, 2) for j in (1, 2, 3)} <= q
     assert "layers.0.feed_forward.w2" in q and "layers.1.moe.shared_experts.w1" in q
 
 
 def test_bf16_quantizes_nothing():
     m = _model()
-    assert apply_recipe(m, get_recipe("bf16"), "cpu") == {"quantized": [], "torchao_config": None}
-    assert all(type(p) is torch.nn.Parameter and type(p.data) is torch.Tensor for p in m.parameters())
+    assert apply_recipe(m, get_recipe("bf16"), "cpu") == {"quantized": [], "kernel": None, "torchao_config": None}
+    assert all(getattr(mod, "mxfp8_op", None) is None for mod in m.modules())
 
 
 def test_apply_recipe_sets_the_op_on_exactly_the_selected_modules():
@@ -50,23 +46,28 @@ def test_apply_recipe_sets_the_op_on_exactly_the_selected_modules():
     done = apply_recipe(m, get_recipe("mxfp8"), "cpu")
     with_op = {n for n, mod in m.named_modules() if getattr(mod, "mxfp8_op", None) is not None}
     assert with_op == set(done["quantized"])
-    ops = {type(mod).__name__: mod.mxfp8_op.func.__name__ for n, mod in m.named_modules() if n in with_op}
-    assert ops == {"Linear": "torchao_linear", "GroupedExperts": "torchao_grouped_mm"}
+    kinds = {type(mod) for n, mod in m.named_modules() if n in with_op}
+    assert kinds == {Linear, GroupedLinear}
     assert all(type(p) is torch.nn.Parameter and type(p.data) is torch.Tensor for p in m.parameters())
-    assert done["torchao_config"]["kernel_preference"] == "EMULATED"
-    assert done["torchao_api"] == "functional" and set(done["torchao_ops"]) == {"linear", "grouped_experts"}
+    assert done["kernel"] == "emulated" and done["torchao_config"]["kernel_preference"] == "EMULATED"
+    assert done["torchao_api"] == "functional" and set(done["torchao_ops"]) == {"linear", "grouped"}
 
 
-def test_apply_recipe_rejects_a_selected_module_without_the_op_seam():
-    m = nn.ModuleDict({"attention": nn.Linear(32, 32, bias=False)})  # a plain nn.Linear: no mxfp8_op
-    with pytest.raises(TypeError, match="mxfp8_op"):
+def test_apply_recipe_selects_only_modules_with_the_seam():
+    m = nn.ModuleDict({"attention": nn.Linear(32, 32, bias=False)})  # a plain nn.Linear: no mxfp8_op seam
+    assert apply_recipe(m, get_recipe("mxfp8"), "cpu")["quantized"] == []
+
+
+def test_apply_recipe_refuses_a_weight_that_is_not_block_aligned():
+    m = nn.ModuleDict({"attention": Linear(48, 32)})
+    with pytest.raises(ValueError, match="multiple of 32"):
         apply_recipe(m, get_recipe("mxfp8"), "cpu")
 
 
 def test_recipe_scale_mode_must_be_torchaos():
     floor_recipe = dataclasses.replace(get_recipe("mxfp8"), scale_calculation_mode="FLOOR")
     with pytest.raises(ValueError, match="FLOOR"):
-        torchao_config(floor_recipe, "cpu")
+        apply_recipe(_model(), floor_recipe, "cpu")
 
 
 def test_apply_recipe_trains_where_quantize_api_is_refused(torch_without_mxfp8_dtensor_apis):
@@ -79,57 +80,22 @@ def test_apply_recipe_trains_where_quantize_api_is_refused(torch_without_mxfp8_d
         apply_recipe(m, get_recipe(name), "cpu")
         with torch.autocast("cpu", dtype=torch.bfloat16):
             m(tokens).float().square().mean().backward()
-        grads.append(plain(m.layers[1].moe.experts.w1.grad))
+        grads.append(m.layers[1].moe.experts.w1.weight.grad)
     assert torch.isfinite(grads[1]).all() and not torch.equal(grads[0], grads[1])
-
-
-def _fwd_bwd(module: nn.Module, args: tuple, grad: torch.Tensor) -> list[torch.Tensor]:
-    """Under BF16 autocast with FP32 master weights, as training runs: output, dX, dW."""
-    x = args[0].clone().requires_grad_(True)
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        y = module(x, *args[1:])
-    y.backward(grad.to(y.dtype))
-    return [y.detach(), x.grad] + [plain(p.grad) for p in module.parameters()]
-
-
-@pytest.mark.torchao_quantize_api
-@pytest.mark.parametrize("recipe", ["mxfp8", "mxfp8-wgrad-hp"])
-@pytest.mark.parametrize("kind", ["linear", "grouped_experts"])
-def test_apply_recipe_functional_ops_equal_quantize_api(recipe, kind):
-    """The recipe's functional ops give the bits that quantize_(torchao_config(...)) gives, forward and
-    backward, with the F-T1 casts; quantize_ is what the recipes used before torch 2.11 refused it."""
-    from torchao.quantization import quantize_
-
-    gen = torch.Generator().manual_seed(0)
-    if kind == "linear":
-        mod = Linear(64, 96)
-        args = (torch.randn(2, 32, 64, generator=gen),)
-        grad = torch.randn(2, 32, 96, generator=gen)
-    else:
-        mod = GroupedExperts(4, 64, 96)
-        args = (torch.randn(128, 64, generator=gen), torch.tensor([5, 27, 0, 96]))  # empty, unaligned groups
-        grad = torch.randn(128, 64, generator=gen)
-    with torch.no_grad():
-        for p in mod.parameters():
-            p.copy_(torch.randn(p.shape, generator=gen) * 0.05)
-    functional, via_quantize = (nn.ModuleDict({"attention": copy.deepcopy(mod)}) for _ in range(2))
-    apply_recipe(functional, get_recipe(recipe), "cpu")
-    quantize_(via_quantize, torchao_config(get_recipe(recipe), "cpu"), filter_fn=lambda m, fqn: fqn == "attention")
-    got = _fwd_bwd(functional["attention"], args, grad)
-    want = _fwd_bwd(via_quantize["attention"], args, grad)
-    for name, a, b in zip(["out", "dx", "dw1", "dw2", "dw3"], want, got):
-        assert_bits_equal(a, b, what=f"{kind} {recipe} {name}: quantize_ vs functional")
 
 
 def test_wgrad_hp_recipe_differs_from_mxfp8_only_in_wgrad():
     a, b = get_recipe("mxfp8").as_dict(), get_recipe("mxfp8-wgrad-hp").as_dict()
     diff = {k for k in a if a[k] != b[k]}
     assert diff == {"name", "wgrad_with_hp", "description"}
-    assert torchao_config(get_recipe("mxfp8-wgrad-hp"), "cpu").wgrad_with_hp
+    assert apply_recipe(_model(), get_recipe("mxfp8-wgrad-hp"), "cpu")["torchao_config"]["wgrad_with_hp"]
 
 
-def test_kernel_preference_is_emulated_off_sm100():
-    assert kernel_preference_for("cpu") == "EMULATED"
+def test_kernels_off_sm100():
+    assert default_kernel("cpu") == "emulated"
+    assert "SM100" in kernel_problem("real", "cpu") and "emulated" in kernel_problem("real", "cpu")
+    with pytest.raises(ValueError, match="SM100"):
+        apply_recipe(_model(), get_recipe("mxfp8"), "cpu", kernel="real")
 
 
 def test_unknown_recipe_lists_the_valid_ones():
@@ -138,6 +104,6 @@ def test_unknown_recipe_lists_the_valid_ones():
 
 
 @pytest.mark.gpu
-def test_kernel_preference_matches_the_gpu():
-    want = "AUTO" if torch.cuda.get_device_capability()[0] == 10 else "EMULATED"
-    assert kernel_preference_for("cuda") == want
+def test_default_kernel_matches_the_gpu():
+    want = "real" if torch.cuda.get_device_capability()[0] == 10 else "emulated"
+    assert default_kernel("cuda") == want

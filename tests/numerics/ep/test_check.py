@@ -1,4 +1,4 @@
-"""``python -m numerics.ep check`` on CPU (gloo): its table, JSON, exit codes and its power to fail."""
+"""``python -m numerics.ep check`` and ``bench`` on CPU (gloo): tables, JSON, exit codes, refusals, power to fail."""
 
 from __future__ import annotations
 
@@ -8,9 +8,14 @@ from pathlib import Path
 import pytest
 
 from numerics.ep.__main__ import main as ep_main
-from numerics.ep.check import drive, format_table
+from numerics.ep.check import CheckRow, drive, format_table, verdict
 from numerics.ep.launch import Session
 from numerics.ep.strategies import CaseSpec
+
+# E1's minimal input with 33 instead of 129 tokens (CPU time): every token of rank 1 goes to rank 0
+# alone and 5% of combine values are specials (-0.0 among them), so many sums hold one row of -0.0
+E1_SPEC = CaseSpec(world=2, seed=2, tokens=(0, 33), hidden=2048, topk=6, num_experts=64,
+                   routing="starve_rank", starved=1, specials=0.05)
 
 HERE = Path(__file__).resolve().parent
 
@@ -23,7 +28,8 @@ def test_check_cli_passes_reference_against_simulate_and_writes_json(tmp_path, c
     assert rc == 0, text
     assert "bad_input.topk_out_of_range" in text and "PASS: reference against simulate, 2 ranks (gloo)" in text
     doc = json.loads(out.read_text())
-    assert doc["kind"] == "ep-check" and doc["passed"] is True
+    assert doc["kind"] == "ep-check" and doc["passed"] is True and doc["status"] == "pass"
+    assert doc["summary"].startswith("PASS: reference against simulate") and doc["known"] == {}
     assert doc["checks"]["combine"]["cases"] == 3 and doc["environment"]["torch"]
     # an existing report is not overwritten without --force: one line, exit 2
     assert ep_main(["check", "--world", "2", "--json", str(out)]) == 2
@@ -33,18 +39,65 @@ def test_check_cli_passes_reference_against_simulate_and_writes_json(tmp_path, c
 @pytest.mark.parametrize("argv, words", [
     (["check", "--payload", "fp16"], "choose from bf16, fp8"),
     (["check", "--backend", "deepep"], "deep_ep is not importable"),
-    (["check", "--backend", "nccl"], "use reference, deepep or package.module:Class"),
-    (["check", "--world", "1"], "--world must be >= 2"),
+    (["check", "--backend", "deepep-v2"], "deep_ep is not importable"),
+    (["check", "--backend", "nccl"], "choose from reference, deepep, deepep-v2 or pkg.module:Class"),
+    (["check", "--backend", "no_such_module:Backend"], "cannot import Backend from no_such_module"),
+    (["check", "--world", "1"], "needs at least 2 ranks"),
+    (["check", "--world", "3"], "--world 3 does not divide the case space's expert counts (64, 256); use one of 2, 4"),
+    (["check", "--world", "6"], "--world 6 does not divide"),
     (["check", "--num-sms", "7"], "even"),
+    (["check", "--max-tokens", "9000"], "--max-tokens 9000: must be in [0, 8192]"),
+    (["check", "--max-elements", "0"], "--max-elements 0: must be >= 1"),
+    (["check", "--cases", "-1"], "--cases must be >= 0"),
+    (["check", "--hidden", "100"], "choose from 2048, 7168"),
     (["check", "--spec", "{not json"], "--spec is not a case"),
+    (["check", "--spec", '{"world":2,"seed":1,"tokens":[4,4],"hidden":100,"topk":2,"num_experts":8}'],
+     "hidden 100 must be a positive multiple of 8"),
+    (["check", "--spec", '{"world":3,"seed":1,"tokens":[4,4,4],"hidden":128,"topk":2,"num_experts":8}'],
+     "num_experts 8 is not a positive multiple of the world size 3"),
+    (["check", "--world", "4", "--spec", '{"world":2,"seed":1,"tokens":[4,4],"hidden":128,"topk":2,"num_experts":8}'],
+     "--spec was recorded for 2 ranks, not 4"),
     (["bench", "--shapes", "v4"], "choose from v3, 16b"),
     (["bench", "--backends", "deepep"], "deep_ep is not importable"),
+    (["bench", "--backends", "nccl,deepep-v2"], "deep_ep is not importable"),
+    (["bench", "--world", "3"], "--world 3 does not divide the experts of shape v3 (256)"),
+    (["bench", "--tokens", "0"], "--tokens must be in [1, 8192]"),
+    (["bench", "--num-sms", "20,7"], "positive even SM counts"),
     (["frobnicate"], "unknown subcommand"),
 ])
-def test_ep_cli_bad_input_is_one_line_and_exit_2(argv, words, capsys):
+def test_ep_cli_bad_input_is_one_line_and_exit_2(argv, words, capsys, monkeypatch):
+    """Refused before any process starts: a Session would fail the test."""
+    def no_session(*a, **k):
+        raise AssertionError("bad input reached the process launch")
+
+    monkeypatch.setattr("numerics.ep.launch.Session.__enter__", no_session)
     assert ep_main(argv) == 2
     err = capsys.readouterr().err
-    assert words in err and len(err.strip().splitlines()) == 1, err
+    assert words in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize("rank, printed", [("0", 1), ("1", 0)])
+def test_check_under_torchrun_refuses_a_bad_world_before_joining_a_group(rank, printed, capsys, monkeypatch):
+    """torchrun --nproc-per-node 3: every rank exits 2 before init_process_group; only rank 0 prints."""
+    monkeypatch.setenv("RANK", rank)
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    monkeypatch.setattr("torch.distributed.init_process_group", lambda *a, **k: pytest.fail("joined a group"))
+    assert ep_main(["check"]) == 2
+    assert ep_main(["bench", "--backends", "nccl"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 2 * printed and err.count("--world 3 does not divide") == 2 * printed
+
+
+def test_check_option_outside_its_choices_is_one_line_and_exit_2(capsys):
+    with pytest.raises(SystemExit) as info:
+        ep_main(["check", "--combine-start", "ieee"])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and "invalid choice: 'ieee'" in err and len(err.strip().splitlines()) == 1
+
+
+def test_check_json_is_a_directory_or_existing_file_is_refused(tmp_path, capsys):
+    assert ep_main(["check", "--json", str(tmp_path), "--force"]) == 2
+    assert "is a directory" in capsys.readouterr().err
 
 
 def test_check_finds_and_locates_a_faulty_backend(monkeypatch):
@@ -59,18 +112,67 @@ def test_check_finds_and_locates_a_faulty_backend(monkeypatch):
     assert rows["combine"].failures == 1 and "(sum of the rows back from ranks" in rows["combine"].first
     assert rows["dispatch_cached.recv_x.bf16"].failures == 0  # the fault is in dispatch only
     assert "FAIL" in format_table(rows)
+    v = verdict(rows)
+    assert v.status == "fail" and v.line.startswith("FAIL: ") and set(v.failed) == {"dispatch.recv_x.bf16", "combine"}
     assert session.exitcodes == [0]
 
 
-def test_bench_cli_runs_the_reference_on_cpu(tmp_path, capsys):
+def test_check_reports_only_known_differences_as_pass_known_and_strict_fails_them(tmp_path, capsys):
+    """The reference (its sum starts at +0.0, as DeepEP's) against the first-row convention: the only
+    differences are E1's, so the run passes as known and counts the values; --strict fails it; the
+    summary line and the status come from the same verdict."""
+    argv = ["check", "--world", "2", "--spec", E1_SPEC.to_json(), "--no-bad-input", "--timeout", "30",
+            "--combine-start", "first-row"]
+    out = tmp_path / "known.json"
+    assert ep_main(argv + ["--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    doc = json.loads(out.read_text())
+    values = doc["known"]["E1"]["values"]
+    assert values > 0 and doc["known"]["E1"]["cases"] == 1 and doc["status"] == "pass" and doc["passed"]
+    line = f"PASS (known: E1 on {values} values in 1 case): reference against simulate"
+    assert line in text and doc["summary"].startswith(line)
+    assert doc["checks"]["combine"]["failures"] == 0 and "KNOWN" in text
+    assert ep_main(argv + ["--strict", "--json", str(out), "--force"]) == 1
+    text = capsys.readouterr().out
+    assert f"FAIL (--strict, known findings fail): E1 on {values} values in 1 case" in text
+    assert json.loads(out.read_text())["status"] == "fail"
+    # under the contract's convention the same case has no difference at all
+    assert ep_main(["check", "--world", "2", "--spec", E1_SPEC.to_json(), "--no-bad-input", "--timeout", "30"]) == 0
+    assert "\nPASS: reference against simulate" in capsys.readouterr().out
+
+
+def test_verdict_line_never_contradicts_its_status():
+    ok, known = CheckRow(cases=3), CheckRow(cases=3, known={"E1": {"cases": 2, "values": 44, "first": "x"}})
+    bad = CheckRow(cases=3, failures=1, first="rank 0: y")
+    assert verdict({"combine": ok}).line == "PASS"
+    v = verdict({"combine": known})
+    assert (v.status, v.line) == ("pass", "PASS (known: E1 on 44 values in 2 cases)")
+    v = verdict({"combine": known}, strict=True)
+    assert v.status == "fail" and v.line.startswith("FAIL (--strict")
+    v = verdict({"combine": known, "dispatch.recv_topk_idx": bad})
+    assert v.status == "fail"
+    assert v.line == "FAIL: 1 check differ (dispatch.recv_topk_idx); known: E1 on 44 values in 2 cases"
+    for rows in ({"a": ok}, {"a": known}, {"a": bad}):
+        for strict in (False, True):
+            v = verdict(rows, strict=strict)
+            assert v.line.startswith("PASS") == (v.status == "pass")
+    assert "KNOWN" in format_table({"combine": known}) and "FAIL" in format_table({"combine": known}, strict=True)
+
+
+def test_bench_cli_times_the_floor_and_the_reference_on_cpu(tmp_path, capsys):
     out = tmp_path / "bench.json"
-    rc = ep_main(["bench", "--world", "2", "--backends", "reference", "--shapes", "16b", "--payload", "bf16",
-                  "--tokens", "32", "--iters", "1", "--warmup", "0", "--timeout", "30", "--json", str(out)])
+    rc = ep_main(["bench", "--world", "2", "--backends", "nccl,reference", "--shapes", "16b", "--payload", "bf16",
+                  "--tokens", "32", "--iters", "3", "--warmup", "1", "--timeout", "30", "--json", str(out)])
     assert rc == 0
     text = capsys.readouterr().out
-    assert "NVLink limit: not measured" in text
+    assert "NVLink limit: not measured" in text and "3 timed calls per op (< 50): a smoke run" in text
     doc = json.loads(out.read_text())
-    assert doc["kind"] == "ep-bench" and {r["op"] for r in doc["rows"]} == {"dispatch", "dispatch_cached",
-                                                                            "combine"}
-    combine = next(r for r in doc["rows"] if r["op"] == "combine")
-    assert combine["logical_bytes"] >= combine["remote_bytes"] > 0 and combine["vs_reference"] == 1.0
+    assert doc["kind"] == "ep-bench" and doc["version"] == 2 and doc["peer_copy"] is None
+    ops = {(r["backend"], r["op"]) for r in doc["rows"]}
+    assert ops == {("nccl", "dispatch_cached"), ("nccl", "combine"), ("reference", "dispatch"),
+                   ("reference", "dispatch_cached"), ("reference", "combine")}
+    for r in doc["rows"]:
+        assert r["logical_bytes"] >= r["remote_bytes"] > 0 and r["ms"] > 0 and r["mean_ms"] > 0
+        floor = next(f["ms"] for f in doc["rows"] if f["backend"] == "nccl"
+                     and f["op"] == ("combine" if r["op"] == "combine" else "dispatch_cached"))
+        assert r["vs_floor"] == pytest.approx(r["ms"] / floor, rel=2e-3)  # both rounded in the JSON

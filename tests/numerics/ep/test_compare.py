@@ -75,25 +75,31 @@ def test_drive_and_table_report_the_first_failure_with_its_case():
 
 
 def test_compare_outputs_counts_lost_negative_zero_as_known_finding_E1_only():
-    """-0.0 expected, +0.0 got is DeepEP's E1: reported on its own row; the reverse still fails combine."""
-    from numerics.ep.check import KNOWN_E1
-
+    """-0.0 expected, +0.0 got is E1 (a zero-initialised sum against the first-row convention): counted,
+    not failed; the reverse (+0.0 expected, -0.0 got) still fails combine."""
     sim, exp = _expected(SPEC, 0)
-    exp["combine"].view(torch.int16)[2, 7] = -0x8000  # the reference summed only -0.0 rows here
+    exp["combine"].view(torch.int16)[2, 7] = -0x8000  # the first-row expectation summed only -0.0 rows here
     got = copy.deepcopy(exp)
-    got["combine"].view(torch.int16)[2, 7] = 0  # ... and the backend returned +0.0
-    checks = compare_outputs(exp, got, rank=0, sim_rank=sim.ranks[0])
+    got["combine"].view(torch.int16)[2, 7] = 0  # ... and the backend started its sum at +0.0
+    found = {}
+    checks = compare_outputs(exp, got, rank=0, sim_rank=sim.ranks[0], known_out=found)
     assert checks["combine"] is None
-    assert checks[KNOWN_E1].startswith("rank 0, token 2, col 7") and "[1 of " in checks[KNOWN_E1]
+    e1 = found["combine"]["E1"]
+    assert e1["values"] == 1 and e1["first"].startswith("rank 0, token 2, col 7")
     exp["combine"].view(torch.int16)[2, 7], got["combine"].view(torch.int16)[2, 7] = 0, -0x8000
-    checks = compare_outputs(exp, got, rank=0, sim_rank=sim.ranks[0])
-    assert checks["combine"].startswith("rank 0, token 2, col 7") and checks[KNOWN_E1] is None
+    found = {}
+    checks = compare_outputs(exp, got, rank=0, sim_rank=sim.ranks[0], known_out=found)
+    assert checks["combine"].startswith("rank 0, token 2, col 7") and found == {}
 
 
-def test_table_marks_known_rows_and_they_do_not_fail_the_run():
-    from numerics.ep.check import KNOWN_E1, is_known
+def test_split_known_counts_only_values_that_differ_and_leaves_others_failing():
+    from numerics.ep.compare import split_known
+    from numerics.ep.known import KNOWN
 
-    rows = {"combine": CheckRow(cases=3), KNOWN_E1: CheckRow(cases=3, failures=2, first="rank 1, token 9")}
-    table = format_table(rows)
-    assert "KNOWN" in table and "FAIL" not in table
-    assert all(r.failures == 0 for n, r in rows.items() if not is_known(n))
+    e = torch.tensor([-0.0, -0.0, 1.0, 2.0]).to(torch.bfloat16)
+    a = torch.tensor([0.0, -0.0, 1.0, 3.0]).to(torch.bfloat16)
+    msg, found = split_known(e, a, rank=3, known=KNOWN)
+    assert found["E1"]["values"] == 1  # index 1 is -0.0 on both sides: not a difference at all
+    assert msg.startswith("rank 3, index (3,)") and "[1 of 4 differ]" in msg
+    msg, found = split_known(e, e.clone(), rank=3, known=KNOWN)
+    assert msg is None and found == {}

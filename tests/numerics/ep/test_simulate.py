@@ -50,21 +50,37 @@ def test_simulate_named_two_rank_case():
     assert sim.layouts[0].num_tokens_per_expert.tolist() == [1, 1, 2, 1]
 
 
-def test_simulate_combine_sums_in_ascending_rank_order_from_the_first_row():
+def test_simulate_combine_sums_in_ascending_rank_order():
     # 3 ranks, 3 experts (one each); rank 0's token 0 goes to all three ranks.
     # Rows back: 2^24 from rank 0, 1.0 from rank 1, -2^24 from rank 2. Ascending order in float32:
-    # (2^24 + 1) rounds to even = 2^24, then - 2^24 = +0.0. Any other order gives 1.0.
+    # (+0 + 2^24 + 1) rounds to even = 2^24, then - 2^24 = +0.0. Any other order gives 1.0.
     x = [_rows([0x3F80]), _rows([]), _rows([])]
     idx = [torch.tensor([[0, 1, 2]]), torch.zeros(0, 3, dtype=torch.int64), torch.zeros(0, 3, dtype=torch.int64)]
     w = [torch.ones(1, 3), torch.zeros(0, 3), torch.zeros(0, 3)]
     sim = simulate(x, idx, w, 3)
     ys = [_rows([0x4B80]), _rows([0x3F80]), _rows([0xCB80])]  # 2^24, 1.0, -2^24
-    assert sim.combine(ys)[0].view(torch.int16)[0, 0] == 0  # +0.0
-    # a single row of -0.0 stays -0.0; a token sent nowhere is +0.0
-    idx2 = [torch.tensor([[0, -1, -1], [-1, -1, -1]]), idx[1], idx[2]]
-    sim2 = simulate([_rows([0x3F80, 0x3F80]), x[1], x[2]], idx2, [torch.ones(2, 3), w[1], w[2]], 3)
-    out = sim2.combine([_rows([0x8000]), _rows([]), _rows([])])[0]
-    assert out.view(torch.int16)[:, 0].tolist() == [-32768, 0]
+    for start in ("zero", "first-row"):
+        assert sim.combine(ys, start)[0].view(torch.int16)[0, 0] == 0  # +0.0
+    # the same three values from other ranks: 2^24 - 2^24 = 0 first, then + 1.0 = 1.0 (order matters)
+    ys = [_rows([0x4B80]), _rows([0xCB80]), _rows([0x3F80])]  # 2^24, -2^24, 1.0
+    assert sim.combine(ys)[0].view(torch.int16)[0, 0] == 0x3F80
+
+
+def test_simulate_combine_start_decides_the_sign_of_an_all_negative_zero_sum():
+    """One row of -0.0: +0.0 when the sum starts at +0.0 (the contract, DeepEP, torchtitan's
+    all-to-all path), -0.0 when it folds from the first row (finding E1's convention); a token sent
+    nowhere is +0.0 either way."""
+    empty = _rows([])
+    idx = [torch.tensor([[0, -1, -1], [-1, -1, -1]]), torch.zeros(0, 3, dtype=torch.int64),
+           torch.zeros(0, 3, dtype=torch.int64)]
+    sim = simulate([_rows([0x3F80, 0x3F80]), empty, empty], idx, [torch.ones(2, 3), torch.zeros(0, 3),
+                                                                torch.zeros(0, 3)], 3)
+    ys = [_rows([0x8000]), empty, empty]
+    assert sim.combine(ys)[0].view(torch.int16)[:, 0].tolist() == [0, 0]
+    assert sim.combine(ys, "zero")[0].view(torch.int16)[:, 0].tolist() == [0, 0]
+    assert sim.combine(ys, "first-row")[0].view(torch.int16)[:, 0].tolist() == [-32768, 0]
+    with pytest.raises(ValueError, match="choose from zero, first-row"):
+        sim.combine(ys, "ieee")
 
 
 def test_simulate_rejects_inconsistent_inputs():
@@ -106,14 +122,17 @@ def test_simulate_conserves_tokens_and_bits(spec):
 @settings(max_examples=15)
 @given(spec=case_specs(world=4, max_elements=2**12, hiddens=(128,)), data=st.data())
 def test_simulate_combine_of_one_row_is_that_row(spec, data):
-    """A token received by exactly one rank combines to that rank's row, bit for bit (NaN aside)."""
+    """A token received by exactly one rank combines to that rank's row, bit for bit (NaN aside), when
+    the sum folds from the first row; starting at +0.0 it is the row with -0.0 turned into +0.0."""
     inputs = [make_inputs(spec, r, "cpu") for r in range(spec.world)]
     sim = simulate(*[list(z) for z in zip(*inputs)], spec.num_experts)
     ys = [make_combine_input(spec, r, sim.num_recv(r), 128, "cpu") for r in range(spec.world)]
-    out = sim.combine(ys)
+    first_row, zero = sim.combine(ys, "first-row"), sim.combine(ys, "zero")
     for dest, exp in enumerate(sim.ranks):
         for row, (s, t) in enumerate(zip(exp.recv_src_rank.tolist(), exp.recv_src_idx.tolist())):
             if int(sim.layouts[s].is_token_in_rank[t].sum()) == 1:
-                a, b = ys[dest][row], out[s][t]
-                same = (a.view(torch.int16) == b.view(torch.int16)) | (torch.isnan(a) & torch.isnan(b))
-                assert same.all()
+                a = ys[dest][row]
+                plus = torch.where(a.view(torch.int16) == -0x8000, torch.zeros_like(a), a)  # -0.0 -> +0.0
+                for want, got in ((a, first_row[s][t]), (plus, zero[s][t])):
+                    same = (want.view(torch.int16) == got.view(torch.int16)) | (torch.isnan(want) & torch.isnan(got))
+                    assert same.all()

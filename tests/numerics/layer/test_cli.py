@@ -8,7 +8,7 @@ import pytest
 
 from numerics.__main__ import main as numerics_main
 from numerics.layer import cli as layers_cli
-from numerics.layer import harness as layers
+from numerics.layer import harness
 
 
 @pytest.fixture(scope="module")
@@ -22,13 +22,13 @@ def test_layers_cli_writes_the_json_contract(run_small):
     rc, d = run_small
     assert rc == 0
     data = json.loads((d / "l.json").read_text())
-    assert data["header"]["config"]["name"] == "small" and data["header"]["versions"]["torchao"]
+    assert data["header"]["config"]["name"] == "tiny" and data["header"]["versions"]["torchao"]
     assert data["header"]["device"] == "cpu"
     rec = data["records"][0]
     assert set(rec) >= {"layer", "recipe", "tensor", "sqnr_vs_fp32", "sqnr_vs_bf16", "rel_err", "max_abs_err",
                         "cosine", "shape"}
     assert {r["layer"] for r in data["records"]} == {"linear", "grouped_mm", "moe", "mla"}
-    assert {r["recipe"] for r in data["records"]} == set(layers.RECIPES)
+    assert {r["recipe"] for r in data["records"]} == set(harness.RECIPES)
     assert all(r["sqnr_vs_bf16"] is None for r in data["records"] if r["recipe"] == "bf16")
 
 

@@ -10,38 +10,40 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from numerics.layer import harness as layers
+from numerics.layer import harness
 from numerics.layer import strategies as ls
-from numerics.layer.configs import GroupedShape, sixteen_b
+from numerics.layer.configs import GroupedShape, suite
+from numerics.layer.mxfp8 import default_kernel, torchao_grouped_mm
+from numerics.layer.results import floor_violations
 
 pytestmark = pytest.mark.gpu
-CFG = sixteen_b()
+SUITE = suite("16b")
 
 
-@pytest.mark.parametrize("shape", CFG.linears, ids=lambda s: s.name)
+@pytest.mark.parametrize("shape", SUITE.linears, ids=lambda s: s.name)
 def test_gpu_16b_linear_meets_floors(shape):
-    assert layers.floor_violations([layers.run_linear(shape, device="cuda")]) == []
+    assert floor_violations([harness.run_linear(shape, device="cuda")]) == []
 
 
-@pytest.mark.parametrize("shape", CFG.grouped, ids=lambda s: s.name)
+@pytest.mark.parametrize("shape", SUITE.grouped, ids=lambda s: s.name)
 def test_gpu_16b_grouped_mm_meets_floors(shape):
-    res = layers.run_grouped_mm(shape, device="cuda")
-    assert layers.floor_violations([res]) == []
+    res = harness.run_grouped_mm(shape, device="cuda")
+    assert floor_violations([res]) == []
 
 
 def test_gpu_16b_moe_block_meets_floors():
-    assert layers.floor_violations([layers.run_moe(CFG.moe, device="cuda")]) == []
+    assert floor_violations([harness.run_moe(SUITE.model, SUITE.tokens, device="cuda")]) == []
 
 
 def test_gpu_16b_mla_meets_floors():
-    assert layers.floor_violations([layers.run_mla(CFG.mla, device="cuda")]) == []
+    assert floor_violations([harness.run_mla(SUITE.model, SUITE.tokens, device="cuda")]) == []
 
 
 @settings(max_examples=10, deadline=None)
 @given(sizes=ls.group_sizes(max_experts=8, max_tokens=8192), recipe=ls.mx_recipes(), seed=st.integers(0, 2**16))
 def test_gpu_grouped_mm_16b_dims_over_group_splits(sizes, recipe, seed):
-    res = layers.run_grouped_mm(GroupedShape("h", 2048, 1408, sizes), recipes=(recipe,), seed=seed, device="cuda")
-    assert layers.floor_violations([res]) == []
+    res = harness.run_grouped_mm(GroupedShape("h", 2048, 1408, sizes), recipes=(recipe,), seed=seed, device="cuda")
+    assert floor_violations([res]) == []
 
 
 @settings(max_examples=10, deadline=None)
@@ -52,7 +54,7 @@ def test_gpu_grouped_mm_empty_groups_have_exactly_zero_weight_gradients(sizes):
     x = torch.randn(sum(sizes), 2048, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(len(sizes), 1408, 2048, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     offs = torch.tensor(sizes, device="cuda").cumsum(0).to(torch.int32)
-    y = layers.torchao_grouped_mm(x, w.transpose(-2, -1), offs, "mxfp8", layers.default_kernel("cuda"))
+    y = torchao_grouped_mm(x, w.transpose(-2, -1), offs, "mxfp8", default_kernel("cuda"))
     y.backward(torch.randn_like(y))
     for i, n in enumerate(sizes):
         if n == 0:

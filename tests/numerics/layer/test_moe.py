@@ -1,80 +1,81 @@
-"""DeepSeekMoE block with torchtitan's MXFP8 filter: floors, what gets converted, routing shared."""
+"""The model's DeepSeekMoE block under the MXFP8 recipes: floors, what gets converted, routing shared."""
 
 from __future__ import annotations
 
 import copy
-import dataclasses
 import functools
 
 import pytest
 import torch
 from torch import nn
 
-from numerics.layer import harness as layers
-from numerics.layer.configs import small
+from numerics.layer import harness
+from numerics.layer.configs import suite, tiny
 from numerics.layer.modules import MoE
+from numerics.layer.recipes import apply_recipe, get_recipe
+from numerics.layer.results import floor_violations
 
-
-def _emulated():
-    from torchao.quantization.quantize_.common import KernelPreference
-
-    return KernelPreference.EMULATED
+TOKENS = suite("tiny").tokens
 
 
 @functools.cache
-def _small_moe(seed: int):
-    return layers.run_moe(small().moe, seed=seed)
+def _tiny_moe(seed: int):
+    return harness.run_moe(tiny(), TOKENS, seed=seed)
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_moe_block_meets_floors(seed):
-    res = _small_moe(seed)
-    assert layers.floor_violations([res]) == []
+    res = _tiny_moe(seed)
+    assert floor_violations([res]) == []
     tensors = set(res.tensors())
-    assert {"out", "dx", "dw:router.gate.weight", "dw:experts.w1", "dw:shared_experts.w2.weight"} <= tensors
+    assert {"out", "dx", "dw:router.gate", "dw:experts.w1", "dw:shared_experts.w2"} <= tensors
 
 
 def test_moe_block_wgrad_hp_improves_expert_weight_gradients():
-    res = _small_moe(0)
+    res = _tiny_moe(0)
     for t in ("dw:experts.w1", "dw:experts.w2", "dw:experts.w3"):
-        assert res.stat("mxfp8_wgrad_hp", t).sqnr_vs_fp32 > res.stat("mxfp8", t).sqnr_vs_fp32
+        assert res.stat("mxfp8-wgrad-hp", t).sqnr_vs_fp32 > res.stat("mxfp8", t).sqnr_vs_fp32
     # the forward is the same computation in both recipes
-    assert res.stat("mxfp8_wgrad_hp", "out").sqnr_vs_fp32 == res.stat("mxfp8", "out").sqnr_vs_fp32
+    assert res.stat("mxfp8-wgrad-hp", "out").sqnr_vs_fp32 == res.stat("mxfp8", "out").sqnr_vs_fp32
 
 
-def test_moe_conversion_follows_torchtitan_filter():
-    from torchao.prototype.moe_training.mxfp8_linear import MXFP8Linear
-
-    m = layers.to_mxfp8(MoE(small().moe).to(torch.bfloat16), "mxfp8", _emulated())
-    assert type(m.router.gate) is nn.Linear  # router.gate stays BF16 (torchtitan filter_fqns)
+def test_moe_conversion_follows_torchtitans_selection():
+    m = nn.ModuleDict({"moe": MoE(tiny())})
+    apply_recipe(m, get_recipe("mxfp8"), "cpu")
+    moe = m["moe"]
+    assert moe.router.gate.mxfp8_op is None  # router.gate stays BF16 (torchtitan's include list omits it)
     for name in ("w1", "w2", "w3"):
-        assert isinstance(getattr(m.shared_experts, name), MXFP8Linear)
-    assert m.experts.grouped_mm_op.func is layers.torchao_grouped_mm  # routed experts' grouped GEMMs
-    assert all(type(p.data) is torch.Tensor for p in m.parameters())  # weights stay plain
-
-
-def test_moe_conversion_without_seam_is_a_typeerror():
-    class Experts(nn.Module):  # 3-D expert weights, but no grouped_mm_op for the MXFP8 op
-        def __init__(self):
-            super().__init__()
-            self.w = nn.Parameter(torch.zeros(2, 32, 32, dtype=torch.bfloat16))
-
-    with pytest.raises(TypeError, match="grouped_mm_op"):
-        layers.to_mxfp8(nn.ModuleDict({"experts": Experts()}), "mxfp8", _emulated())
+        assert getattr(moe.shared_experts, name).mxfp8_op is not None
+        assert getattr(moe.experts, name).mxfp8_op is not None  # routed experts' grouped GEMMs
+    assert all(type(p.data) is torch.Tensor for p in moe.parameters())  # weights stay plain
 
 
 def test_moe_block_mxfp8_changes_the_output():
     """Guard against a harness that silently runs BF16 for 'mxfp8': the numbers must differ."""
-    res = layers.run_moe(dataclasses.replace(small().moe, tokens=64), recipes=("mxfp8",))
+    res = harness.run_moe(tiny(), 64, recipes=("mxfp8",))
     assert res.stat("mxfp8", "out").sqnr_vs_bf16 < 40
 
 
-def test_moe_routing_is_shared_across_precisions():
-    s = dataclasses.replace(small().moe, tokens=64)
-    ref = layers.init_params(MoE(s), torch.Generator().manual_seed(0))
-    x = torch.randn(64, s.dim)
-    topk = layers.route(copy.deepcopy(ref.router.gate).to(torch.bfloat16), x.to(torch.bfloat16), s.top_k)
-    assert topk.shape == (64, s.top_k)
-    assert (topk >= 0).all() and (topk < s.experts).all()
-    # each token's experts are distinct
-    assert all(len(set(row)) == s.top_k for row in topk.tolist())
+def test_moe_forced_routing_sends_every_precision_to_the_same_experts():
+    """The harness routes the FP32, BF16 and MXFP8 runs with the BF16 router's choice: with the routing
+    forced, each run's expert counts equal the forced choice; left to their own routers, FP32 and BF16
+    pick differently for some token on a near-tie input (so forcing is what makes the runs comparable)."""
+    cfg = tiny()
+    ref = harness.init_params(MoE(cfg), torch.Generator().manual_seed(0))
+    x = torch.randn(TOKENS, cfg.dim, generator=torch.Generator().manual_seed(1))
+    forced = copy.deepcopy(ref).to(torch.bfloat16).route(x.to(torch.bfloat16))
+    want = torch.bincount(forced.reshape(-1), minlength=cfg.n_routed_experts).float()
+    for module, inp in ((ref, x), (copy.deepcopy(ref).to(torch.bfloat16), x.to(torch.bfloat16))):
+        module.tokens_per_expert.zero_()
+        module(inp, forced)
+        assert torch.equal(module.tokens_per_expert, want)
+    # near ties: gate rows 1 and 2 are row 0 times (1 + 2^-13) and (1 + 2^-12), below BF16's resolution
+    # (2^-9 relative) but not FP32's, and large enough to be every token's top candidates: FP32 ranks the
+    # three by the tiny factors, BF16 sees three equal logits, so their top-2 differ on some token
+    tied = copy.deepcopy(ref)
+    with torch.no_grad():
+        w = tied.router.gate.weight
+        w[0] = 10 * w[0]
+        w[1], w[2] = w[0] * (1 + 2**-13), w[0] * (1 + 2**-12)
+    own = [tied.route(x), copy.deepcopy(tied).to(torch.bfloat16).route(x.to(torch.bfloat16))]
+    assert not torch.equal(own[0].sort(-1).values, own[1].sort(-1).values)

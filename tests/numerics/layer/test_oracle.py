@@ -16,17 +16,10 @@ from hypothesis import strategies as st
 
 from numerics import metrics
 from numerics.assertions import assert_bits_equal
-from numerics.layer import harness as layers
+from numerics.layer import harness
 from numerics.layer import strategies as ls
-
-# the oracle lands on main separately; until this branch has it, say so instead of failing collection
-mx = pytest.importorskip("numerics.tensor.mx", reason="numerics.tensor.mx (the MX oracle) is not on this branch yet")
-
-
-def _emulated():
-    from torchao.quantization.quantize_.common import KernelPreference
-
-    return KernelPreference.EMULATED
+from numerics.layer.mxfp8 import default_kernel, torchao_grouped_mm, torchao_linear
+from numerics.tensor import mx
 
 
 def oracle(t: torch.Tensor) -> torch.Tensor:
@@ -37,7 +30,7 @@ def oracle(t: torch.Tensor) -> torch.Tensor:
 
 
 def _data(shape, gen, family):
-    return layers.make_input(family, shape, gen, "cpu").to(torch.bfloat16)
+    return harness.make_input(family, shape, gen, "cpu").to(torch.bfloat16)
 
 
 @settings(max_examples=25)
@@ -47,7 +40,7 @@ def test_linear_emulation_is_bf16_gemm_of_oracle_operands(dims, family, seed):
     g = torch.Generator().manual_seed(seed)
     x, w, grad = _data((m, k), g, family), _data((n, k), g, family), _data((m, n), g, "normal")
     xr, wr = x.clone().requires_grad_(True), w.clone().requires_grad_(True)
-    y = layers.torchao_linear(xr, wr, "mxfp8", _emulated())
+    y = torchao_linear(xr, wr, "mxfp8")
     y.backward(grad)
     assert_bits_equal(torch.mm(oracle(x), oracle(w).t()), y, what="linear out")
     assert_bits_equal(torch.mm(oracle(grad), oracle(w.t().contiguous()).t()), xr.grad, what="linear dX")
@@ -65,7 +58,7 @@ def test_grouped_mm_emulation_is_bf16_grouped_gemm_of_oracle_operands(sizes, dim
     x, w, grad = _data((m, k), g, family), _data((e, n, k), g, family), _data((m, n), g, "normal")
     offs = torch.tensor(sizes).cumsum(0).to(torch.int32)
     xr, wr = x.clone().requires_grad_(True), w.clone().requires_grad_(True)
-    y = layers.torchao_grouped_mm(xr, wr.transpose(-2, -1), offs, "mxfp8", _emulated())
+    y = torchao_grouped_mm(xr, wr.transpose(-2, -1), offs, "mxfp8")
     y.backward(grad)
     out = torch._grouped_mm(oracle(x), oracle(w).transpose(-2, -1), offs=offs)
     w_along_n = oracle(w.transpose(-2, -1).contiguous()).transpose(-2, -1)  # (E, N, K), blocks along N
@@ -84,8 +77,7 @@ def test_grouped_mm_emulation_matches_oracle_on_gpu_to_80_db():
     sizes = (512, 0, 1024, 512)
     x, w = _data((2048, 2048), g, "normal"), _data((4, 1408, 2048), g, "normal")
     offs = torch.tensor(sizes).cumsum(0).to(torch.int32)
-    y = layers.torchao_grouped_mm(x.cuda(), w.cuda().transpose(-2, -1), offs.cuda(), "mxfp8",
-                                  layers.default_kernel("cuda"))
+    y = torchao_grouped_mm(x.cuda(), w.cuda().transpose(-2, -1), offs.cuda(), "mxfp8", default_kernel("cuda"))
     ref = torch._grouped_mm(oracle(x).cuda(), oracle(w).cuda().transpose(-2, -1), offs=offs.cuda())
     tol = floor("layer", "mxfp8", "emulation_identity", "sqnr_db")
     got = metrics.sqnr_db(ref, y)

@@ -1,0 +1,208 @@
+"""python -m convergence train: paired BF16 / MXFP8 pretraining runs (``convergence.train.loop``) from the
+command line, on one process or under ``torchrun --nproc-per-node N ... --ep N``.
+
+Bad input is one line on stderr and exit code 2 (on rank 0 only, under torchrun); the verdict line says
+what the comparison of the recipes' curves concluded.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from convergence.train import data as data_mod
+from convergence.train.loop import TrainConfig, defaults_for, run
+from numerics.cli import EXIT_BAD_INPUT, ArgumentParser, CLIError
+from numerics.errors import BadInput
+from numerics.layer.configs import CONFIGS
+from numerics.layer.mxfp8 import kernel_problem as mxfp8_problem
+from numerics.layer.recipes import RECIPES
+
+
+def config_from_args(args) -> TrainConfig:
+    if args.model not in CONFIGS:
+        raise CLIError(f"unknown model {args.model!r}; choose from {', '.join(CONFIGS)}")
+    recipes = tuple(dict.fromkeys(args.recipe or ["bf16", "mxfp8"]))
+    for r in recipes:
+        if r not in RECIPES:
+            raise CLIError(f"unknown recipe {r!r}; choose from {', '.join(RECIPES)}")
+    if args.steps <= 0:
+        raise CLIError(f"--steps must be > 0, got {args.steps}")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise CLIError("--device cuda: no CUDA device is visible")
+    d = defaults_for(args.model)
+    for key in d:
+        v = getattr(args, key, None)
+        if v is not None:
+            if v <= 0 and key not in ("probe_every", "warmup", "ckpt_every"):  # 0: none / no warmup / never
+                raise CLIError(f"--{key.replace('_', '-')} must be > 0, got {v}")
+            d[key] = v
+    if args.ep is not None and args.probe_every is None:
+        d["probe_every"] = 0  # probes are single-process only
+    spec = data_mod.DataSpec(path=args.data, tokenizer=args.tokenizer, bin_dtype=args.data_dtype)
+    return TrainConfig(model=args.model, recipes=recipes, steps=args.steps, seed=args.seed,
+                       device=args.device, data=spec, ep=args.ep or 0, ep_backend=args.ep_backend,
+                       deterministic=args.deterministic, **d)
+
+
+class _RankParser(ArgumentParser):
+    """Usage errors printed by rank 0 only (every torchrun rank parses the same command line)."""
+
+    def error(self, message: str):
+        if os.environ.get("RANK", "0") != "0":
+            raise SystemExit(EXIT_BAD_INPUT)
+        super().error(message)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = _RankParser(prog="python -m convergence train", description=__doc__.splitlines()[0])
+    p.add_argument("--model", required=True, help=f"one of {', '.join(CONFIGS)}")
+    p.add_argument("--recipe", action="append", help=f"repeatable; one of {', '.join(RECIPES)}")
+    p.add_argument("--steps", type=int, required=True)
+    p.add_argument("--out", required=True, type=Path)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--resume", action="store_true", help="continue the runs in --out from their checkpoints")
+    p.add_argument("--force", action="store_true", help="overwrite the runs in --out")
+    p.add_argument("--data", help="text / .jsonl / .parquet / pre-tokenized .bin (default: Python stdlib)")
+    p.add_argument("--data-dtype", default="uint16", help="token dtype of a .bin: uint16 or uint32")
+    p.add_argument("--tokenizer", default="byte", help="byte (default) or bpe")
+    for key in defaults_for("tiny"):
+        p.add_argument(f"--{key.replace('_', '-')}", type=float if key == "lr" else int, default=None)
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    p.add_argument("--stop-after-minutes", type=float, default=None,
+                   help="checkpoint and stop after this long; rerun with --resume to continue")
+    p.add_argument("--ep", type=int, default=None,
+                   help="expert-parallel size = number of torchrun processes (FSDP2 + EP); README: distributed")
+    p.add_argument("--ep-backend", default="reference", help="reference (all-to-all) or deepep")
+    p.add_argument("--deterministic", action="store_true", help="deterministic algorithms, fixed seeds")
+    p.add_argument("--dist-timeout", type=float, default=300.0, help="seconds before a collective gives up")
+    args = p.parse_args(argv)
+    rank = os.environ.get("RANK", "0")
+    if args.ep is None and "WORLD_SIZE" in os.environ and os.environ["WORLD_SIZE"] != "1":
+        if rank != "0":
+            return EXIT_BAD_INPUT
+        raise CLIError(f"running under torchrun with WORLD_SIZE={os.environ['WORLD_SIZE']}: pass "
+                       f"--ep {os.environ['WORLD_SIZE']}")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    stop = None if args.stop_after_minutes is None else 60 * args.stop_after_minutes
+    if args.ep is not None:
+        from convergence.train.distributed import PeerFailed
+
+        try:
+            cfg = config_from_args(args)
+            result = run(cfg, args.out, resume=args.resume, force=args.force, stop_after_s=stop,
+                         timeout_s=args.dist_timeout)
+        except PeerFailed:
+            return EXIT_BAD_INPUT  # rank 0 has printed the one line
+        except BadInput:  # before any process group: every rank found the same error alone
+            if rank != "0":
+                time.sleep(1.0)  # torchrun ends the other ranks when one exits: let rank 0 print first
+                return EXIT_BAD_INPUT
+            raise
+        if rank != "0":
+            return 0
+    else:
+        cfg = config_from_args(args)
+        result = run(cfg, args.out, resume=args.resume, force=args.force, stop_after_s=stop)
+    if result is None:
+        print(f"stopped before the end; continue with the same command and --resume (out: {args.out})")
+        return 0
+    print(f"verdict: {result.get('verdict')}  ({args.out / 'verdict.json'})")
+    return 0
+
+
+
+def bench_main(argv: Sequence[str] | None = None) -> int:
+    """python -m convergence bench: BF16 and MXFP8 (every kernel here) training steps, eager and compiled."""
+    import json
+
+    from convergence.train import bench
+
+    p = ArgumentParser(prog="python -m convergence bench", description=bench.__doc__.splitlines()[0])
+    p.add_argument("--model", default="proxy", help=f"one of {', '.join(CONFIGS)}")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--batch", type=int, default=4)
+    p.add_argument("--seq", type=int, default=2048)
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--kernel", action="append", help="repeatable MXFP8 kernel (emulated, fast, real); default: "
+                   "every one that runs on the device")
+    p.add_argument("--no-compile", action="store_true", help="eager only (eager and compiled is the default)")
+    p.add_argument("--json", type=Path, help="write the rows, the cast-work floor and the environment here")
+    p.add_argument("--force", action="store_true", help="overwrite an existing --json file")
+    args = p.parse_args(argv)
+    if args.model not in CONFIGS:
+        raise CLIError(f"unknown model {args.model!r}; choose from {', '.join(CONFIGS)}")
+    if min(args.batch, args.seq, args.steps) <= 0 or args.warmup < 0:
+        raise CLIError("--batch, --seq and --steps must be > 0 and --warmup >= 0")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise CLIError("--device cuda: no CUDA device is visible")
+    device = torch.device(args.device)
+    for k in args.kernel or []:
+        problem = mxfp8_problem(k, device)
+        if problem:
+            raise CLIError(problem)
+    if args.json and args.json.exists() and not args.force:
+        raise CLIError(f"{args.json} exists; pass --force to overwrite it")
+    if args.json and not args.json.parent.is_dir():
+        raise CLIError(f"--json {args.json}: directory {args.json.parent} does not exist")
+    cfg_flops = bench.step_flops(bench.get_config(args.model), args.seq)
+    print(f"model {args.model}, {args.batch} x {args.seq} tokens/step, {cfg_flops / 1e9:.4g} GFLOP/token, "
+          f"device {args.device}", flush=True)
+    bench.progress_line(bench.format_rows([]))
+    rows = bench.bench(args.model, batch=args.batch, seq=args.seq, steps=args.steps, warmup=args.warmup,
+                       device=device, compile_=not args.no_compile, kernels=args.kernel, progress=bench.progress_line)
+    doc = bench.report(rows, model=args.model, batch=args.batch, seq=args.seq, device=device)
+    print(bench.format_rows(rows))
+    if doc["cast_floor_ms"] is not None:
+        print(f"cast-work floor: {doc['cast_bytes_per_step'] / 1e9:.2f} GB per step at {doc['copy_gbps']:.0f} GB/s "
+              f"device copy = {doc['cast_floor_ms']:.1f} ms per step")
+    for r in rows:
+        if r.get("ratio_to_bf16") is not None and r["recipe"] != "bf16":
+            print(f"step-time ratio mxfp8/{r['kernel']} (compiled={r['compiled']}) / bf16: {r['ratio_to_bf16']:.2f}x")
+    if args.json:
+        from numerics.io import write_atomic
+
+        write_atomic(args.json, json.dumps(doc, indent=1, default=str) + "\n")
+        print(f"wrote {args.json}")
+    return 0
+
+
+def ep_identity_main(argv: Sequence[str] | None = None) -> int:
+    """python -m convergence ep-identity RUN_A RUN_B [--recipe R ...] [--json OUT] [--force]"""
+    import json
+
+    from convergence.train.ep_identity import compare_runs, report
+
+    p = ArgumentParser(prog="python -m convergence ep-identity",
+                       description="are two training runs identical step for step")
+    p.add_argument("a", type=Path, help="run directory or metrics.jsonl (e.g. --ep-backend reference)")
+    p.add_argument("b", type=Path, help="run directory or metrics.jsonl (e.g. --ep-backend deepep)")
+    p.add_argument("--recipe", action="append", help="compare only these recipes (repeatable)")
+    p.add_argument("--json", type=Path, metavar="OUT", help="write the result with versions and hardware")
+    p.add_argument("--force", action="store_true", help="overwrite an existing --json file")
+    args = p.parse_args(argv)
+    if args.json is not None and args.json.exists() and not args.force:
+        raise CLIError(f"{args.json} exists; pass --force to overwrite it")
+    result = compare_runs(args.a, args.b, args.recipe)
+    print(report(result))
+    if args.json is not None:
+        from numerics.environment import describe
+        from numerics.io import write_atomic
+
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(args.json, json.dumps(result | {"environment": describe()}, indent=2, default=str) + "\n")
+    return 0 if result["identical"] else 1
+
+if __name__ == "__main__":
+    import sys
+
+    from numerics.cli import run_main
+
+    sys.exit(run_main(main))

@@ -1,0 +1,107 @@
+"""Where a training run's model and state live: one process (``Single``), or FSDP2 + expert parallelism
+over a process group (``convergence.train.distributed.Distributed``, the same interface).
+
+The training loop (``convergence.train.loop``) is written once against this interface; world size 1
+without a process group is ``Single``. What differs between the two is only what this interface says:
+how the model is built and sharded, which rows of a batch a rank takes, how losses, gradient norms and
+expert counts are reduced over ranks, and how checkpoints are written.
+
+``Single``: the whole model on ``device``; ``torch.nn.utils.clip_grad_norm_``; ``DIR/checkpoint.pt``
+(weights, AdamW, scheduler, RNG, data position), written atomically by ``checkpoint.save_checkpoint``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from convergence.train.checkpoint import load_checkpoint, save_checkpoint
+
+
+class Single:
+    """One process, the whole model on one device."""
+
+    rank, world = 0, 1
+
+    def __init__(self, device: torch.device):
+        self.device = torch.device(device)
+
+    @property
+    def writer(self) -> bool:
+        """Whether this rank writes metrics, config.json and the verdict."""
+        return self.rank == 0
+
+    def place(self, model: nn.Module) -> list[nn.Parameter]:
+        """Move (and shard) the built model; returns the routed-expert parameters (none to treat apart here)."""
+        model.to(self.device)
+        return []
+
+    def after_recipe(self, model: nn.Module, experts: list[nn.Parameter]) -> None:
+        """Called once the recipe's MXFP8 ops are in place (where sharding happens on several ranks)."""
+
+    def rows(self, batch: torch.Tensor) -> torch.Tensor:
+        """This rank's rows of a global batch."""
+        return batch
+
+    def mean(self, x: torch.Tensor) -> float:
+        """The mean over ranks of a per-rank scalar."""
+        return float(x.detach().float())
+
+    def scale_expert_grads(self, experts: list[nn.Parameter]) -> None:
+        """Make expert gradients those of the global-batch mean loss (a no-op on one rank)."""
+
+    def clip(self, params: list[nn.Parameter], max_norm: float) -> torch.Tensor:
+        return torch.nn.utils.clip_grad_norm_(params, max_norm)
+
+    def sum_counts(self, counts: list[torch.Tensor]) -> None:
+        """Sum the MoE layers' routed-token counters over ranks, in place."""
+
+    def any(self, flag: bool) -> bool:
+        """Whether any rank's flag is set (clocks differ between ranks)."""
+        return flag
+
+    def comm_seconds(self) -> float | None:
+        """Seconds spent in dispatch / combine since the last call; None without expert parallelism."""
+        return None
+
+    def extra_config(self) -> dict:
+        return {}
+
+    # ---- checkpoints
+    def checkpoint_path(self, run_dir: Path) -> Path:
+        return run_dir / "checkpoint.pt"
+
+    def has_checkpoint(self, run_dir: Path) -> bool:
+        return self.checkpoint_path(run_dir).exists()
+
+    def save(self, run_dir: Path, model: nn.Module, opt, sched, meta: dict) -> None:
+        state = {"model": model.state_dict(), "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
+                 "rng": _rng_state()} | meta
+        save_checkpoint(self.checkpoint_path(run_dir), state)
+
+    def load(self, run_dir: Path, model: nn.Module, opt, sched) -> dict:
+        """Restore model, optimizer, scheduler and RNG in place; returns the saved meta (step, ...)."""
+        ckpt = load_checkpoint(self.checkpoint_path(run_dir))
+        model.load_state_dict(ckpt["model"])
+        opt.load_state_dict(ckpt["optimizer"])
+        sched.load_state_dict(ckpt["scheduler"])
+        _set_rng_state(ckpt["rng"])
+        return ckpt
+
+    def barrier(self) -> None:
+        """Wait for every rank (nothing to wait for on one)."""
+
+
+def _rng_state() -> dict:
+    state = {"torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])

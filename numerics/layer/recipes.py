@@ -1,0 +1,150 @@
+"""Recipes as data, one registry and one spelling, and the one converter that applies a recipe to modules.
+
+Public: ``Recipe``, ``RECIPES``, ``MX_RECIPES``, ``get_recipe(name)``, ``apply_recipe(model, recipe, ...)``,
+``set_op(module, recipe, kernel)``, ``quantized_fqns(model, recipe)``.
+
+The MXFP8 module selection is torchtitan's DeepSeek-V3 MXFP8 recipe
+(``torchtitan/models/deepseek_v3/config_registry.py::deepseek_v3_debugmodel_mxfp8``, read at commit
+b5bcd76c): ``MXFP8LinearConverter(fqns=["attention", "shared_experts", "feed_forward"])`` -- an
+include-list matched as substrings of a Linear's fully-qualified name -- plus
+``MXFP8GroupedExpertsConverter`` for the routed experts' grouped GEMMs. Everything else stays BF16:
+the MoE router gate (``moe.router.gate``), the output head (``output``; torchtitan's ``lm_head``), the
+embedding and the norms. ``numerics.layer.modules`` names its modules as torchtitan does, so the same
+strings select the same layers.
+
+A selected module gets the op of ``numerics.layer.mxfp8`` in its ``mxfp8_op`` seam; parameters stay as
+they are (plain tensors, FP32 masters in training), each op seeing them cast to the compute dtype.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import asdict, dataclass
+
+import torch
+from torch import nn
+
+from numerics.layer import mxfp8
+from numerics.layer.modules import GroupedLinear, Linear
+
+TORCHTITAN_MXFP8_LINEAR_FQNS = ("attention", "shared_experts", "feed_forward")
+
+
+@dataclass(frozen=True)
+class Recipe:
+    name: str
+    mxfp8: bool  # False: plain BF16, nothing quantized
+    linear_fqns: tuple[str, ...] = ()  # a Linear whose FQN contains one of these -> MXFP8 linear
+    grouped_experts: bool = False  # every GroupedLinear (the routed experts' grouped GEMMs) -> MXFP8
+    wgrad_with_hp: bool = False  # weight gradients computed in high precision (BF16) instead of MXFP8
+    scale_calculation_mode: str = "RCEIL"  # E8M0 scale rounding (torchao ScaleCalculationMode)
+    description: str = ""
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def _bf16() -> Recipe:
+    return Recipe(
+        name="bf16", mxfp8=False,
+        description="the baseline: FP32 master weights, every matmul in BF16 (torch.autocast semantics)",
+    )
+
+
+def _mxfp8() -> Recipe:
+    return Recipe(
+        name="mxfp8", mxfp8=True, linear_fqns=TORCHTITAN_MXFP8_LINEAR_FQNS, grouped_experts=True,
+        description="torchtitan's DeepSeek-V3 MXFP8 recipe: attention, dense FFN and shared-expert "
+        "linears and routed-expert grouped GEMMs in MXFP8 (fwd, dgrad, wgrad); router gate, head, "
+        "embedding and norms BF16",
+    )
+
+
+def _mxfp8_wgrad_hp() -> Recipe:
+    return dataclasses.replace(
+        _mxfp8(), name="mxfp8-wgrad-hp",
+        wgrad_with_hp=True,  # deviation from mxfp8: weight gradients in BF16 (torchao wgrad_with_hp)
+        description="mxfp8 with weight gradients computed in BF16 (torchao MXFP8_RCEIL_WGRAD_WITH_HP)",
+    )
+
+
+RECIPES = {"bf16": _bf16, "mxfp8": _mxfp8, "mxfp8-wgrad-hp": _mxfp8_wgrad_hp}
+MX_RECIPES = tuple(name for name, make in RECIPES.items() if make().mxfp8)
+
+
+def get_recipe(name: str) -> Recipe:
+    if name not in RECIPES:
+        raise KeyError(f"unknown recipe {name!r}; choose from {', '.join(RECIPES)}")
+    return RECIPES[name]()
+
+
+def _selected(recipe: Recipe, module: nn.Module, fqn: str) -> bool:
+    if recipe.grouped_experts and isinstance(module, GroupedLinear):
+        return True
+    return isinstance(module, Linear) and any(s in fqn for s in recipe.linear_fqns)
+
+
+def quantized_fqns(model: nn.Module, recipe: Recipe) -> list[str]:
+    """The modules the recipe runs in MXFP8, by fully-qualified name."""
+    if not recipe.mxfp8:
+        return []
+    return [fqn for fqn, mod in model.named_modules() if _selected(recipe, mod, fqn)]
+
+
+def _check_block_dims(module: nn.Module, fqn: str) -> None:
+    for pname, p in module.named_parameters(recurse=False):
+        bad = [d for d in p.shape[-2:] if d % mxfp8.BLOCK]
+        if bad:
+            raise ValueError(f"{fqn}.{pname} has shape {tuple(p.shape)}: MXFP8 needs every matmul dimension to "
+                             f"be a multiple of {mxfp8.BLOCK}")
+
+
+def set_op(module: nn.Module, recipe: Recipe, kernel: str) -> None:
+    """Put the recipe's MXFP8 op (with ``kernel``) into this one module's ``mxfp8_op`` seam."""
+    if isinstance(module, GroupedLinear):
+        module.mxfp8_op = mxfp8.grouped_mm_op(recipe.name, kernel)
+    elif isinstance(module, Linear):
+        module.mxfp8_op = mxfp8.linear_op(recipe.name, kernel)
+    else:
+        raise TypeError(f"{type(module).__name__} has no mxfp8_op seam (numerics.layer.modules.Linear or "
+                        "GroupedLinear)")
+
+
+def apply_recipe(model: nn.Module, recipe: Recipe, device: torch.device | str = "cpu", *,
+                 kernel: str | None = None) -> dict:
+    """Convert ``model`` in place for ``recipe``: each selected module gets the MXFP8 op with ``kernel``
+    (default: ``mxfp8.default_kernel(device)``). Returns what was done, for config.json.
+
+    Raises ValueError when a selected weight has a dimension that is not a multiple of 32 or ``kernel``
+    cannot run on ``device`` (the message names the kernels that can).
+    """
+    if not recipe.mxfp8:
+        return {"quantized": [], "kernel": None, "torchao_config": None}
+    kernel = kernel or mxfp8.default_kernel(device)
+    problem = mxfp8.kernel_problem(kernel, device)
+    if problem:
+        raise ValueError(problem)
+    if recipe.scale_calculation_mode != "RCEIL":
+        raise ValueError(f"recipe {recipe.name!r}: scale_calculation_mode {recipe.scale_calculation_mode} is not "
+                         "RCEIL, which torchao's MXFP8 training recipes fix")
+    fqns = quantized_fqns(model, recipe)
+    modules = dict(model.named_modules())
+    for fqn in fqns:
+        _check_block_dims(modules[fqn], fqn)
+    for fqn in fqns:
+        set_op(modules[fqn], recipe, kernel)
+    cfg = mxfp8.op_config(recipe.name, kernel)
+    return {
+        "quantized": fqns,
+        "kernel": kernel,
+        "torchao_api": "functional",  # not quantize_: refused on torch 2.11 (numerics.layer.mxfp8)
+        "torchao_ops": mxfp8.TORCHAO_OPS,
+        "torchao_config": {
+            "class": type(cfg).__name__,
+            "kernel_preference": cfg.kernel_preference.name,
+            "out_dtype": str(cfg.out_dtype),
+            "wgrad_with_hp": cfg.wgrad_with_hp,
+            "scale_calculation_mode": cfg.scale_calculation_mode.name,
+            "pad_token_groups_for_grouped_mm": cfg.pad_token_groups_for_grouped_mm,
+        },
+    }

@@ -6,7 +6,7 @@ Markers (registered in pyproject.toml) become skips with a reason that says how 
 (torchao 0.18.0 refuses torch 2.11; FINDINGS.md C1). A test parametrized with a tensor-level subject
 (``numerics.tensor.subjects.Subject`` as the parameter ``subject``) is skipped when that subject's library
 is not importable, with its install hint. Where the installed torchao lacks the MXFP8 training API the
-layer and training levels build on (torchao < 0.17, the version matrix in tox.ini), their tests, and any
+layer and training levels build on (torchao < 0.18, the version matrix in tox.ini), their tests, and any
 test module whose import fails for that reason, are skipped with it.
 
 Hypothesis profiles, chosen with ``--hypothesis-profile NAME``:
@@ -90,7 +90,7 @@ def torch_without_mxfp8_dtensor_apis(monkeypatch):
 
 
 # what numerics.layer and convergence.train import from torchao at module level (MXFP8TrainingOpConfig, the
-# functional ops, KernelPreference); torchao 0.15 and 0.16 have none of the first two
+# functional ops, KernelPreference): torchao 0.15 and 0.16 have no moe_training.config, 0.17 no mxfp8_linear
 TORCHAO_TRAINING_API = ("torchao.quantization.quantize_.common", "torchao.prototype.moe_training.config",
                         "torchao.prototype.moe_training.mxfp8_linear")
 
@@ -109,7 +109,7 @@ def torchao_training_api_missing() -> str | None:
             importlib.import_module(name)
         except ImportError as exc:
             return (f"torchao {torchao.__version__} has no usable {name} ({exc}); the layer and training levels "
-                    "need torchao >= 0.17")
+                    "need torchao >= 0.18")
     return None
 
 

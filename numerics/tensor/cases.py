@@ -103,6 +103,10 @@ CASES: tuple[Case, ...] = (
     # = 28672.002 rounds to 28672 = 1.75 * 2^14 -> 0x77. torchao 0.18 picks s = -7 and saturates (F2).
     Case("e5m2_rceil_above_max", "e5m2", "rceil", ((0, float(np.nextafter(np.float32(448.0), np.float32(np.inf)))),),
          0x79, (0x77,), findings=("F2",)),
+    # EVEN at the top of float32: amax = (2 - 2^-23) * 2^127 rounds (3 mantissa bits) up to 2^128, so
+    # s = 128 - 8 = 120 (byte 247 = 0xF7), a finite scale; amax / 2^120 = 255.99998 rounds to 256 = 2^8 -> 0x78.
+    # torchao 0.18.0 agrees; torchao main at 36027d8 gives the NaN scale 0xFF (F4, unreleased).
+    Case("e4m3_even_amax_rounds_to_2^128", "e4m3", "even", ((31, float(np.finfo(np.float32).max)),), 0xF7, (0x78,)),
     # E5M2 FLOOR saturation: amax 1.875 -> s = -15; 1.875 * 2^15 = 61440 > 57344 -> 0x7B.
     Case("e5m2_floor_saturates", "e5m2", "floor", ((0, 1.875),), 0x70, (0x7B,)),
 )

@@ -1,9 +1,15 @@
-"""python -m golden check | regenerate [--only NAME] — verify or rewrite the versioned reference artifacts.
+"""python -m golden check | regenerate [--only NAME] [--root DIR] — verify or rewrite the versioned reference artifacts.
 
-Each artifact kind is a module listed in ARTIFACTS exposing
-``NAME`` (str), ``check() -> list[str]`` (problems found; empty means OK) and
-``regenerate() -> str`` (rewrites the files and returns a diff summary). ``regenerate`` only runs
-when asked, and only for the kinds named with ``--only`` or all of them.
+``check`` first verifies that golden/ is whole (``golden.integrity``: the manifest of every expected
+file, the checksum in each sidecar, valid JSON); anything wrong there is listed on stdout and the
+command stops with one line on stderr and exit code 2. Then each artifact kind checks its content
+(exit 1 when a subject changed, 0 when all agree).
+
+Each artifact kind is a module listed in ARTIFACTS exposing ``NAME`` (str), ``check(root) -> list[str]``
+(problems found; empty means OK) and ``regenerate(root) -> str`` (rewrites the files and returns a
+diff summary). ``regenerate`` only runs when asked, and only for the kinds named with ``--only`` or
+all of them; GPU recordings (``recorded``) are never regenerated here: their commands are listed, and
+asking for them alone (``--only recorded``) is refused with exit code 2.
 """
 
 from __future__ import annotations
@@ -11,10 +17,13 @@ from __future__ import annotations
 import importlib
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from numerics.cli import ArgumentParser, CLIError, run_main
+from numerics.errors import BadInput
 
 ARTIFACTS: list[str] = ["golden.layer_stats", "golden.tensor_vectors", "golden.recorded"]
+ROOT = Path(__file__).resolve().parent
 
 
 def _modules(only: list[str] | None):
@@ -28,23 +37,56 @@ def _modules(only: list[str] | None):
     return mods
 
 
+def _root(path: Path) -> Path:
+    if not path.exists():
+        raise CLIError(f"--root {path}: no such directory")
+    if not path.is_dir():
+        raise CLIError(f"--root {path}: not a directory")
+    return path
+
+
+def _check(root: Path, mods) -> int:
+    from golden import integrity
+
+    problems = integrity.check(root)
+    if problems:
+        print(f"{'integrity':<24} FAIL ({len(problems)} problems)")
+        for p in problems:
+            print(f"    {p}")
+        raise BadInput(f"golden/ is not whole: {len(problems)} problem(s), the first: {problems[0]}")
+    print(f"{'integrity':<24} OK")
+    failed = 0
+    for mod in mods:
+        problems = mod.check(root)
+        print(f"{mod.NAME:<24} {'OK' if not problems else f'FAIL ({len(problems)} problems)'}")
+        for p in problems[:20]:
+            print(f"    {p}")
+        failed += bool(problems)
+    return 1 if failed else 0
+
+
+def _regenerate(root: Path, mods, only: list[str] | None) -> int:
+    for mod in mods:
+        if mod.NAME == "recorded":
+            print(f"{mod.NAME:<24} not regenerated here (GPU recordings); the command that re-records each:")
+            for line in mod.commands(root):
+                print(f"    {line}")
+            if only:
+                mod.regenerate(root)  # refuses, in one line
+            continue
+        print(f"{mod.NAME:<24} regenerated: {mod.regenerate(root)}")
+    return 0
+
+
 def _main(argv: Sequence[str] | None) -> int:
     parser = ArgumentParser(prog="python -m golden", description=__doc__.splitlines()[0])
     parser.add_argument("action", choices=["check", "regenerate"])
     parser.add_argument("--only", action="append", help="artifact name (repeatable); default: all")
+    parser.add_argument("--root", type=Path, default=ROOT, help="the golden tree (default: this package's)")
     args = parser.parse_args(argv)
-    failed = 0
-    for mod in _modules(args.only):
-        if args.action == "check":
-            problems = mod.check()
-            status = "OK" if not problems else f"FAIL ({len(problems)} problems)"
-            print(f"{mod.NAME:<24} {status}")
-            for p in problems[:20]:
-                print(f"    {p}")
-            failed += bool(problems)
-        else:
-            print(f"{mod.NAME:<24} regenerated: {mod.regenerate()}")
-    return 1 if failed else 0
+    root = _root(args.root)
+    mods = _modules(args.only)
+    return _check(root, mods) if args.action == "check" else _regenerate(root, mods, args.only)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -10,23 +10,23 @@ each input is one 32-value block ``{"source": "<family>[i]" | "case:<name>", "bi
 is ``{"scales": "<2 hex per block>", "elements": ["<64 hex per block>", ...]}``: E8M0 scale bytes
 and E4M3/E5M2 element bytes, OCP bit layouts, as ``numerics.tensor.mx.quantize`` (default readings) gives.
 
-``check()``: the checksum matches the sidecar; the oracle re-derives every byte exactly; torchao's
-cast matches every block except those a known finding claims (``numerics.tensor.findings``), which are
-counted and listed; element bytes of NaN-scale blocks are not compared for torchao (as in
-tests/numerics/tensor/test_subjects.py). ``regenerate()`` rewrites both files and says how many
-bytes changed per (element, mode).
+``check(root)``: the oracle re-derives every byte exactly; torchao's cast matches every block except
+those a known finding claims (``numerics.tensor.findings``), which are counted and listed; element
+bytes of NaN-scale blocks are not compared for torchao (as in tests/numerics/tensor/test_subjects.py).
+The checksum against the sidecar is ``golden.integrity``'s, checked before. ``regenerate(root)``
+rewrites both files (atomically) and says how many bytes changed per (element, mode).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 
 import numpy as np
 
 NAME = "tensor_vectors"
-DIR = Path(__file__).resolve().parent / "tensor"
+ROOT = Path(__file__).resolve().parent
+DIR = ROOT / "tensor"
 FILE = "mx_vectors__any.json"
 SEED = 20261129
 BLOCKS_PER_FAMILY = 4
@@ -82,22 +82,14 @@ def _expected(data: dict, key: str) -> tuple[np.ndarray, np.ndarray]:
     return scales, elems
 
 
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
 def check_dir(directory: Path) -> tuple[list[str], dict[str, list[str]]]:
     """Problems, and the torchao blocks each known finding claims (``"<elem>/<mode> <source>"``)."""
     from numerics.tensor import findings, mx
     from numerics.tensor.subjects import torchao
 
-    path, meta_path = directory / FILE, directory / FILE.replace(".json", ".meta.json")
-    if not path.exists() or not meta_path.exists():
-        return [f"{path} or its .meta.json sidecar is missing; run python -m golden regenerate --only {NAME}"], {}
-    meta = json.loads(meta_path.read_text())
-    if meta.get("sha256") != _sha256(path):
-        return [f"{FILE}: sha256 {_sha256(path)[:12]}... does not match the sidecar's "
-                f"{str(meta.get('sha256'))[:12]}... (edited by hand?)"], {}
+    path = directory / FILE
+    if not path.is_file():
+        return [f"{path} is missing; run python -m golden regenerate --only {NAME}"], {}
     data = json.loads(path.read_text())
     x = decode_inputs(data)
     sources = [i["source"] for i in data["inputs"]]
@@ -122,8 +114,8 @@ def check_dir(directory: Path) -> tuple[list[str], dict[str, list[str]]]:
     return problems, claimed
 
 
-def check() -> list[str]:
-    problems, claimed = check_dir(DIR)
+def check(root: Path = ROOT) -> list[str]:
+    problems, claimed = check_dir(Path(root) / "tensor")
     if claimed:
         counts = ", ".join(f"{f} {len(v)}" for f, v in sorted(claimed.items()))
         print(f"{NAME}: torchao differs only in blocks known findings claim ({counts}):")
@@ -133,7 +125,9 @@ def check() -> list[str]:
 
 
 def write(directory: Path) -> str:
+    from golden import integrity
     from numerics import environment
+    from numerics.files import atomic_write
 
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / FILE
@@ -153,16 +147,19 @@ def write(directory: Path) -> str:
     else:
         summary.append("new file")
         inputs_changed = True
-    path.write_text(json.dumps(new, indent=1, sort_keys=True) + "\n")
+    atomic_write(path, json.dumps(new, indent=1, sort_keys=True) + "\n", force=True)
     meta = {"format": FORMAT, "format_doc": FORMAT_DOC, "seed": SEED, "blocks_per_family": BLOCKS_PER_FAMILY,
             "generator": "golden.tensor_vectors.build: numerics.tensor.families.generate(family, (4, 32), seed) "
                          "for each family, then every distinct numerics.tensor.cases block; "
                          "bytes from numerics.tensor.mx",
-            "blocks": len(new["inputs"]), "sha256": _sha256(path), "versions": environment.describe()}
-    path.with_name(FILE.replace(".json", ".meta.json")).write_text(json.dumps(meta, indent=1) + "\n")
+            "blocks": len(new["inputs"]), "sha256": integrity.sha256(path), "versions": environment.describe()}
+    meta_path = path.with_name(FILE.replace(".json", ".meta.json"))
+    atomic_write(meta_path, json.dumps(meta, indent=1) + "\n", force=True)
+    if (directory.parent / integrity.MANIFEST).exists():  # inside a golden tree: list it in its manifest
+        integrity.record(directory.parent, path, meta_path, NAME)
     what = "; ".join(summary) if summary else "no byte changed"
     return f"{FILE}: {len(new['inputs'])} blocks{', inputs changed' if inputs_changed else ''}; {what}"
 
 
-def regenerate() -> str:
-    return write(DIR)
+def regenerate(root: Path = ROOT) -> str:
+    return write(Path(root) / "tensor")

@@ -1,4 +1,5 @@
-"""The three comparison helpers: bit-exact, ulp distance, statistical.
+"""The comparison helpers: bit-exact (``assert_bits_equal`` on raw bits, ``numerics.bits``) and statistical
+(``assert_sqnr_at_least`` against a ``numerics.tolerances`` floor).
 
 Failure messages name what was compared and where the first difference is, so a failing
 property test reads as a bug report.
@@ -18,22 +19,13 @@ import numpy as np
 import torch
 
 from numerics import metrics
+from numerics.bits import bits_np
 from numerics.tolerances import Tolerance
-
-
-def _bits(a: Any) -> np.ndarray:
-    if isinstance(a, torch.Tensor):
-        t = a.detach().cpu().contiguous()
-        width = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()]
-        return t.view(width).numpy()
-    arr = np.ascontiguousarray(a)
-    width = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[arr.dtype.itemsize]
-    return arr.view(width)
 
 
 def first_mismatch(expected: Any, actual: Any, *, canonical_nan: Any = None) -> tuple[int, ...] | None:
     """Index of the first element whose bits differ, or None."""
-    e, a = _bits(expected), _bits(actual)
+    e, a = bits_np(expected), bits_np(actual)
     if e.shape != a.shape:
         raise AssertionError(f"shape mismatch: expected {e.shape}, got {a.shape}")
     differ = e.astype(np.int64) != a.astype(np.int64)
@@ -53,7 +45,7 @@ def assert_bits_equal(expected: Any, actual: Any, *, what: str, canonical_nan: A
     idx = first_mismatch(expected, actual, canonical_nan=canonical_nan)
     if idx is None:
         return
-    e, a = _bits(expected), _bits(actual)
+    e, a = bits_np(expected), bits_np(actual)
     n = int((e.astype(np.int64) != a.astype(np.int64)).sum())
     raise AssertionError(
         f"{what}: {n} of {e.size} elements differ bitwise; first at index {idx}: "
@@ -61,14 +53,6 @@ def assert_bits_equal(expected: Any, actual: Any, *, what: str, canonical_nan: A
         f"got 0x{int(a[idx]) & ((1 << (8 * a.itemsize)) - 1):0{2 * a.itemsize}x}"
         + (f"; {context}" if context else "")
     )
-
-
-def assert_ulp_within(expected: Any, actual: Any, max_ulp: int, *, what: str, why: str) -> None:
-    d = metrics.ulp_distance(expected, actual)
-    worst = int(d.max()) if d.numel() else 0
-    if worst > max_ulp:
-        idx = tuple(int(i) for i in torch.nonzero(d == worst)[0])
-        raise AssertionError(f"{what}: {worst} ulp at index {idx} > allowed {max_ulp} ({why})")
 
 
 def assert_sqnr_at_least(ref: Any, x: Any, tol: Tolerance, *, what: str = "") -> float:

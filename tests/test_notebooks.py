@@ -117,6 +117,18 @@ def test_notebook_loss_curves_reads_files(tmp_path):
     assert "verdict: not_equivalent" in text  # 2 % against a 0.25 % margin
 
 
+def test_notebook_loss_curves_half_a_run_is_incomplete_and_a_damaged_one_is_one_message(tmp_path):
+    lines = [json.dumps({"step": s, "loss": 3.0 / s ** 0.3}) + "\n" for s in range(1, 401)]
+    (tmp_path / "base.jsonl").write_text("".join(lines))
+    (tmp_path / "half.jsonl").write_text("".join(lines[:200]))
+    (tmp_path / "bad.jsonl").write_bytes(b"\x00\xff garbage\n" * 3)
+    base = str(tmp_path / "base.jsonl")
+    text = outputs_text(execute(NOTEBOOKS[2], {"BASELINES": [base], "CANDIDATE": str(tmp_path / "half.jsonl")}))
+    assert "verdict: incomplete" in text and "baseline 200/400 points" in text
+    msg = error_of(NOTEBOOKS[2], {"BASELINES": [base], "CANDIDATE": str(tmp_path / "bad.jsonl")})
+    assert "NotebookInputError: " in msg and "bad.jsonl" in msg and "Traceback" not in msg
+
+
 def test_notebook_ep_bandwidth_missing_file_is_one_clear_message():
     msg = error_of(NOTEBOOKS[3], {"BENCH_JSON": "golden/ep/none.json"})
     assert "bench result (BENCH_JSON) 'golden/ep/none.json' does not exist" in msg

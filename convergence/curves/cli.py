@@ -1,7 +1,9 @@
 """python -m convergence compare BASELINE CANDIDATE [--baseline MORE ...] [--margin 0.0025]
-[--json OUT] [--plot OUT.png]
+[--overlap-only] [--json OUT] [--plot OUT.png] [--force]
 
-Prints a short report; exit 0 equivalent, 1 not_equivalent or diverged, 3 inconclusive, 2 bad input.
+Prints a short report; exit 0 equivalent, 1 not_equivalent or diverged, 3 inconclusive, 4 incomplete
+(a run does not cover the others' steps; ``--overlap-only`` judges the overlap), 2 bad input or an
+output that cannot be written (checked before the work starts; files are written atomically).
 The statistics are documented in ``convergence.curves.compare``; the JSON is ``compare_paths``'s dict.
 """
 
@@ -15,8 +17,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from numerics.cli import ArgumentParser, CLIError
+from numerics.files import atomic_write, check_writable
 
-EXIT_CODES = {"equivalent": 0, "not_equivalent": 1, "diverged": 1, "inconclusive": 3}
+EXIT_CODES = {"equivalent": 0, "not_equivalent": 1, "diverged": 1, "inconclusive": 3, "incomplete": 4}
 
 
 def _parser() -> ArgumentParser:
@@ -37,6 +40,10 @@ def _parser() -> ArgumentParser:
     p.add_argument("--final-rise", type=float, default=d.final_rise,
                    help="diverged if final smoothed loss exceeds its own minimum by this (relative)")
     p.add_argument("--spike-sigma", type=float, default=d.spike_sigma, help="spike threshold in robust sigmas")
+    p.add_argument("--coverage-fraction", type=float, default=d.coverage_fraction,
+                   help="a run must be compared to within this fraction of the longest span at each end")
+    p.add_argument("--overlap-only", action="store_true",
+                   help="judge the steps all runs share even when a run stops early or starts late")
     p.add_argument("--format", choices=FORMATS, help="skip content detection")
     p.add_argument("--loss-key", help="JSONL key / CSV column of the loss (default: loss, with fallbacks)")
     p.add_argument("--step-key", help="JSONL key / CSV column of the step (default: step, with fallbacks)")
@@ -53,10 +60,18 @@ def _pct(x) -> str:
 
 def report(r: dict) -> str:
     """The short human report printed by the CLI."""
+    cov = r["coverage"]
     lines = [f"verdict: {r['verdict'].upper()}  ({r['reason']})",
              (f"margin +-{r['margin']:.3%}, family confidence {r['confidence']:.0%}, "
               f"{r['baseline_runs']} baseline run(s), alignment {r['alignment']['method']} "
-              f"({r['alignment']['points']} points)")]
+              f"({r['alignment']['points']} points)"),
+             f"compared steps {cov['compared_steps'][0]}..{cov['compared_steps'][1]}: " + "; ".join(
+                 f"{run['role']} {Path(run['source']).name} {run['compared_points']}/{run['points']} points "
+                 f"(steps {run['steps'][0]}..{run['steps'][1]})" for run in cov["runs"])]
+    sens = r.get("sensitivity")
+    if sens:
+        lines.append(f"sensitivity: interval half-width {sens['half_width']:.3%}; the smallest difference called "
+                     f"not_equivalent is {sens['smallest_detectable_difference']:.3%}")
     for name in ("overall", "final_window"):
         part = r.get(name)
         if part:
@@ -83,26 +98,25 @@ def report(r: dict) -> str:
     return "\n".join(lines)
 
 
-def _check_out(path: Path | None, force: bool):
-    if path is not None and path.exists() and not force:
-        raise CLIError(f"{path} exists; pass --force to overwrite it")
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    _check_out(args.json, args.force)
-    _check_out(args.plot, args.force)
+    if args.json and args.plot and args.json.resolve() == args.plot.resolve():
+        raise CLIError("--json and --plot name the same file")
+    for out in (args.json, args.plot):
+        if out is not None:
+            check_writable(out, force=args.force)  # before the work: exit 2 never follows a verdict
     from convergence.curves.compare import compare_paths
 
     opts = {k: getattr(args, k) for k in ("confidence", "start_fraction", "final_fraction", "final_rise",
-                                          "spike_sigma", "format", "loss_key", "step_key", "tag")
+                                          "spike_sigma", "coverage_fraction", "overlap_only", "format",
+                                          "loss_key", "step_key", "tag")
             if getattr(args, k) is not None}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # NaN arithmetic in a diverged run is reported, not warned
         result = compare_paths([args.baseline, *args.more], args.candidate, margin=args.margin, **opts)
     print(report(result))
     if args.json:
-        args.json.write_text(json.dumps(result, indent=1, allow_nan=True) + "\n")
+        atomic_write(args.json, json.dumps(result, indent=1, allow_nan=True) + "\n", force=args.force)
         print(f"wrote {args.json}")
     if args.plot:
         from convergence.curves.plots import plot_comparison

@@ -32,9 +32,18 @@ How the verdict is decided
      (Bonferroni over the two ranges). ``equivalent`` when both intervals lie inside
      ``[-margin, margin]``; ``not_equivalent`` when either lies entirely outside; otherwise
      ``inconclusive`` (too noisy, or too short: fewer than ``MIN_WINDOWS`` windows).
+  6. Coverage. The compared steps are the overlap of all runs. When any run (usually the candidate)
+     starts later or stops earlier than the overlap by more than the tolerance (``coverage_fraction``
+     of the longest span, or one logging interval if larger), the verdict is ``incomplete``: half a
+     run is not evidence about the whole one. ``overlap_only=True`` judges the overlap anyway, and
+     the reason says so. Order of verdicts: candidate ``diverged``, then a diverged baseline
+     (``inconclusive``), then ``incomplete``, then steps 3-5 (which are computed on the overlap in
+     every case, for the report).
 
-Every verdict carries the numbers that decided it: margin, intervals, window sizes, noise, and the
-divergence step and kind.
+Every verdict carries the numbers that decided it: margin, intervals, window sizes, noise, the
+divergence step and kind, ``coverage`` (how much of each run was compared) and ``sensitivity``
+(the interval half-width, hence the smallest difference the data could detect: ``margin +
+half-width`` is the smallest true relative difference that is called ``not_equivalent``).
 """
 
 from __future__ import annotations
@@ -48,6 +57,7 @@ from scipy import stats
 from convergence.curves.align import align, block_means, windowed_mean
 from convergence.curves.divergence import detect_divergence
 from convergence.curves.load import Curve, load_curves
+from numerics.errors import BadInput
 from numerics.tolerances import floor
 
 
@@ -72,16 +82,18 @@ class CompareOptions:
     spike_min_rise: float = _tol("spike_min_rise")
     recovery_fraction: float = _tol("recovery_fraction")
     final_rise: float = _tol("final_rise")
+    coverage_fraction: float = _tol("coverage_fraction")
+    overlap_only: bool = False  # judge the overlap even when a run is not covered (the reason says so)
 
     def check(self) -> CompareOptions:
-        from numerics.cli import CLIError
-
         if not 0 < self.margin < 1:
-            raise CLIError(f"--margin must be in (0, 1), got {self.margin}")
+            raise BadInput(f"--margin must be in (0, 1), got {self.margin}")
         if not 0.5 < self.confidence < 1:
-            raise CLIError(f"--confidence must be in (0.5, 1), got {self.confidence}")
+            raise BadInput(f"--confidence must be in (0.5, 1), got {self.confidence}")
         if not 0 <= self.start_fraction < 1 or not 0 < self.final_fraction <= 1:
-            raise CLIError("--start-fraction must be in [0, 1) and --final-fraction in (0, 1]")
+            raise BadInput("--start-fraction must be in [0, 1) and --final-fraction in (0, 1]")
+        if not 0 <= self.coverage_fraction < 0.5:
+            raise BadInput(f"--coverage-fraction must be in [0, 0.5), got {self.coverage_fraction}")
         return self
 
 
@@ -131,7 +143,7 @@ def _interval(cand: np.ndarray, bases: np.ndarray, steps: np.ndarray, tau: float
     why = {"equivalent": f"interval [{lo:+.3%}, {hi:+.3%}] inside +-{m:.3%}",
            "not_equivalent": f"interval [{lo:+.3%}, {hi:+.3%}] outside +-{m:.3%}",
            "inconclusive": f"interval [{lo:+.3%}, {hi:+.3%}] straddles +-{m:.3%}"}[decision]
-    return {**out, "estimate": est, "interval": [lo, hi], "confidence_each": 2 * level - 1,
+    return {**out, "estimate": est, "interval": [lo, hi], "half_width": half, "confidence_each": 2 * level - 1,
             "se_within": se_w, "se_between": se_b, "seed_spread": spread,
             "noise_source": "baseline_seeds" if (half_b or 0.0) > half_w else "residual",
             "decision": decision, "why": why}
@@ -159,6 +171,36 @@ def _divergence(c: Curve, o: CompareOptions) -> dict | None:
                              recovery_fraction=o.recovery_fraction, final_rise=o.final_rise)
 
 
+def _coverage(baselines: list[Curve], candidate: Curve, lo: int, hi: int, o: CompareOptions) -> dict:
+    """How much of each run the compared steps ``lo..hi`` cover, and whether that is all of it."""
+    runs = [("baseline", b) for b in baselines] + [("candidate", candidate)]
+    span = max(int(c.steps[-1]) for _, c in runs) - min(int(c.steps[0]) for _, c in runs)
+    interval = max(int(np.median(np.diff(c.steps.astype(np.float64)))) if len(c) > 1 else 0 for _, c in runs)
+    tol = max(math.ceil(o.coverage_fraction * span), interval)
+    rows, short = [], []
+    for role, c in runs:
+        first, last = int(c.steps[0]), int(c.steps[-1])
+        inside = int(((c.steps >= lo) & (c.steps <= hi)).sum())
+        rows.append({"role": role, "source": c.meta.source, "steps": [first, last], "points": len(c),
+                     "compared_points": inside, "compared_fraction": inside / len(c),
+                     "not_compared_steps": {"start": lo - first, "end": last - hi}})
+        if lo - first > tol or last - hi > tol:
+            short.append(f"{role} {c.name} has steps {first}..{last}")
+    return {"compared_steps": [lo, hi], "tolerance_steps": tol, "complete": not short,
+            "overlap_only": o.overlap_only, "runs": rows, "short": short}
+
+
+def _sensitivity(r: dict) -> dict | None:
+    parts = [p for p in (r["overall"], r["final_window"]) if p and p.get("half_width") is not None]
+    if not parts:
+        return None
+    hw = max(p["half_width"] for p in parts)
+    return {"half_width": hw, "smallest_detectable_difference": r["margin"] + hw,
+            "equivalence_provable": hw < r["margin"],
+            "note": "a true relative difference beyond margin + half_width is called not_equivalent; "
+                    "equivalence can only be shown when half_width < margin"}
+
+
 def compare_curves(baselines: list[Curve], candidate: Curve, options: CompareOptions | None = None) -> dict:
     o = (options or CompareOptions()).check()
     div = _divergence(candidate, o)
@@ -176,6 +218,7 @@ def compare_curves(baselines: list[Curve], candidate: Curve, options: CompareOpt
         "noise": None, "options": asdict(o),
         "alignment": {"method": al.method, "points": len(al.steps),
                       "step_range": [int(al.steps[0]), int(al.steps[-1])], "not_compared": al.dropped},
+        "coverage": _coverage(baselines, candidate, int(al.steps[0]), int(al.steps[-1]), o), "sensitivity": None,
         "inputs": {"baselines": [_meta(b) for b in baselines], "candidate": _meta(candidate)},
     }
     first = int(np.searchsorted(steps, al.steps[0] + o.start_fraction * (al.steps[-1] - al.steps[0])))
@@ -207,6 +250,7 @@ def compare_curves(baselines: list[Curve], candidate: Curve, options: CompareOpt
             ends = steps[len(steps) - overall["windows"] * L:][L - 1::L]
             r = block_means(cand, L) / block_means(bmean, L) - 1.0
             result["windows"] = {"end_steps": [int(s) for s in ends], "rel_diff": [float(v) for v in r]}
+    result["sensitivity"] = _sensitivity(result) if result["overall"] else None
     result["verdict"], result["reason"] = _verdict(result, div, base_div)
     return result
 
@@ -217,6 +261,19 @@ def _verdict(r: dict, div: dict | None, base_div: list) -> tuple[str, str]:
     if base_div:
         d = base_div[0]
         return "inconclusive", f"baseline {d['source']} diverged at step {d['step']} ({d['kind']})"
+    cov = r["coverage"]
+    lo, hi = cov["compared_steps"]
+    if not cov["complete"]:
+        if not cov["overlap_only"]:
+            return "incomplete", (f"only steps {lo}..{hi} are in every run ({'; '.join(cov['short'])}; "
+                                  f"tolerance {cov['tolerance_steps']} steps); pass --overlap-only to judge "
+                                  "the overlap alone")
+        verdict, reason = _statistics_verdict(r)
+        return verdict, f"overlap only, steps {lo}..{hi} ({'; '.join(cov['short'])}): {reason}"
+    return _statistics_verdict(r)
+
+
+def _statistics_verdict(r: dict) -> tuple[str, str]:
     ov, fi = r["overall"], r["final_window"]
     if ov is None:
         return "inconclusive", "too few compared points"

@@ -3,59 +3,51 @@
 Public functions
   ``load_curve(path, *, format=None, loss_key=None, step_key=None, tag=None) -> Curve``
       auto-detects the format by content (``detect_format``) unless ``format`` is given.
+  ``load_curves(paths, **options) -> list[Curve]``  several files; large ones in parallel processes.
   ``detect_format(path) -> str``  one of ``FORMATS``.
-  ``load_jsonl``, ``load_csv``, ``load_torchtitan_log``; ``load_tensorboard`` lives in
-  ``convergence.curves.tbevents`` and is re-exported here.
+  ``load_csv``, ``load_torchtitan_log``, ``load_torchtitan_losses``; ``load_jsonl`` lives in
+  ``convergence.curves.jsonl`` and ``load_tensorboard`` in ``convergence.curves.tbevents``.
 
 Formats
-  jsonl        one JSON object per line, ``{"step": int, "loss": float, ...}`` (what
-               ``python -m convergence train`` writes). A line without ``loss`` is accepted only
-               when it carries another known series (``EXTRA_SERIES``, e.g. the harness's
-               ``{"step": N, "val_loss": x}`` lines); those values land in ``extras``. A line with
-               neither, a non-object, a missing/non-integer step or a non-numeric loss is bad input.
-               Nested objects (per-layer extras) are ignored. ``NaN``/``Infinity`` are data, not errors.
-  csv          a header row, then rows; step and loss columns found by name (configurable);
-               every other numeric column becomes an extra series.
-  torchtitan   console/log text; the metric lines ``step: N  loss: X  grad_norm: G ... tps: T``
-               are read after ANSI colour codes are stripped; all other lines are ignored.
-  tensorboard  an event directory (or one event file); see ``convergence.curves.tbevents``.
+  jsonl              one JSON object per line (``convergence.curves.jsonl`` says what a line may hold).
+  csv                a header row, then rows; step and loss columns found by name (configurable); every
+                     other numeric column becomes an extra series. A UTF-8 byte-order mark is ignored.
+  torchtitan         console/log text; the metric lines ``step: N  loss: X  grad_norm: G ... tps: T`` are
+                     read after ANSI colour codes are stripped; all other lines are ignored.
+  torchtitan_losses  torchtitan's golden loss files (``tests/assets/losses/*.txt`` in pytorch/torchtitan):
+                     ``# key: value`` header lines (kept in ``CurveMeta.header``; a ``# step loss grad_norm``
+                     line names the columns), then whitespace-separated ``step loss [grad_norm ...]`` rows.
+                     Without a column line the third column is ``grad_norm`` (torchtitan's order).
+  tensorboard        an event directory (or one event file); see ``convergence.curves.tbevents``.
 
-Steps and restarts
-  Steps must increase. A step that goes back to S (a job resumed from a checkpoint) starts a new
-  segment: every earlier point with step >= S is dropped, so the later value wins and the
-  abandoned tail is discarded; each restart is recorded in ``Curve.restarts``. A step that goes
-  back below the curve's first step (two runs in one file) is bad input.
-
-Bad input raises ``CurveError`` with one line naming the file and the line or tag; a truncated
-final line (a run still writing) is skipped and recorded in ``Curve.warnings``.
+Every format: steps that go back follow ``convergence.curves.curve``'s rule (restarts vs records out of
+order); a truncated final line or row (a run still writing) is skipped with a warning; anything else
+that cannot be read raises ``CurveError`` with one line naming the file and the line, row or tag.
 """
 
 from __future__ import annotations
 
 import csv
-import gc
-import json
 import os
 import re
-from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
-
-from numerics.cli import CLIError
-
-try:  # orjson parses a line ~4x faster than json; the stdlib stays the reference and the fallback
-    import orjson as _fastjson
-except ImportError:  # pragma: no cover - orjson is a declared dependency
-    _fastjson = None
-
-FORMATS = ("jsonl", "csv", "torchtitan", "tensorboard")
-
-# Series other than the loss that a line or column may carry; a JSONL line with one of these and no
-# loss is a legitimate partial record (validation loss every K steps, throughput-only lines).
-EXTRA_SERIES = (
-    "val_loss", "eval_loss", "validation_loss", "grad_norm", "lr", "tokens", "tokens_per_s", "tps",
+from convergence.curves.curve import (  # noqa: F401 - re-exported: the loaders' public types
+    STEP_LIMIT,
+    Curve,
+    CurveError,
+    CurveMeta,
+    Restart,
+    Series,
+    finish,
+    read_bytes,
+    read_text,
+    resolve_steps,
+    run_name,
 )
+from convergence.curves.jsonl import EXTRA_SERIES, load_jsonl  # noqa: F401 - re-exported
+
+FORMATS = ("jsonl", "csv", "torchtitan", "torchtitan_losses", "tensorboard")
 STEP_KEYS = ("step", "global_step", "iteration", "iter", "Step")
 LOSS_KEYS = ("loss", "train_loss", "loss_metrics/global_avg_loss", "train/loss", "Value")
 ANSI_RE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
@@ -65,203 +57,20 @@ TITAN_EXTRA_RE = {
     "grad_norm": re.compile(r"\bgrad_norm:\s*(\S+)"),
     "tps": re.compile(r"\btps:\s*([0-9][0-9,]*(?:\.[0-9]+)?)"),
 }
+_NUMBER = r"[-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|\.\d+(?:[eE][-+]?\d+)?|nan|inf|infinity)"
+LOSS_ROW_RE = re.compile(rf"\s*[-+]?\d+(?:[ \t]+{_NUMBER})+\s*", re.IGNORECASE)  # "12 2.875 1.5"
 
 
-class CurveError(CLIError):
-    """Bad input in a curve file: one line naming the file and the line or tag."""
-
-
-@dataclass(frozen=True)
-class Restart:
-    index: int  # position in the file's record order where the step went back
-    from_step: int  # last step before the restart
-    to_step: int  # first step after it
-    dropped: int  # earlier points discarded (step >= to_step)
-
-
-@dataclass(frozen=True)
-class CurveMeta:
-    source: str  # path as given
-    format: str  # one of FORMATS
-    tag: str  # loss key / column / TensorBoard tag that was read
-    run: str  # run name: the parent directory for metrics.jsonl, else the file stem
-    restarts: tuple[Restart, ...] = ()
-    warnings: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class Series:
-    steps: np.ndarray  # int64, strictly increasing
-    values: np.ndarray  # float64; NaN/Inf kept (they are data)
-
-
-@dataclass(frozen=True)
-class Curve:
-    steps: np.ndarray  # int64, strictly increasing
-    values: np.ndarray  # float64 loss
-    meta: CurveMeta
-    extras: dict[str, Series] = field(default_factory=dict)
-
-    def __post_init__(self):
-        if self.steps.shape != self.values.shape or self.steps.ndim != 1:
-            raise ValueError("steps and values must be 1-D arrays of equal length")
-        if len(self.steps) > 1 and not np.all(np.diff(self.steps) > 0):
-            raise ValueError("Curve steps must be strictly increasing")
-
-    def __len__(self) -> int:
-        return len(self.steps)
-
-    @property
-    def name(self) -> str:
-        return self.meta.run
-
-
-def run_name(path: Path) -> str:
-    return path.parent.name if path.stem in ("metrics", "log", "train", "events") else path.stem
-
-
-def resolve_restarts(steps: np.ndarray, values: np.ndarray, *, where: str = "", lines: np.ndarray | None = None,
-                     strict: bool = True) -> tuple[np.ndarray, np.ndarray, tuple[Restart, ...]]:
-    """Apply the restart rule (module docstring) to records in file order; vectorised when none."""
-    steps = np.asarray(steps, dtype=np.int64)
-    values = np.asarray(values, dtype=np.float64)
-    if len(steps) < 2:
-        return steps, values, ()
-    back = np.flatnonzero(steps[1:] <= steps[:-1]) + 1
-    if len(back) == 0:
-        return steps, values, ()
-    keep = np.ones(len(steps), dtype=bool)
-    restarts = []
-    for i in back:
-        s = int(steps[i])
-        if s < steps[0]:
-            if not strict:
-                keep[:i] = False
-                continue
-            line = f":{int(lines[i])}" if lines is not None else f" record {i}"
-            raise CurveError(
-                f"{where}{line}: step {s} goes below the first step {int(steps[0])} "
-                "(two runs in one file?); split the file"
-            )
-        stale = keep[:i] & (steps[:i] >= s)
-        keep[:i] &= ~stale
-        restarts.append(Restart(int(i), int(steps[i - 1]), s, int(stale.sum())))
-    return steps[keep], values[keep], tuple(restarts)
-
-
-def _series(pairs: dict[str, tuple[list, list]], where: str) -> dict[str, Series]:
-    out = {}
-    for key, (st, va) in pairs.items():
-        if len(st):
-            s, v, _ = resolve_restarts(np.asarray(st), np.asarray(va), where=where, strict=False)
-            out[key] = Series(s, v)
-    return out
-
-
-def _finish(path: Path, fmt: str, tag: str, steps, values, lines, extras, warnings) -> Curve:
-    where = str(path)
-    if len(steps) == 0:
-        raise CurveError(f"{where}: no '{tag}' values found")
-    s, v, restarts = resolve_restarts(np.asarray(steps), np.asarray(values), where=where,
-                                      lines=None if lines is None else np.asarray(lines))
-    meta = CurveMeta(where, fmt, tag, run_name(path), restarts, tuple(warnings))
-    return Curve(s, v, meta, _series(extras, where))
-
-
-def _is_number(x) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool)
-
-
-def _parse_line(raw: bytes):
-    if _fastjson is not None:
-        try:
-            return _fastjson.loads(raw)
-        except _fastjson.JSONDecodeError:
-            pass  # NaN / Infinity literals (Python's json.dumps writes them) or a bad line: ask the stdlib
-    return json.loads(raw)
-
-
-def _bad_jsonl_record(path: Path, lineno: int, obj, step_key: str, loss_key: str) -> str | None:
-    """Why a parsed line is bad input, or None when it is a legitimate record without a loss."""
-    if type(obj) is not dict:
-        return f"{path}:{lineno}: expected a JSON object, got {type(obj).__name__}"
-    step = obj.get(step_key)
-    if type(step) is not int and not (type(step) is float and step.is_integer()):
-        return f"{path}:{lineno}: missing or non-integer '{step_key}': {step!r}"
-    if loss_key in obj:
-        loss = obj[loss_key]
-        return f"{path}:{lineno}: {'null' if loss is None else 'non-numeric'} '{loss_key}': {loss!r}"
-    if not any(_is_number(obj.get(k)) for k in EXTRA_SERIES):
-        return f"{path}:{lineno}: no '{loss_key}' and no other known series ({', '.join(EXTRA_SERIES)})"
-    return None
-
-
-def _column(col: list) -> tuple[np.ndarray, np.ndarray]:
-    """(present, values) for a list of JSON scalars; None and non-numbers (str, bool, dict) are absent."""
-    arr = np.array(col, dtype=object)
-    present = np.not_equal(arr, None)
-    if not set(map(type, col)) <= {int, float, type(None)}:
-        present &= np.array([type(x) is int or type(x) is float for x in col], dtype=bool)
-    return present, arr[present].astype(np.float64)
-
-
-def load_jsonl(path, *, loss_key: str = "loss", step_key: str = "step") -> Curve:
-    path = Path(path)
-    raw_lines = path.read_bytes().split(b"\n")
-    last = len(raw_lines) - 1
-    while last >= 0 and not raw_lines[last].strip():
-        last -= 1
-    if last < 0:
-        raise CurveError(f"{path}: file is empty")
-    rec_steps, rec_loss, rec_lines, rec_extra, warnings = [], [], [], [], []
-    add_s, add_l, add_n, add_x = rec_steps.append, rec_loss.append, rec_lines.append, rec_extra.append
-    parse, keys = _parse_line, EXTRA_SERIES
-    gc_was_on = gc.isenabled()
-    gc.disable()  # a million small tuples would trigger ~1,000 useless cyclic collections; restored below
+def _step(text: str, where: str, col: str) -> int:
     try:
-        _jsonl_records(raw_lines, last, path, step_key, loss_key, parse, keys, add_s, add_l, add_n, add_x, warnings)
-        all_steps = np.array(rec_steps, dtype=np.int64)
-        has_loss, values = _column(rec_loss)
-        columns = list(zip(*rec_extra))
-    finally:
-        if gc_was_on:
-            gc.enable()
-    extras = {}
-    for k, col in zip(keys, columns):
-        present, vals = _column(list(col))
-        if present.any():
-            extras[k] = (all_steps[present], vals)
-    return _finish(path, "jsonl", loss_key, all_steps[has_loss], values, np.array(rec_lines)[has_loss],
-                   extras, warnings)
-
-
-def _jsonl_records(raw_lines, last, path, step_key, loss_key, parse, keys, add_s, add_l, add_n, add_x, warnings):
-    for i in range(last + 1):
-        raw = raw_lines[i]
-        try:
-            obj = parse(raw)
-        except (ValueError, UnicodeDecodeError):
-            if not raw.strip():
-                continue
-            if i == last:
-                warnings.append(f"{path}:{i + 1}: truncated final line skipped (run still writing?)")
-                continue
-            raise CurveError(f"{path}:{i + 1}: not valid JSON: {raw[:60]!r}") from None
-        # hot path (1e6 lines): exact type checks here, the full diagnosis only on a miss
-        try:
-            step = obj[step_key]
-            loss = obj.get(loss_key)
-        except (KeyError, TypeError, AttributeError):
-            step = loss = None
-        if type(step) is not int or (type(loss) is not float and type(loss) is not int):
-            why = _bad_jsonl_record(path, i + 1, obj, step_key, loss_key)
-            if why:
-                raise CurveError(why)
-            step, loss = int(step), None
-        add_s(step)
-        add_l(loss)
-        add_n(i + 1)
-        add_x(tuple(map(obj.get, keys)))
+        x = float(text)
+    except ValueError:
+        raise CurveError(f"{where}: non-numeric {col!r}: {text!r}") from None
+    if not x.is_integer():
+        raise CurveError(f"{where}: non-integer {col!r}: {text!r}")
+    if not -STEP_LIMIT <= x < STEP_LIMIT:
+        raise CurveError(f"{where}: {col!r} {text!r} is outside the 64-bit integer range")
+    return int(text) if text.strip().lstrip("+-").isdigit() else int(x)
 
 
 def _pick(names: list[str], wanted: str | None, candidates: tuple[str, ...], what: str, where: str) -> str:
@@ -284,8 +93,11 @@ def _float_cell(cell: str, where: str, col: str) -> float:
 
 def load_csv(path, *, loss_key: str | None = None, step_key: str | None = None) -> Curve:
     path = Path(path)
-    text = path.read_text(errors="replace")
-    rows = [r for r in csv.reader(text.splitlines(), dialect="excel-tab" if "\t" in text[:4096] else "excel")]
+    text = read_text(path).replace("\x00", "\ufffd")  # the csv module refuses NUL; it is a garbled cell
+    try:
+        rows = list(csv.reader(text.splitlines(), dialect="excel-tab" if "\t" in text[:4096] else "excel"))
+    except csv.Error as exc:
+        raise CurveError(f"{path}: not readable as CSV ({exc})") from None
     while rows and not any(c.strip() for c in rows[-1]):
         rows.pop()
     if not rows:
@@ -306,10 +118,7 @@ def load_csv(path, *, loss_key: str | None = None, step_key: str | None = None) 
             raise CurveError(f"{where}: {len(row)} fields, header has {len(header)}")
         if not row[li].strip():
             raise CurveError(f"{where}: missing {loss_col!r}")
-        step_f = _float_cell(row[si], where, step_col)
-        if not step_f.is_integer():
-            raise CurveError(f"{where}: non-integer {step_col!r}: {row[si]!r}")
-        step = int(step_f)
+        step = _step(row[si], where, step_col)
         steps.append(step)
         values.append(_float_cell(row[li], where, loss_col))
         lines.append(n)
@@ -320,12 +129,12 @@ def load_csv(path, *, loss_key: str | None = None, step_key: str | None = None) 
                 continue  # text columns (timestamps, run names) are not series
             extras[h][0].append(step)
             extras[h][1].append(x)
-    return _finish(path, "csv", loss_col, steps, values, lines, extras, warnings)
+    return finish(path, "csv", loss_col, steps, values, lines, extras, warnings)
 
 
 def load_torchtitan_log(path) -> Curve:
     path = Path(path)
-    text = ANSI_RE.sub("", path.read_text(errors="replace"))
+    text = ANSI_RE.sub("", read_text(path))
     if not text.strip():
         raise CurveError(f"{path}: file is empty")
     raw = text.split("\n")
@@ -343,7 +152,7 @@ def load_torchtitan_log(path) -> Curve:
                 warnings.append(f"{path}:{i + 1}: truncated final line skipped (run still writing?)")
                 continue
             raise CurveError(f"{path}:{i + 1}: non-numeric loss {m.group(2)!r}") from None
-        step = int(m.group(1))
+        step = _step(m.group(1), f"{path}:{i + 1}", "step")
         steps.append(step)
         values.append(loss)
         lines.append(i + 1)
@@ -357,37 +166,94 @@ def load_torchtitan_log(path) -> Curve:
                     pass  # a truncated extra on the last line; the loss was read
     if not steps:
         raise CurveError(f"{path}: no torchtitan metric lines ('step: N  loss: X')")
-    return _finish(path, "torchtitan", "loss", steps, values, lines, extras, warnings)
+    return finish(path, "torchtitan", "loss", steps, values, lines, extras, warnings)
 
 
-def _looks_like_tfrecord(head: bytes) -> bool:
-    from convergence.curves.tbevents import header_ok
+def _header_line(body: str, header: dict[str, str], columns: list[str], seen_rows: bool) -> None:
+    key, colon, value = body.partition(":")
+    words = body.split()
+    if not colon and not seen_rows and words[:2] == ["step", "loss"]:
+        columns[:] = words
+    elif colon and key.strip():
+        header[key.strip()] = value.strip()
+    elif body:
+        header["comment"] = f"{header['comment']} / {body}" if "comment" in header else body
 
-    return header_ok(head)
+
+def load_torchtitan_losses(path) -> Curve:
+    path = Path(path)
+    raw = read_text(path).split("\n")
+    nonblank = [i for i, line in enumerate(raw) if line.strip()]
+    if not nonblank:
+        raise CurveError(f"{path}: file is empty")
+    header: dict[str, str] = {}
+    columns: list[str] = []
+    steps, values, lines, warnings, rows = [], [], [], [], []
+    for i in nonblank:
+        line = raw[i].strip()
+        if line.startswith("#"):
+            _header_line(line[1:].strip(), header, columns, bool(steps))
+            continue
+        where, tokens = f"{path}:{i + 1}", line.split()
+        try:
+            if len(tokens) < 2:
+                raise CurveError(f"{where}: expected 'step loss ...', got {line[:60]!r}")
+            step = _step(tokens[0], where, "step")
+            nums = [_float_cell(t, where, "loss" if j == 0 else f"column {j + 2}") for j, t in enumerate(tokens[1:])]
+        except CurveError:
+            if i == nonblank[-1]:
+                warnings.append(f"{where}: truncated final row skipped (run still writing?)")
+                continue
+            raise
+        steps.append(step)
+        values.append(nums[0])
+        lines.append(i + 1)
+        rows.append(nums[1:])
+    names = columns[2:] if columns else ["grad_norm"]
+    extras: dict[str, tuple[list, list]] = {}
+    for s, rest in zip(steps, rows):
+        for j, x in enumerate(rest):
+            name = names[j] if j < len(names) else f"column{j + 3}"
+            extras.setdefault(name, ([], []))
+            extras[name][0].append(s)
+            extras[name][1].append(x)
+    if not steps:
+        raise CurveError(f"{path}: no 'step loss' rows after the '#' header lines")
+    return finish(path, "torchtitan_losses", "loss", steps, values, lines, extras, warnings, header)
 
 
 def detect_format(path) -> str:
     """Which loader reads ``path``, decided from its content (see module docstring)."""
+    from convergence.curves.tbevents import header_ok
+
     path = Path(path)
-    if path.is_dir():
+    if path.is_dir() or "tfevents" in path.name:
         return "tensorboard"
-    if "tfevents" in path.name:
-        return "tensorboard"
-    with open(path, "rb") as f:
-        head = f.read(1 << 16)
+    try:
+        with open(path, "rb") as f:
+            head = f.read(1 << 16)
+    except OSError as exc:
+        raise CurveError(f"{path}: cannot read: {exc.strerror or exc}") from None
     if not head.strip():
         raise CurveError(f"{path}: file is empty")
-    if _looks_like_tfrecord(head):
+    if header_ok(head):
         return "tensorboard"
-    text = ANSI_RE.sub("", head.decode("utf-8", errors="replace"))
-    first = next(line for line in text.splitlines() if line.strip()).strip()
+    text = ANSI_RE.sub("", head.decode("utf-8-sig", errors="replace"))
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if not lines:
+        raise CurveError(f"{path}: file is empty")
     if TITAN_RE.search(text):  # before JSON: torchtitan lines start with "[titan]"; JSON keys are quoted
         return "torchtitan"
+    first = lines[0]
     if first.startswith(("{", "[")):
         return "jsonl"
+    data = next((line for line in lines if not line.startswith("#")), "")
+    if LOSS_ROW_RE.fullmatch(data):
+        return "torchtitan_losses"
     if "," in first or "\t" in first:
         return "csv"
-    raise CurveError(f"{path}:1: cannot tell the format from {first[:60]!r}; pass --format ({', '.join(FORMATS)})")
+    shown = "".join(c if c.isprintable() else "?" for c in first[:60])
+    raise CurveError(f"{path}:1: cannot tell the format from {shown!r}; pass --format ({', '.join(FORMATS)})")
 
 
 def load_curves(paths, **options) -> list[Curve]:
@@ -419,6 +285,8 @@ def load_curve(path, *, format: str | None = None, loss_key: str | None = None, 
         return load_csv(path, loss_key=loss_key, step_key=step_key)
     if fmt == "torchtitan":
         return load_torchtitan_log(path)
+    if fmt == "torchtitan_losses":
+        return load_torchtitan_losses(path)
     if fmt == "tensorboard":
         from convergence.curves.tbevents import load_tensorboard
 

@@ -8,12 +8,16 @@ Public function
       intervals and the divergence, so the figure can be redrawn from the JSON alone.
       Top panel: baseline (mean of seeds) and candidate, raw (thin) and smoothed (thick), log-scaled
       loss, divergence marked. Bottom panel: per-window relative difference, the +-margin band, and
-      the whole-range and final-window intervals as shaded bars. Refuses to overwrite unless ``force``.
+      the whole-range and final-window intervals as shaded bars. Refuses to overwrite unless ``force``;
+      written atomically (``numerics.files.atomic_path``): an interrupted run leaves no torn PNG.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+
+from numerics.errors import BadInput
+from numerics.files import atomic_path
 
 
 def plot_comparison(result: dict, out_png, *, force: bool = False) -> Path:
@@ -22,7 +26,7 @@ def plot_comparison(result: dict, out_png, *, force: bool = False) -> Path:
 
     out = Path(out_png)
     if out.exists() and not force:
-        raise FileExistsError(f"{out} exists; not overwriting")
+        raise BadInput(f"{out} exists; pass --force to overwrite it")
     fig = Figure(figsize=(10, 7), layout="constrained")
     FigureCanvasAgg(fig)
     top, bottom = fig.subplots(2, 1, sharex=True, height_ratios=[3, 2])
@@ -61,5 +65,6 @@ def plot_comparison(result: dict, out_png, *, force: bool = False) -> Path:
     bottom.set_ylabel("candidate / baseline - 1")
     bottom.set_xlabel("step")
     bottom.legend(loc="upper left", fontsize=8)
-    fig.savefig(out, dpi=110)
+    with atomic_path(out, force=force) as tmp:
+        fig.savefig(tmp, dpi=110, format="png")
     return out

@@ -1,16 +1,19 @@
 """TensorBoard event files: read a scalar tag into a ``Curve``; write scalars fast (for the benchmark).
 
 Public functions
-  ``load_tensorboard(path, *, tag=None) -> Curve``  a run directory or one ``events.out.tfevents.*`` file.
+  ``load_tensorboard(path, *, tag=None, fast=True) -> Curve``  a run directory or one ``events.out.tfevents.*`` file.
   ``event_files(path) -> list[Path]``  the files read, in order.
   ``write_scalars(path, series, *, wall_time=0.0)``  one event file with ``{tag: (steps, values)}``.
 
-Reading. Events are decoded with the tensorboard package's own schema (``tensorboard.compat.proto.
-event_pb2.Event``) from the TFRecord framing (length, masked CRC32C of the length, payload, masked
-CRC32C of the payload); both CRCs are verified. The framing loop is ours rather than tensorboard's
-``EventFileLoader`` because, without TensorFlow installed, that loader checks CRCs in pure Python
-at ~17 us per record (measured, tensorboard 2.21, this 2-core CPU): ~29 s for 1,000,000 loss events
-before any other tag is counted. A test checks that both readers agree on the same file.
+Reading. The TFRecord framing (length, masked CRC32C of the length, payload, masked CRC32C of the
+payload) is walked by ``tbwire.frame``, both CRCs verified. Scalar events in the layout torch's
+SummaryWriter writes are decoded for all records at once by ``tbwire.decode_scalars``; every other
+record is decoded with the tensorboard package's own schema (``tensorboard.compat.proto.event_pb2.
+Event``), the reference (``fast=False`` uses it for every record; a property test holds the two
+equal). The framing loop is ours rather than tensorboard's ``EventFileLoader`` because, without
+TensorFlow installed, that loader checks CRCs in pure Python at ~17 us per record (measured,
+tensorboard 2.21, this 2-core CPU): ~29 s for 1,000,000 loss events before any other tag is counted.
+A test checks that both readers agree on the same file.
 
 Scalars written as ``simple_value`` (``torch.utils.tensorboard``, what torchtitan uses) and as
 scalar tensors (``tensorboard.summary.Writer``, TF2) are both read.
@@ -21,8 +24,12 @@ first); an explicit ``tag`` is used alone. ``EXTRA_TAGS`` become extra series wh
 Directories. Every event file below the directory is read (torchtitan starts a new timestamped
 sub-directory on each restart), ordered by the creation time in the file name
 (``events.out.tfevents.<unix time>.<host>...``) then by name; steps that go back are restarts
-(``convergence.curves.load``). A truncated final record in the newest file (a run still writing) is
-skipped with a warning; a truncated or corrupt record anywhere else is bad input.
+(``convergence.curves.curve``'s rule: restarts vs records out of order).
+
+Damage. A final record cut short in the newest file (a run still writing) is skipped with a warning.
+Anything else is bad input, said in words: a record cut short in an older file; a length whose
+checksum fails (corrupt, or not a TensorBoard file at all); a payload whose checksum fails; a payload
+that is not an Event; a file with no records.
 """
 
 from __future__ import annotations
@@ -32,28 +39,12 @@ from pathlib import Path
 
 import numpy as np
 
-from convergence.curves.load import Curve, CurveError, CurveMeta, Series, resolve_restarts
+from convergence.curves.curve import Curve, CurveError, CurveMeta, Series, read_bytes, resolve_steps
+from convergence.curves.tbwire import Scalars, decode_scalars, frame, masker, tag_is
 
 DEFAULT_TAGS = ("loss_metrics/global_avg_loss", "loss", "train/loss", "train_loss", "Loss/train", "loss/train")
 EXTRA_TAGS = {"grad_norm": "grad_norm", "throughput(tps)": "tps", "lr": "lr", "val_loss": "val_loss"}
 
-_MASK_DELTA = 0xA282EAD8  # TFRecord's CRC mask constant (tensorflow/core/lib/hash/crc32c.h)
-
-
-def _crc32c(data: bytes) -> int:
-    try:
-        import google_crc32c
-
-        return google_crc32c.value(data)
-    except ImportError:  # pragma: no cover - declared dependency; the stub is correct but slow
-        from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import crc32c
-
-        return crc32c(data)
-
-
-def _masked(data: bytes) -> int:
-    crc = _crc32c(data)
-    return ((((crc >> 15) | (crc << 17)) & 0xFFFFFFFF) + _MASK_DELTA) & 0xFFFFFFFF
 
 
 def header_ok(head: bytes) -> bool:
@@ -62,7 +53,7 @@ def header_ok(head: bytes) -> bool:
         return False
     (length,) = struct.unpack_from("<Q", head, 0)
     (crc,) = struct.unpack_from("<I", head, 8)
-    return 0 < length < (1 << 40) and _masked(head[:8]) == crc
+    return 0 < length < (1 << 40) and masker()(head[:8]) == crc
 
 
 def _timestamp(p: Path) -> float:
@@ -83,29 +74,50 @@ def event_files(path) -> list[Path]:
     return sorted(files, key=lambda p: (_timestamp(p), str(p)))
 
 
-def _records(p: Path, data: bytes, *, newest: bool, warnings: list[str]):
+def _protobuf_scalars(p: Path, data: bytes, starts, ends, records) -> list[tuple[int, int, str, object]]:
+    """(record, step, tag, Value) of every summary value in ``records``, read by tensorboard's protobuf."""
+    from google.protobuf.message import DecodeError
     from tensorboard.compat.proto.event_pb2 import Event
 
-    unpack, parse, masked, n = struct.unpack_from, Event.FromString, _masked, len(data)
-    pos, index = 0, 0
-    while pos < n:
-        if pos + 12 > n or pos + 16 + unpack("<Q", data, pos)[0] > n:
-            if newest:
-                warnings.append(f"{p}: record {index}: truncated final record skipped (run still writing?)")
-                return
-            raise CurveError(f"{p}: record {index}: truncated (file cut short)")
-        (length,) = unpack("<Q", data, pos)
-        if masked(data[pos:pos + 8]) != unpack("<I", data, pos + 8)[0]:
-            raise CurveError(f"{p}: record {index}: length CRC mismatch (corrupt event file)")
-        payload = data[pos + 12:pos + 12 + length]
-        if masked(payload) != unpack("<I", data, pos + 12 + length)[0]:
-            raise CurveError(f"{p}: record {index}: payload CRC mismatch (corrupt event file)")
-        pos += 16 + length
-        index += 1
-        yield parse(payload)
+    out = []
+    for i in records.tolist():
+        try:
+            ev = Event.FromString(data[starts[i]:ends[i]])
+        except DecodeError:
+            raise CurveError(f"{p}: record {i} at byte {int(starts[i]) - 12}: not a TensorBoard event "
+                             "(a TFRecord file of something else?)") from None
+        if ev.HasField("summary"):
+            out += [(i, ev.step, v.tag, v) for v in ev.summary.value]
+    return out
 
 
-def _scalar(value) -> float:
+def read_file(p: Path, data: bytes, tags: tuple[str, ...], *, newest: bool, warnings: list[str], fast: bool = True
+              ) -> tuple[int, dict[str, tuple[np.ndarray, np.ndarray]]]:
+    """(number of records, {tag: (steps, values)} in record order, for those of ``tags`` present).
+
+    ``fast``: scalar events in torch's layout are decoded by ``tbwire.decode_scalars``, the rest by
+    protobuf; ``fast=False`` reads every record with protobuf (the reference)."""
+    starts, ends = frame(p, data, newest=newest, warnings=warnings)
+    u = np.frombuffer(data, dtype=np.uint8)
+    if fast and len(starts):
+        sc = decode_scalars(u, starts, ends)
+    else:
+        sc = Scalars(*(np.zeros(len(starts), dtype=t) for t in (bool, np.int64, np.int64, np.int64, np.float64)))
+    slow = _protobuf_scalars(p, data, starts, ends, np.flatnonzero(~sc.ok))
+    out = {}
+    for tag in tags:
+        hit = np.flatnonzero(tag_is(u, sc, tag.encode()))
+        extra = [(i, step, _scalar(v, str(p))) for i, step, t, v in slow if t == tag]
+        idx = np.concatenate([hit, np.array([e[0] for e in extra], dtype=np.int64)])
+        order = np.argsort(idx, kind="stable")
+        steps = np.concatenate([sc.step[hit], np.array([e[1] for e in extra], dtype=np.int64)])[order]
+        values = np.concatenate([sc.value[hit], np.array([e[2] for e in extra], dtype=np.float64)])[order]
+        if len(idx):
+            out[tag] = (steps, values)
+    return len(starts), out
+
+
+def _scalar(value, where: str) -> float:
     if value.HasField("simple_value"):
         return value.simple_value
     t = value.tensor
@@ -115,39 +127,56 @@ def _scalar(value) -> float:
         return t.double_val[0]
     from tensorboard.util import tensor_util
 
-    return float(tensor_util.make_ndarray(t).reshape(-1)[0])
+    try:
+        return float(tensor_util.make_ndarray(t).reshape(-1)[0])
+    except (ValueError, TypeError, IndexError, OverflowError):
+        raise CurveError(f"{where}: the value of tag {value.tag!r} is not a scalar number") from None
 
 
-def load_tensorboard(path, *, tag: str | None = None) -> Curve:
+def _tags_present(files: list[Path]) -> str:
+    """Every scalar tag in the files (the error path only: reads every record with protobuf)."""
+    seen: set[str] = set()
+    for p in files:
+        data = read_bytes(p)
+        starts, ends = frame(p, data, newest=True, warnings=[])
+        seen |= {t for _, _, t, _ in _protobuf_scalars(p, data, starts, ends, np.arange(len(starts)))}
+    return ", ".join(sorted(seen)[:12]) or "no scalars at all"
+
+
+def load_tensorboard(path, *, tag: str | None = None, fast: bool = True) -> Curve:
     path = Path(path)
     files = event_files(path)
     wanted = (tag,) if tag else DEFAULT_TAGS
-    collect = {t: ([], []) for t in (*wanted, *EXTRA_TAGS)}
-    seen: set[str] = set()
+    tags = tuple(dict.fromkeys((*wanted, *EXTRA_TAGS)))
+    collect: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {t: [] for t in tags}
     warnings: list[str] = []
+    records = 0
     for k, p in enumerate(files):
-        for ev in _records(p, p.read_bytes(), newest=k == len(files) - 1, warnings=warnings):
-            if not ev.HasField("summary"):
-                continue
-            for v in ev.summary.value:
-                seen.add(v.tag)
-                slot = collect.get(v.tag)
-                if slot is not None:
-                    slot[0].append(ev.step)
-                    slot[1].append(_scalar(v))
-    found = next((t for t in wanted if collect[t][0]), None)
+        n, got = read_file(p, read_bytes(p), tags, newest=k == len(files) - 1, warnings=warnings, fast=fast)
+        records += n
+        for t, series in got.items():
+            collect[t].append(series)
+    found = next((t for t in wanted if collect[t]), None)
     if found is None:
-        tried = f"tag {tag!r}" if tag else f"any of the tags {', '.join(wanted)}"
-        have = ", ".join(sorted(seen)[:12]) or "no scalars at all"
-        raise CurveError(f"{path}: no {tried}; tags present: {have} (pass --tag)")
-    s, v, restarts = resolve_restarts(np.array(collect[found][0]), np.array(collect[found][1]), where=str(path))
+        if not records:
+            raise CurveError(f"{path}: no complete event records ({'; '.join(warnings) or 'empty file'})")
+        tried = f"the tag {tag!r}" if tag else f"any of the tags {', '.join(wanted)}"
+        raise CurveError(f"{path}: read {records} event records; none has {tried}; tags present: "
+                         f"{_tags_present(files)} (pass --tag)")
+    joined = {t: (np.concatenate([s for s, _ in v]), np.concatenate([x for _, x in v]))
+              for t, v in collect.items() if v}
+    r = resolve_steps(*joined[found], where=str(path))
+    if r.reordered:
+        warnings.append(f"{path}: the steps go back in {r.reordered} place(s) without any step logged twice: "
+                        "read as records out of order and sorted (nothing dropped)")
     extras = {}
     for t, name in EXTRA_TAGS.items():
-        if collect[t][0] and t != found:
-            es, ev_, _ = resolve_restarts(np.array(collect[t][0]), np.array(collect[t][1]), strict=False)
-            extras[name] = Series(es, ev_)
+        if t in joined and t != found:
+            e = resolve_steps(*joined[t], strict=False)
+            extras[name] = Series(e.steps, e.values)
     run = path.name if path.is_dir() else path.parent.name
-    return Curve(s, v, CurveMeta(str(path), "tensorboard", found, run, restarts, tuple(warnings)), extras)
+    return Curve(r.steps, r.values, CurveMeta(str(path), "tensorboard", found, run, r.restarts, tuple(warnings)),
+                 extras)
 
 
 def write_scalars(path, series: dict[str, tuple[np.ndarray, np.ndarray]], *, wall_time: float = 0.0) -> Path:
@@ -161,8 +190,8 @@ def write_scalars(path, series: dict[str, tuple[np.ndarray, np.ndarray]], *, wal
 
     path = Path(path)
     if path.exists():
-        raise FileExistsError(f"{path} exists; not overwriting")
-    pack, masked = struct.pack, _masked
+        raise CurveError(f"{path} exists; not overwriting")
+    pack, masked = struct.pack, masker()
     with open(path, "wb") as f:
         def put(payload: bytes):
             head = pack("<Q", len(payload))

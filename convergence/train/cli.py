@@ -18,7 +18,9 @@ from convergence.train import data as data_mod
 from convergence.train.loop import TrainConfig, defaults_for, run
 from numerics.cli import EXIT_BAD_INPUT, ArgumentParser, CLIError
 from numerics.errors import BadInput
+from numerics.files import atomic_write, check_writable
 from numerics.layer.configs import CONFIGS
+from numerics.layer.mxfp8 import KERNELS as MXFP8_KERNELS
 from numerics.layer.mxfp8 import kernel_problem as mxfp8_problem
 from numerics.layer.recipes import RECIPES
 
@@ -34,6 +36,10 @@ def config_from_args(args) -> TrainConfig:
         raise CLIError(f"--steps must be > 0, got {args.steps}")
     if args.device == "cuda" and not torch.cuda.is_available():
         raise CLIError("--device cuda: no CUDA device is visible")
+    if args.mxfp8_kernel != "auto" and any(RECIPES[r]().mxfp8 for r in recipes):
+        problem = mxfp8_problem(args.mxfp8_kernel, args.device)
+        if problem:
+            raise CLIError(f"--mxfp8-kernel: {problem}")
     d = defaults_for(args.model)
     for key in d:
         v = getattr(args, key, None)
@@ -46,7 +52,7 @@ def config_from_args(args) -> TrainConfig:
     spec = data_mod.DataSpec(path=args.data, tokenizer=args.tokenizer, bin_dtype=args.data_dtype)
     return TrainConfig(model=args.model, recipes=recipes, steps=args.steps, seed=args.seed,
                        device=args.device, data=spec, ep=args.ep or 0, ep_backend=args.ep_backend,
-                       deterministic=args.deterministic, **d)
+                       deterministic=args.deterministic, mxfp8_kernel=args.mxfp8_kernel, **d)
 
 
 class _RankParser(ArgumentParser):
@@ -78,8 +84,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="checkpoint and stop after this long; rerun with --resume to continue")
     p.add_argument("--ep", type=int, default=None,
                    help="expert-parallel size = number of torchrun processes (FSDP2 + EP); README: distributed")
-    p.add_argument("--ep-backend", default="reference", help="reference (all-to-all) or deepep")
+    p.add_argument("--ep-backend", default="reference",
+                   help="reference (all-to-all), deepep (V1 Buffer) or deepep-v2 (numerics.ep.backends)")
     p.add_argument("--deterministic", action="store_true", help="deterministic algorithms, fixed seeds")
+    p.add_argument("--mxfp8-kernel", default="auto", choices=["auto", *MXFP8_KERNELS],
+                   help="emulated (torchao's eager ops), fast (fused casts, bit-identical), real (SM100); auto: "
+                   "real on SM100, emulated elsewhere")
     p.add_argument("--dist-timeout", type=float, default=300.0, help="seconds before a collective gives up")
     args = p.parse_args(argv)
     rank = os.environ.get("RANK", "0")
@@ -148,10 +158,8 @@ def bench_main(argv: Sequence[str] | None = None) -> int:
         problem = mxfp8_problem(k, device)
         if problem:
             raise CLIError(problem)
-    if args.json and args.json.exists() and not args.force:
-        raise CLIError(f"{args.json} exists; pass --force to overwrite it")
-    if args.json and not args.json.parent.is_dir():
-        raise CLIError(f"--json {args.json}: directory {args.json.parent} does not exist")
+    if args.json:
+        check_writable(args.json, force=args.force)
     cfg_flops = bench.step_flops(bench.get_config(args.model), args.seq)
     print(f"model {args.model}, {args.batch} x {args.seq} tokens/step, {cfg_flops / 1e9:.4g} GFLOP/token, "
           f"device {args.device}", flush=True)
@@ -167,9 +175,7 @@ def bench_main(argv: Sequence[str] | None = None) -> int:
         if r.get("ratio_to_bf16") is not None and r["recipe"] != "bf16":
             print(f"step-time ratio mxfp8/{r['kernel']} (compiled={r['compiled']}) / bf16: {r['ratio_to_bf16']:.2f}x")
     if args.json:
-        from numerics.io import write_atomic
-
-        write_atomic(args.json, json.dumps(doc, indent=1, default=str) + "\n")
+        atomic_write(args.json, json.dumps(doc, indent=1, default=str) + "\n", force=True)
         print(f"wrote {args.json}")
     return 0
 
@@ -188,16 +194,14 @@ def ep_identity_main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--json", type=Path, metavar="OUT", help="write the result with versions and hardware")
     p.add_argument("--force", action="store_true", help="overwrite an existing --json file")
     args = p.parse_args(argv)
-    if args.json is not None and args.json.exists() and not args.force:
-        raise CLIError(f"{args.json} exists; pass --force to overwrite it")
+    if args.json is not None:
+        check_writable(args.json, force=args.force)
     result = compare_runs(args.a, args.b, args.recipe)
     print(report(result))
     if args.json is not None:
         from numerics.environment import describe
-        from numerics.io import write_atomic
-
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(args.json, json.dumps(result | {"environment": describe()}, indent=2, default=str) + "\n")
+        atomic_write(args.json, json.dumps(result | {"environment": describe()}, indent=2, default=str) + "\n",
+                     force=True)
     return 0 if result["identical"] else 1
 
 if __name__ == "__main__":

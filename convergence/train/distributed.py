@@ -48,10 +48,10 @@ from torch.distributed.tensor import DTensor
 from convergence.train import dist_checkpoint as dckpt
 from convergence.train.ep_dispatch import CommTimer, EPDispatch, combine_width, expert_params, shard_experts
 from convergence.train.placement import Single
+from numerics.ep.backend import MAX_TOKENS
+from numerics.ep.backends import DEEPEP, DEFAULT_MAX_HIDDEN, make_backend, require
 from numerics.errors import BadInput
 from numerics.layer.configs import get_config
-
-BACKENDS = ("reference", "deepep")
 
 
 class PeerFailed(Exception):
@@ -72,19 +72,14 @@ def check_request(cfg, world: int) -> None:
     if cfg.batch % cfg.ep:
         raise BadInput(f"--batch {cfg.batch} must be divisible by --ep {cfg.ep} (each rank takes an equal "
                        "share of the rows)")
-    if cfg.ep_backend not in BACKENDS:
-        raise BadInput(f"unknown --ep-backend {cfg.ep_backend!r}; choose from {', '.join(BACKENDS)}")
     if cfg.probe_every:
         raise BadInput("--probe-every is single-process only; drop it (or pass 0) with --ep")
-    if cfg.ep_backend == "deepep":
-        if cfg.device != "cuda":
-            raise BadInput("--ep-backend deepep needs --device cuda (DeepEP runs on NVLink-connected GPUs)")
-        from numerics.ep.deepep import import_deep_ep
-
-        try:
-            import_deep_ep()
-        except ImportError as exc:
-            raise BadInput(f"--ep-backend deepep: {exc}") from None
+    if cfg.ep_backend in DEEPEP and cfg.device != "cuda":
+        raise BadInput(f"--ep-backend {cfg.ep_backend} needs --device cuda (DeepEP runs on NVLink-connected GPUs)")
+    try:
+        require(cfg.ep_backend)
+    except BadInput as exc:
+        raise BadInput(f"--ep-backend: {exc}") from None
 
 
 def set_deterministic(device: str) -> None:
@@ -124,15 +119,13 @@ def agree(error: str | None) -> None:
         raise PeerFailed(first)
 
 
-def make_backend(cfg, device: torch.device, timeout: datetime.timedelta):
-    if cfg.ep_backend == "deepep":
-        from numerics.ep.deepep import DeepEPBackend
-
-        model = get_config(cfg.model)
-        return DeepEPBackend(max_hidden=max(7168, combine_width(model.dim, model.top_k)), timeout=timeout)
-    from numerics.ep.reference import AllToAllReference
-
-    return AllToAllReference(device=device, timeout=timeout)
+def backend_for(cfg, device: torch.device, timeout: datetime.timedelta):
+    """The run's EP backend from the one factory, sized for the widest row training sends (the backward
+    combine, ``combine_width``) and the tokens one rank holds."""
+    model = get_config(cfg.model)
+    return make_backend(cfg.ep_backend, device=device, timeout=timeout,
+                        max_hidden=max(DEFAULT_MAX_HIDDEN, combine_width(model.dim, model.top_k)),
+                        max_tokens=max(MAX_TOKENS, cfg.batch // cfg.ep * cfg.seq))
 
 
 def grad_norm_and_clip(grads: list[torch.Tensor | None], max_norm: float, world: int) -> torch.Tensor:
@@ -268,7 +261,7 @@ def open_group(cfg, timeout_s: float, check: Callable[[], None]):
         from torch.distributed.device_mesh import init_device_mesh
 
         mesh = init_device_mesh(device.type, (world,))
-        backend = make_backend(cfg, device, timeout)
+        backend = backend_for(cfg, device, timeout)
         yield Distributed(cfg, rank, world, device, mesh, backend)
     finally:
         if backend is not None:

@@ -39,10 +39,19 @@ from numerics.ep.backend import EPBackend
 from numerics.layer.modules import MoE, weighted_slot_sum
 
 PIECES = 3  # bf16 pieces per float32 value: 8 + 8 + 8 significand bits cover float32's 24
-# The backward's combine rows (hidden + router-gradient pieces) are padded to a multiple of 256 columns:
-# DeepEP v1.2.1's intranode combine returns wrong, nondeterministic sums for bf16 rows whose width is
-# not a multiple of 256 (2112 and 2176 fail, 2048, 2304 and 2560 pass on 2 x H200; FINDINGS.md E3).
+# Combine rows (the forward's hidden rows, the backward's hidden + router-gradient pieces) are padded to a
+# multiple of 256 columns: DeepEP v1.2.1's intranode combine returns wrong, nondeterministic sums for bf16
+# rows whose width is not a multiple of 256 (2112 and 2176 fail, 2048, 2304 and 2560 pass on 2 x H200;
+# FINDINGS.md E3, fixed upstream after v1.2.1 by DeepEP #413). Zero columns add exact zeros and are dropped.
 ROW_WIDTH_ALIGN = 256
+
+
+def _padded_combine(backend, y: torch.Tensor, handle) -> torch.Tensor:
+    """``backend.combine`` of bf16 rows padded with zero columns to a multiple of ``ROW_WIDTH_ALIGN``."""
+    pad = -y.shape[1] % ROW_WIDTH_ALIGN
+    if not pad:
+        return backend.combine(y, handle)
+    return backend.combine(torch.cat([y, y.new_zeros(y.shape[0], pad)], dim=1), handle)[:, :y.shape[1]]
 
 
 def combine_width(hidden: int, top_k: int) -> int:
@@ -149,7 +158,7 @@ class _Combine(torch.autograd.Function):
     @staticmethod
     def forward(ctx, y, backend, handle, timer):
         ctx.backend, ctx.handle, ctx.timer = backend, handle, timer
-        return timer(backend.combine, y.detach().to(torch.bfloat16), handle)
+        return timer(_padded_combine, backend, y.detach().to(torch.bfloat16).contiguous(), handle)
 
     @staticmethod
     def backward(ctx, grad):

@@ -71,6 +71,7 @@ class TrainConfig:
     ep: int = 0  # 0: single process; N >= 1: N ranks under torchrun, FSDP2 + expert parallelism
     ep_backend: str = "reference"  # numerics.ep backend for dispatch / combine: reference or deepep
     deterministic: bool = False  # torch.use_deterministic_algorithms(True) and friends
+    mxfp8_kernel: str = "auto"  # numerics.layer.mxfp8.KERNELS, or auto: real on SM100, emulated elsewhere
 
     def fields_for_resume(self) -> dict:
         """What must match for --resume to continue a run (everything that shapes the curve)."""
@@ -190,7 +191,7 @@ def train_recipe(cfg: TrainConfig, recipe_name: str, run_dir: Path, tokens: data
     model = build_model(cfg, tokens.vocab_size)
     init_fp = fingerprint(model)
     experts = place.place(model)
-    applied = apply_recipe(model, recipe, device)
+    applied = apply_recipe(model, recipe, device, kernel=None if cfg.mxfp8_kernel == "auto" else cfg.mxfp8_kernel)
     place.after_recipe(model, experts)
     opt, sched = make_optimizer(model, cfg)
     metrics, probe_log = JsonlLog(run_dir / "metrics.jsonl"), JsonlLog(run_dir / "probes.jsonl")
@@ -246,7 +247,8 @@ def train_recipe(cfg: TrainConfig, recipe_name: str, run_dir: Path, tokens: data
         if place.writer:
             metrics.append(rec)
         if cfg.probe_every and done % cfg.probe_every == 0:
-            probe_log.append({"step": done} | probes_mod.probe(model, batch, recipe=recipe, device=device))
+            probe_log.append({"step": done} | probes_mod.probe(model, batch, recipe=recipe, device=device,
+                                                                kernel=applied.get("kernel")))
         out_of_time = place.any(stop_after_s is not None and time.monotonic() - t_start > stop_after_s)
         if cfg.ckpt_every and (done % cfg.ckpt_every == 0 or done == cfg.steps or out_of_time
                                or not math.isfinite(loss_f)):

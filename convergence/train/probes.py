@@ -21,7 +21,8 @@ from numerics.layer.modules import MoE
 from numerics.layer.recipes import Recipe, get_recipe, quantized_fqns
 
 
-def probe(model: nn.Module, tokens: torch.Tensor, *, recipe: Recipe, device: torch.device) -> dict:
+def probe(model: nn.Module, tokens: torch.Tensor, *, recipe: Recipe, device: torch.device,
+          kernel: str | None = None) -> dict:
     """Per-layer BF16 vs MXFP8 SQNR of output and gradients on this batch. Leaves the model's
     parameters, gradients (cleared to None), expert counters and RNG exactly as it found them."""
     mx_recipe = recipe if recipe.mxfp8 else get_recipe("mxfp8")
@@ -57,5 +58,5 @@ def probe(model: nn.Module, tokens: torch.Tensor, *, recipe: Recipe, device: tor
     layers = {}
     for fqn, (inputs, grad_out) in captured.items():
         if grad_out is not None:
-            layers[fqn] = mxfp8_vs_bf16(targets[fqn], inputs, grad_out, mx_recipe.name, device)
+            layers[fqn] = mxfp8_vs_bf16(targets[fqn], inputs, grad_out, mx_recipe.name, device, kernel)
     return {"layers": layers}

@@ -18,14 +18,7 @@ from typing import Any
 
 import torch
 
-_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-
-
-def bits(t: torch.Tensor) -> torch.Tensor:
-    t = t.contiguous()
-    if t.dtype == torch.bool:
-        return t.view(torch.uint8)
-    return t.view(_INT[t.element_size()])
+from numerics.bits import bits
 
 
 def _hex(v: int, width: int) -> str:

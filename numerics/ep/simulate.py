@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from numerics.bits import bits
 from numerics.ep.backend import COMBINE_START, COMBINE_STARTS, Dispatched, Layout, is_fp8
 
 
@@ -31,13 +32,9 @@ class RankExpectation:
     recv_src_idx: torch.Tensor  # int64 [R]: its token index on that rank
 
 
-def _bits(t: torch.Tensor) -> torch.Tensor:
-    return t.view({1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()])
-
-
 def _take(t: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Rows of ``t`` where ``mask`` holds, copied as integers so every bit survives."""
-    return _bits(t.contiguous())[mask].view(t.dtype)
+    return bits(t.contiguous())[mask].view(t.dtype)
 
 
 def _layout(topk_idx: torch.Tensor, num_experts: int, world: int) -> Layout:
@@ -75,7 +72,7 @@ class Simulation:
                 idx = topk_idxs[src][mask]
                 on_dest = (idx >= lo) & (idx < hi)
                 idx_parts.append((idx - lo).masked_fill(~on_dest, -1))
-                w_parts.append(_bits(topk_weights[src][mask]).masked_fill(~on_dest, 0).view(torch.float32))
+                w_parts.append(bits(topk_weights[src][mask]).masked_fill(~on_dest, 0).view(torch.float32))
                 picked = torch.arange(mask.shape[0], device=mask.device)[mask]
                 src_idx.append(picked)
                 src_rank.append(torch.full_like(picked, src))

@@ -130,7 +130,7 @@ def torchao_grouped_mm(x: torch.Tensor, w_t: torch.Tensor, offs: torch.Tensor, r
 
 
 def _fast_linear(x, weight, *, recipe: str):
-    from numerics.layer import fast
+    from numerics.layer.fast import ops as fast
 
     check_mx_gemm(x.reshape(-1, x.shape[-1]).shape[0], weight.shape[1], weight.shape[0], what="linear",
                   dtype=x.dtype, tokens_blocked=recipe != "mxfp8-wgrad-hp")
@@ -138,7 +138,7 @@ def _fast_linear(x, weight, *, recipe: str):
 
 
 def _fast_grouped_mm(x, w_t, offs, *, recipe: str):
-    from numerics.layer import fast
+    from numerics.layer.fast import ops as fast
 
     check_mx_gemm(x.shape[0], w_t.shape[-2], w_t.shape[-1], what="grouped_mm", dtype=x.dtype, tokens_blocked=False)
     return fast.grouped_mm(x, w_t, offs, wgrad_with_hp=recipe == "mxfp8-wgrad-hp", scale_mode="rceil",

@@ -1,4 +1,4 @@
-"""Golden layer statistics: the committed CPU file holds on this machine; a >1 dB drop is flagged."""
+"""Golden layer statistics: the committed CPU file holds on this machine; a change of >1 dB either way is flagged."""
 
 from __future__ import annotations
 
@@ -29,7 +29,23 @@ def test_layer_stats_compare_flags_a_drop_of_more_than_one_db():
     measured[3]["sqnr_vs_fp32"] -= 1.01
     measured[5]["sqnr_vs_fp32"] -= 0.99  # within the 1 dB allowance
     problems = layer_stats.compare(golden, measured)
-    assert len(problems) == 1 and layer_stats._key(golden[3]) in problems[0]
+    assert len(problems) == 1 and layer_stats._key(golden[3]) in problems[0] and "drop" in problems[0]
+
+
+def test_layer_stats_compare_flags_a_rise_of_more_than_one_db():
+    # issue 18.5: a golden figure lowered from 28.46 to 20.0 passed, since only drops were flagged
+    golden = [dict(r) for r in _golden_tiny_cpu()]
+    measured = [dict(r) for r in golden]
+    golden[3]["sqnr_vs_fp32"] = 20.0
+    measured[4]["sqnr_vs_fp32"] += 0.99  # within the allowance
+    problems = layer_stats.compare(golden, measured)
+    assert len(problems) == 1 and "rise of" in problems[0] and "the subject changed" in problems[0]
+
+
+def test_layer_stats_compare_flags_a_record_missing_from_the_golden_file():
+    golden = _golden_tiny_cpu()
+    problems = layer_stats.compare(golden[1:], golden)
+    assert problems == [f"{layer_stats._key(golden[0])}: measured, not in the golden file"]
 
 
 def test_layer_stats_compare_flags_missing_and_nan():

@@ -1,4 +1,4 @@
-"""Recorded GPU results: the checksum pins each file, and an edit or a missing sidecar is caught."""
+"""Recorded GPU results: every sidecar names its provenance; regenerate refuses and says how to re-record."""
 
 from __future__ import annotations
 
@@ -7,48 +7,47 @@ import shutil
 
 import pytest
 
-from golden import recorded
+from golden import integrity, recorded
+from numerics.errors import BadInput
 
 
-def test_recorded_files_all_match_their_sidecars():
+def test_recorded_files_all_have_complete_sidecars():
     assert recorded.check() == []
     assert recorded._data_files(), "the GPU recordings should be committed under golden/ep and golden/training"
 
 
 @pytest.fixture()
-def scratch_root(tmp_path, monkeypatch):
-    for d in recorded.DIRS:
-        shutil.copytree(recorded.ROOT / d, tmp_path / d)
-    monkeypatch.setattr(recorded, "ROOT", tmp_path)
-    return tmp_path
+def scratch_root(tmp_path):
+    shutil.copytree(recorded.ROOT, tmp_path / "golden", ignore=shutil.ignore_patterns("*.py", "__pycache__"))
+    return tmp_path / "golden"
 
 
-def test_recorded_check_catches_an_edited_file(scratch_root):
-    data = recorded._data_files()[0]
-    data.write_bytes(data.read_bytes() + b"\n")
-    assert any("sha256 differs" in p for p in recorded.check())
+def test_recorded_check_catches_missing_provenance_fields(scratch_root):
+    data = recorded._data_files(scratch_root)[0]
+    meta = json.loads(recorded._meta_path(data).read_text())
+    meta["note"] = ""
+    recorded._meta_path(data).write_text(json.dumps(meta))
+    assert any("lacks note" in p for p in recorded.check(scratch_root))
 
 
-def test_recorded_check_catches_a_missing_sidecar_and_missing_fields(scratch_root):
+def test_recorded_add_writes_a_sidecar_and_lists_the_file(scratch_root):
     extra = scratch_root / "ep" / "new__h200.json"
     extra.write_text("{}")
-    assert any("no sidecar" in p for p in recorded.check())
-    recorded.add(extra, command="c", hardware="h200", commit="abc", note="n", versions={"torch": "x"})
-    assert recorded.check() == []
-    meta = json.loads(recorded._meta_path(extra).read_text())
-    meta["note"] = ""
-    recorded._meta_path(extra).write_text(json.dumps(meta))
-    assert any("lacks note" in p for p in recorded.check())
+    assert any("new__h200.json: not in MANIFEST.json" in p for p in integrity.check(scratch_root))
+    recorded.add(extra, command="c", hardware="h200", commit="abc", note="n", versions={"torch": "x"},
+                 root=scratch_root)
+    assert integrity.check(scratch_root) == [] and recorded.check(scratch_root) == []
 
 
-def test_recorded_regenerate_changes_nothing():
-    before = {p: p.read_bytes() for p in recorded._data_files()}
-    assert "nothing changed" in recorded.regenerate()
-    assert {p: p.read_bytes() for p in recorded._data_files()} == before
+def test_recorded_regenerate_refuses_and_commands_name_every_file():
+    lines = recorded.commands()
+    assert len(lines) == len(recorded._data_files()) and not any("?" in x.split(": ")[0] for x in lines)
+    with pytest.raises(BadInput, match="not regenerated on this machine"):
+        recorded.regenerate()
 
 
 def test_recorded_add_refuses_files_outside_golden(tmp_path):
     f = tmp_path / "x.json"
     f.write_text("{}")
-    with pytest.raises(ValueError, match="not under golden"):
+    with pytest.raises(BadInput, match="not a file under golden"):
         recorded.add(f, command="c", hardware="h", commit="c", note="n")

@@ -30,7 +30,7 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
-from numerics.tensor.subjects import Subject
+from numerics.tensor.subjects.subject import Subject
 
 TESTED_COMMIT = "7bc41952de394f5cc5e782baf132e7c7542eb4e4"
 FORMATS = {"e4m3": "fp8_e4m3", "e5m2": "fp8_e5m2"}

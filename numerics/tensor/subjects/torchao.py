@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from numerics.tensor.subjects import Subject
+from numerics.tensor.subjects.subject import Subject
 
 TORCH_ELEM = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
 

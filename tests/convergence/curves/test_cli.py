@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -113,4 +114,100 @@ def test_calibrate_smoke_prints_table(capsys):
 def test_bench_smoke_small(tmp_path, capsys):
     assert main(["calibrate", "--bench", "--steps", "2000", "--dir", str(tmp_path / "b")]) == 0
     out = capsys.readouterr().out
-    assert "jsonl" in out and "tensorboard" in out and np.isfinite(float(out.split("load 2 x")[1].split()[2]))
+    assert "jsonl 2 files + compare" in out and "tensorboard 1 file" in out
+    assert np.isfinite(float(out.split("x the json.loads loop")[0].split()[-1]))
+
+
+@pytest.mark.parametrize("make, match", [
+    (lambda d: d.write_text("x"), "is a file"),
+    (lambda d: (d.mkdir(), (d / "mine.txt").write_text("keep")), "is not empty"),
+])
+def test_bench_refuses_a_used_dir_and_changes_nothing(tmp_path, capsys, make, match):
+    d = tmp_path / "b"
+    make(d)
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    assert main(["calibrate", "--bench", "--steps", "2000", "--dir", str(d)]) == 2
+    err = capsys.readouterr().err
+    assert match in err and err.count("\n") == 1
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
+
+
+GOLDEN_BF16 = Path(__file__).resolve().parents[3] / "golden" / "training" / "proxy_bf16_seed0__h200.jsonl"
+
+
+def _lines(path):
+    return path.read_text().splitlines(keepends=True)
+
+
+def test_compare_cli_half_a_candidate_is_incomplete_not_equivalent(tmp_path, capsys):
+    # issue 18.1: `head -100 golden/... > half.jsonl` used to print EQUIVALENT and exit 0
+    half = tmp_path / "half.jsonl"
+    half.write_text("".join(_lines(GOLDEN_BF16)[:100]))
+    out = tmp_path / "v.json"
+    assert main(["compare", str(GOLDEN_BF16), str(half), "--json", str(out)]) == 4
+    r = json.loads(out.read_text())
+    assert r["verdict"] == "incomplete" and "--overlap-only" in r["reason"]
+    cand = r["coverage"]["runs"][-1]
+    assert cand["role"] == "candidate" and cand["compared_fraction"] == 1.0
+    assert r["coverage"]["runs"][0]["compared_points"] == 100 and r["coverage"]["runs"][0]["points"] == 200
+    assert r["sensitivity"]["smallest_detectable_difference"] >= r["margin"]
+    assert capsys.readouterr().out.startswith("verdict: INCOMPLETE")
+
+
+def test_compare_cli_shifted_candidate_is_not_judged_on_its_overlap(tmp_path):
+    shifted = tmp_path / "shifted.jsonl"
+    rows = [json.loads(x) for x in _lines(GOLDEN_BF16)]
+    shifted.write_text("".join(json.dumps({**r, "step": r["step"] + 150}) + "\n" for r in rows))
+    assert main(["compare", str(GOLDEN_BF16), str(shifted)]) == 4
+    out = tmp_path / "v.json"
+    code = main(["compare", str(GOLDEN_BF16), str(shifted), "--overlap-only", "--json", str(out)])
+    r = json.loads(out.read_text())
+    assert code != 4 and r["reason"].startswith("overlap only, steps 151..200")
+    assert r["coverage"]["overlap_only"] and not r["coverage"]["complete"]
+
+
+def test_compare_cli_coverage_control_a_full_or_nearly_full_candidate_is_judged(tmp_path):
+    b, c = _pair(tmp_path)
+    cut = tmp_path / "cut.jsonl"
+    cut.write_text("".join(_lines(c)[:-3]))  # the last two steps and a val line missing: within 1%
+    out = tmp_path / "v.json"
+    assert main(["compare", str(b), str(cut), "--json", str(out)]) == 0
+    assert json.loads(out.read_text())["coverage"]["complete"]
+
+
+def test_compare_cli_a_short_baseline_is_incomplete_too(tmp_path):
+    b, c = _pair(tmp_path)
+    short = tmp_path / "short.jsonl"
+    short.write_text("".join(_lines(b)[:2000]))
+    assert main(["compare", str(short), str(c)]) == 4
+
+
+def test_compare_cli_a_candidate_that_diverged_and_stopped_is_diverged_not_incomplete(tmp_path):
+    b, c = _pair(tmp_path)
+    stopped = tmp_path / "nan.jsonl"
+    stopped.write_text("".join(_lines(c)[:2000]) + '{"step": 2001, "loss": NaN}\n')
+    assert main(["compare", str(b), str(stopped)]) == 1
+
+
+@pytest.mark.parametrize("where", ["parent_is_a_file", "is_a_directory", "missing_parent"])
+def test_compare_cli_unwritable_json_is_exit_2_before_any_verdict(tmp_path, capsys, where):
+    b, c = _pair(tmp_path)
+    (tmp_path / "afile").write_text("x")
+    target = {"parent_is_a_file": tmp_path / "afile" / "v.json", "is_a_directory": tmp_path,
+              "missing_parent": tmp_path / "nope" / "v.json"}[where]
+    assert main(["compare", str(b), str(c), "--json", str(target)]) == 2
+    cap = capsys.readouterr()
+    assert cap.out == "" and cap.err.count("\n") == 1 and "Traceback" not in cap.err
+
+
+def test_compare_cli_a_failed_write_after_the_verdict_is_exit_2(tmp_path, capsys, monkeypatch):
+    from convergence.curves import cli
+    from numerics.errors import BadInput
+
+    def refuse(path, *a, **k):
+        raise BadInput(f"cannot write {path}: No space left on device")
+
+    monkeypatch.setattr(cli, "atomic_write", refuse)
+    b, c = _pair(tmp_path)
+    assert main(["compare", str(b), str(c), "--json", str(tmp_path / "v.json")]) == 2
+    assert "No space left" in capsys.readouterr().err and not (tmp_path / "v.json").exists()

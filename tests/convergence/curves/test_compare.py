@@ -131,7 +131,7 @@ def test_compare_result_carries_the_numbers_that_decided_it():
 
 @pytest.mark.parametrize("bad", [{"margin": 0.0}, {"confidence": 1.0}, {"final_fraction": 0.0}])
 def test_compare_options_reject_nonsense(bad):
-    from numerics.cli import CLIError
+    from numerics.errors import BadInput
 
-    with pytest.raises(CLIError):
+    with pytest.raises(BadInput):
         CompareOptions(**bad).check()

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
 
-from convergence.curves.load import CurveError, detect_format, load_curve, resolve_restarts
+from convergence.curves.load import CurveError, detect_format, load_curve, resolve_steps
 from convergence.curves.tbevents import load_tensorboard, write_scalars
 
 STEPS = np.arange(1, 41)
@@ -108,7 +109,7 @@ def test_tensorboard_reader_agrees_with_tensorboards_event_file_loader(tmp_path)
 
 def test_tensorboard_missing_tag_names_tags_present(tmp_path):
     write_scalars(tmp_path / "events.out.tfevents.1.host", {"accuracy": (STEPS, LOSS)})
-    with pytest.raises(CurveError, match="no tag 'nope'.*accuracy"):
+    with pytest.raises(CurveError, match="none has the tag 'nope'.*accuracy"):
         load_curve(tmp_path, tag="nope")
     with pytest.raises(CurveError, match="loss_metrics/global_avg_loss.*accuracy"):
         load_curve(tmp_path)
@@ -119,7 +120,7 @@ def test_tensorboard_corrupt_record_is_bad_input(tmp_path):
     data = bytearray(f.read_bytes())
     data[60] ^= 0xFF
     f.write_bytes(bytes(data))
-    with pytest.raises(CurveError, match="CRC mismatch"):
+    with pytest.raises(CurveError, match="record 1 at byte 31: its contents fail their checksum"):
         load_curve(f)
 
 
@@ -137,7 +138,8 @@ def test_tensorboard_restart_in_new_subdir_later_wins(tmp_path):
 def test_restart_later_value_wins_and_is_reported():
     steps = np.array([1, 2, 3, 4, 5, 3, 4, 5, 6])
     vals = np.array([9, 8, 7, 6, 5, 70, 60, 50, 40], dtype=float)
-    s, v, r = resolve_restarts(steps, vals)
+    res = resolve_steps(steps, vals)
+    s, v, r = res.steps, res.values, res.restarts
     np.testing.assert_array_equal(s, [1, 2, 3, 4, 5, 6])
     np.testing.assert_array_equal(v, [9, 8, 70, 60, 50, 40])
     assert (r[0].from_step, r[0].to_step, r[0].dropped) == (5, 3, 3)
@@ -155,8 +157,9 @@ def test_restart_later_value_wins_and_is_reported():
         ("noloss.jsonl", '{"step": 1, "loss": 2}\n{"step": 2, "acc": 0.5}\n', r"noloss.jsonl:2: no 'loss' and no"),
         ("nostep.jsonl", '{"loss": 2}\n', r"nostep.jsonl:1: missing or non-integer 'step'"),
         ("list.jsonl", "[1, 2]\n", r"list.jsonl:1: expected a JSON object"),
-        ("tworuns.jsonl", '{"step": 5, "loss": 2}\n{"step": 6, "loss": 2}\n{"step": 0, "loss": 9}\n',
-         r"tworuns.jsonl:3: step 0 goes below the first step 5"),
+        ("tworuns.jsonl", '{"step": 5, "loss": 2}\n{"step": 6, "loss": 2}\n{"step": 0, "loss": 9}\n'
+         '{"step": 5, "loss": 9}\n',
+         r"tworuns.jsonl:3: step 0 goes below every earlier step"),
         ("onlyval.jsonl", '{"step": 1, "val_loss": 2}\n', r"onlyval.jsonl: no 'loss' values"),
         ("bad.csv", "step,loss\n1,2.0\n2,abc\n3,2.0\n", r"bad.csv:3: non-numeric 'loss'"),
         ("missing.csv", "step,loss\n1,2.0\n2,\n3,2.0\n", r"missing.csv:3: missing 'loss'"),
@@ -177,3 +180,143 @@ def test_csv_truncated_final_row_is_skipped_with_warning(tmp_path):
     p.write_text("step,loss,grad_norm\n1,2.0,1\n2,1.9,1\n3,1.8")
     c = load_curve(p)
     assert len(c) == 2 and "truncated final row" in c.meta.warnings[0]
+
+
+def test_curve_error_is_a_library_error_not_a_cli_error():
+    from numerics.cli import CLIError
+    from numerics.errors import BadInput
+
+    assert issubclass(CurveError, BadInput) and not issubclass(CurveError, CLIError)
+
+
+def test_jsonl_swapped_lines_are_sorted_not_restarts(tmp_path):
+    # issue 18.8: steps 51 and 121 swapped used to read as two restarts and drop 70 of 200 points
+    lines = [json.dumps({"step": s, "loss": 5.0 / s}) for s in range(1, 201)]
+    lines[50], lines[120] = lines[120], lines[50]
+    c = load_curve(_jsonl_text(tmp_path / "swap.jsonl", "\n".join(lines) + "\n"))
+    np.testing.assert_array_equal(c.steps, np.arange(1, 201))
+    np.testing.assert_array_equal(c.values, 5.0 / np.arange(1, 201))
+    assert c.meta.restarts == () and "2 place(s)" in c.meta.warnings[0] and "nothing dropped" in c.meta.warnings[0]
+
+
+def test_jsonl_genuine_restart_still_drops_the_abandoned_tail(tmp_path):
+    # a run logged 1..100, was resumed from its step-80 checkpoint and logged 81..150 again
+    rows = [{"step": s, "loss": 1.0} for s in range(1, 101)] + [{"step": s, "loss": 2.0} for s in range(81, 151)]
+    c = load_curve(_jsonl(tmp_path / "m.jsonl", rows))
+    np.testing.assert_array_equal(c.steps, np.arange(1, 151))
+    assert (c.values[80:] == 2.0).all() and (c.values[:80] == 1.0).all()
+    assert [(r.from_step, r.to_step, r.dropped) for r in c.meta.restarts] == [(100, 81, 20)]
+
+
+def test_restart_and_swapped_lines_in_one_file(tmp_path):
+    steps = list(range(1, 51)) + [60, 51, 52, 53, 54, 55, 56, 57, 58, 59] + list(range(61, 101)) + list(range(90, 121))
+    rows = [{"step": s, "loss": float(i)} for i, s in enumerate(steps)]
+    c = load_curve(_jsonl(tmp_path / "m.jsonl", rows))
+    np.testing.assert_array_equal(c.steps, np.arange(1, 121))
+    assert len(c.meta.restarts) == 1 and c.meta.restarts[0].dropped == 11  # steps 90..100 of the first run
+
+
+def test_csv_with_a_utf8_byte_order_mark(tmp_path):
+    p = tmp_path / "bom.csv"
+    p.write_bytes(b"\xef\xbb\xbfstep,loss\n1,2.0\n2,1.9\n")
+    c = load_curve(p)
+    np.testing.assert_array_equal(c.steps, [1, 2])
+
+
+def test_jsonl_truncated_line_mid_file_says_why_without_a_bytes_repr(tmp_path):
+    p = _jsonl_text(tmp_path / "t.jsonl", '{"step": 1, "loss": 2}\n{"step": 2, "lo\n{"step": 3, "loss": 2}\n')
+    with pytest.raises(CurveError) as e:
+        load_curve(p)
+    msg = str(e.value)
+    assert "t.jsonl:2: not valid JSON (Unterminated string" in msg and "b'" not in msg and "\n" not in msg
+
+
+@pytest.mark.parametrize("data, words", [
+    (b"\x00" * 100, "record 0 at byte 0: its length field fails its checksum (not a TensorBoard event file)"),
+    (bytes(range(256)), "its length field fails its checksum (not a TensorBoard event file)"),
+    (b"", "no complete event records"),
+])
+def test_tensorboard_corrupt_file_says_what_is_wrong_in_english(tmp_path, data, words):
+    f = tmp_path / "events.out.tfevents.1.host"
+    f.write_bytes(data)
+    with pytest.raises(CurveError, match=re.escape(words)) as e:
+        load_curve(f)
+    assert "no any" not in str(e.value)
+
+
+def test_tensorboard_cut_short_in_an_older_file_is_bad_input(tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    old = write_scalars(tmp_path / "a" / "events.out.tfevents.100.h", {"loss": (STEPS[:30], LOSS[:30])})
+    old.write_bytes(old.read_bytes()[:-5])
+    write_scalars(tmp_path / "b" / "events.out.tfevents.200.h", {"loss": (STEPS[30:], LOSS[30:])})
+    with pytest.raises(CurveError, match="cut short .* a newer event file follows"):
+        load_curve(tmp_path)
+
+
+def _jsonl_text(path, text):
+    path.write_text(text)
+    return path
+
+
+# torchtitan's golden loss files (tests/assets/losses/*.txt in pytorch/torchtitan): "# key: value" header
+# lines, a "# step loss grad_norm" column line, then whitespace-separated rows; some have no header at all.
+TITAN_LOSSES = (
+    "# config: dsv3_debug_mxfp8_fsdp4_ep4\n# ngpu: 8\n# NOTE: recorded on a test machine; regenerate before use\n"
+    "# step loss grad_norm\n"
+    + "".join(f"{s} {v!r} {1.0 + s / 100!r}\n" for s, v in zip(STEPS.tolist(), LOSS.tolist()))
+)
+
+
+def test_torchtitan_loss_file_is_detected_and_keeps_its_header(tmp_path):
+    p = tmp_path / "dsv3_mxfp8_8gpu.txt"
+    p.write_text(TITAN_LOSSES)
+    assert detect_format(p) == "torchtitan_losses"
+    c = load_curve(p)
+    assert c.meta.format == "torchtitan_losses" and c.meta.run == "dsv3_mxfp8_8gpu"
+    assert c.meta.header == {"config": "dsv3_debug_mxfp8_fsdp4_ep4", "ngpu": "8",
+                             "NOTE": "recorded on a test machine; regenerate before use"}
+    np.testing.assert_array_equal(c.steps, STEPS)
+    np.testing.assert_array_equal(c.values, LOSS)  # repr() round-trips exactly
+    np.testing.assert_array_equal(c.extras["grad_norm"].values, 1.0 + STEPS / 100)
+
+
+def test_torchtitan_loss_file_without_header_two_columns(tmp_path):
+    p = tmp_path / "llama3_cuda.txt"
+    p.write_text("".join(f"{s} {v!r}\n" for s, v in zip(STEPS.tolist(), LOSS.tolist())))
+    c = load_curve(p)
+    assert c.meta.format == "torchtitan_losses" and c.meta.header == {} and c.extras == {}
+    np.testing.assert_array_equal(c.values, LOSS)
+
+
+def test_two_torchtitan_loss_files_compare(tmp_path):
+    from convergence.curves.compare import compare_paths
+
+    a, b = tmp_path / "a.txt", tmp_path / "b.txt"
+    a.write_text(TITAN_LOSSES)
+    b.write_text(TITAN_LOSSES)
+    r = compare_paths([a], b)
+    cand = r["inputs"]["candidate"]
+    assert cand["header"]["ngpu"] == "8" and cand["format"] == "torchtitan_losses"
+
+
+@pytest.mark.parametrize("text, match", [
+    ("# config: x\n1 2.0 1.0\n2 abc 1.0\n3 2.0 1.0\n", r":3: non-numeric 'loss': 'abc'"),
+    ("# config: x\n1 2.0\n2.5 2.0\n3 2.0\n", r":3: non-integer 'step'"),
+    ("# config: x\n# step loss grad_norm\n", r"no 'step loss' rows"),
+])
+def test_torchtitan_loss_file_bad_rows(tmp_path, text, match):
+    p = tmp_path / "l.txt"
+    p.write_text(text)
+    with pytest.raises(CurveError, match=match):
+        load_curve(p, format="torchtitan_losses")
+
+
+def test_torchtitan_loss_file_truncated_final_row_is_skipped(tmp_path):
+    p = tmp_path / "l.txt"
+    p.write_text(TITAN_LOSSES + "41 2.")
+    c = load_curve(p)
+    assert len(c) == 41 and not c.meta.warnings
+    p.write_text(TITAN_LOSSES + "41")
+    c = load_curve(p)
+    assert len(c) == 40 and "truncated final row" in c.meta.warnings[0]

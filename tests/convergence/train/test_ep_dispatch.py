@@ -107,7 +107,7 @@ def test_check_request_ep_must_divide_experts(monkeypatch):
 
 @pytest.mark.parametrize(("kw", "match"), [
     ({"batch": 7}, "--batch 7 must be divisible by --ep 2"),
-    ({"ep_backend": "nccl"}, "unknown --ep-backend 'nccl'"),
+    ({"ep_backend": "nccl"}, "unknown backend 'nccl'"),
     ({"probe_every": 5}, "single-process only"),
     ({"ep_backend": "deepep", "device": "cpu"}, "needs --device cuda"),
     ({"ep": 3}, "--ep must be 1, 2, 4 or 8"),
@@ -134,3 +134,29 @@ def test_backward_combine_rows_are_a_multiple_of_256_columns_for_deepep_E3():
         cfg = get_config(name)
         width = combine_width(cfg.dim, cfg.top_k)
         assert width % 256 == 0 and width >= cfg.dim + 3 * cfg.top_k, (name, width)
+
+
+class _WidthRecorder(AllToAllReference):
+    """The reference, recording the width of every combine it is given."""
+
+    widths: list[int]
+
+    def combine(self, y, handle):
+        self.widths.append(int(y.shape[1]))
+        return super().combine(y, handle)
+
+
+def test_every_combine_is_a_multiple_of_256_columns_for_deepep_E3(one_rank_group):
+    """Forward and backward combines both reach DeepEP padded (the tiny model's 64-wide forward rows were
+    what made its EP=2 DeepEP run differ from the reference, FINDINGS.md E3), and padding changes nothing."""
+    x = torch.randn(2, 64, 64, generator=torch.Generator().manual_seed(1))
+    grad = torch.randn(2, 64, 64, generator=torch.Generator().manual_seed(2)).to(torch.bfloat16)
+    backend = _WidthRecorder(device="cpu")
+    backend.widths = []
+    local, ep = _moe(0), _moe(0)
+    ep.dispatcher = EPDispatch(backend)
+    y_l, dx_l, _ = _fwd_bwd(local, x, grad)
+    y_e, dx_e, _ = _fwd_bwd(ep, x, grad)
+    assert len(backend.widths) == 2 and all(w % 256 == 0 for w in backend.widths), backend.widths
+    assert torch.equal(y_l.view(torch.int16), y_e.view(torch.int16))
+    assert torch.equal(dx_l.view(torch.int16), dx_e.view(torch.int16))

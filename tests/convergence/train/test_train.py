@@ -234,3 +234,25 @@ def test_bench_smoke_prints_the_step_time_ratio(capsys):
     assert "step-time ratio mxfp8/emulated" in out
     c = get_config("16b")
     assert step_flops(c, 4096) > 6 * (param_count(c)["active"] - param_count(c)["embedding"])
+
+
+def _fast_problem() -> str | None:
+    from numerics.layer.mxfp8 import kernel_problem
+
+    return kernel_problem("fast", "cpu")
+
+
+@pytest.mark.skipif(_fast_problem() is not None, reason=f"{_fast_problem()}")
+def test_fast_kernel_trains_bit_identically_to_emulated(tmp_path):
+    """Issue #14: the fast casts change no trained bit. Two tiny MXFP8 steps (the fast kernel runs in
+    Triton's interpreter on CPU, ~10 s) give identical metrics, validation loss included."""
+    d = defaults_for("tiny") | dict(batch=2, seq=32, val_every=2, val_batches=1, probe_every=0, ckpt_every=0)
+    metrics = {}
+    for kernel in ("emulated", "fast"):
+        cfg = TrainConfig(model="tiny", recipes=("mxfp8",), steps=2, mxfp8_kernel=kernel, **d)
+        run(cfg, tmp_path / kernel, progress=False)
+        metrics[kernel] = [{k: v for k, v in r.items() if k != "tokens_per_s"}
+                           for r in _records(tmp_path / kernel / "mxfp8" / "metrics.jsonl")]
+        assert json.loads((tmp_path / kernel / "mxfp8" / "config.json").read_text())["recipe"]["kernel"] == kernel
+    assert len(metrics["fast"]) == 2 and "val_loss" in metrics["fast"][-1]
+    assert metrics["fast"] == metrics["emulated"]

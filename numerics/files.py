@@ -1,0 +1,86 @@
+"""Writing result files so that an interruption never leaves half a file, and nothing is overwritten unasked.
+
+Public functions
+  ``check_writable(path, *, force=False)``  before long work: refuses (``BadInput``) an existing file
+      without ``force``, a directory, a missing or non-directory parent, or a place where no file can be
+      created (probed by creating and removing a temporary file there, which also works for root,
+      whom permission bits do not stop).
+  ``atomic_write(path, data, *, force=False) -> Path``  bytes or text to a temporary file in the same
+      directory, flushed and fsynced, then renamed over ``path`` (``os.replace`` is atomic on POSIX):
+      a reader sees the old file or the new one, never a torn one.
+  ``atomic_path(path, *, force=False)``  the same for writers that want a file name (matplotlib's
+      ``savefig``, a TensorBoard writer): a context manager yielding the temporary path, renamed over
+      ``path`` when the block ends without an exception and removed otherwise.
+
+Every failure to write (``OSError``: read-only file system, disk full, permission) is raised as
+``BadInput`` naming the path, so a command line prints one line and exits 2.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+from numerics.errors import BadInput
+
+_NEW_FILE_MODE = 0o644  # what open() gives under the usual umask 022; mkstemp's own 0o600 would hide results
+
+
+def _refuse(path: Path, force: bool) -> None:
+    if path.is_dir():
+        raise BadInput(f"{path} is a directory; give a file name")
+    if path.exists() and not force:
+        raise BadInput(f"{path} exists; pass --force to overwrite it")
+    parent = path.parent
+    if not parent.exists():
+        raise BadInput(f"cannot write {path}: the directory {parent} does not exist")
+    if not parent.is_dir():
+        raise BadInput(f"cannot write {path}: {parent} is not a directory")
+
+
+def check_writable(path, *, force: bool = False) -> Path:
+    path = Path(path)
+    _refuse(path, force)
+    try:
+        fd, probe = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".probe", dir=path.parent)
+    except OSError as exc:
+        raise BadInput(f"cannot write {path}: {exc.strerror or exc}") from None
+    os.close(fd)
+    os.unlink(probe)
+    return path
+
+
+@contextlib.contextmanager
+def atomic_path(path, *, force: bool = False) -> Iterator[Path]:
+    path = Path(path)
+    _refuse(path, force)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as exc:
+        raise BadInput(f"cannot write {path}: {exc.strerror or exc}") from None
+    os.close(fd)
+    tmp = Path(tmp)
+    try:
+        yield tmp
+        tmp.chmod(path.stat().st_mode & 0o7777 if path.exists() else _NEW_FILE_MODE)
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as exc:
+        raise BadInput(f"cannot write {path}: {exc.strerror or exc}") from None
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def atomic_write(path, data: bytes | str, *, force: bool = False) -> Path:
+    path = Path(path)
+    with atomic_path(path, force=force) as tmp:
+        try:
+            with open(tmp, "wb") as f:
+                f.write(data.encode() if isinstance(data, str) else data)
+        except OSError as exc:
+            raise BadInput(f"cannot write {path}: {exc.strerror or exc}") from None
+    return path

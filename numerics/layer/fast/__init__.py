@@ -1,0 +1,11 @@
+"""Fast MXFP8 emulation: fused Triton cast kernels, bit-identical to torchao's emulated ops, and the
+linear / grouped GEMM built on them (kernel choice ``fast`` in the MXFP8 seam).
+
+Modules: ``kernel`` (the Triton kernel), ``calibrate`` (torchao's RCEIL rounding, measured per device),
+``cast`` (``mx_dequantize``, ``available``), ``ops`` (``linear``, ``grouped_mm``), ``bench``.
+"""
+
+from numerics.layer.fast.calibrate import FastUnavailable
+from numerics.layer.fast.cast import FLAVOURS, available, mx_dequantize
+
+__all__ = ["FLAVOURS", "FastUnavailable", "available", "mx_dequantize"]

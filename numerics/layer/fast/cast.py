@@ -1,0 +1,215 @@
+"""``mx_dequantize``: an operand's MX-dequantized values (and, if asked, its scale and element bytes)
+in one pass of the fused kernel, in the memory layout torchao's emulated GEMMs give the same values.
+
+Flavours: ``torchao`` equals torchao 0.18.0's ``to_mx`` followed by its dequantize (``MXTensor.dequantize``
+or the grouped GEMM's ``data.to(bf16) * scale.to(bf16)``, which agree) bit for bit, including its
+deviations from the rules (FINDINGS F1, F2, F3); ``spec`` equals the oracle ``numerics.tensor.mx``
+(``quantize`` with its defaults, then ``dequantize``) bit for bit. NaN-scale blocks dequantize to NaN in
+both; their element bytes are the format's NaN code (the suite compares no element bytes there).
+
+Layout: blocks along the last dim (``dim=-1``) give a contiguous result; blocks along the second-to-last
+dim (``dim=-2``, the transposed operands of the backward) give a result of the input's shape whose memory
+is the transpose's (``out.transpose(-2, -1).is_contiguous()``), what torchao's ``x.t().contiguous()``
+then ``to_mx`` then ``.t()`` leaves for the GEMM. Scale bytes come shaped like the blocks (``[..., R, C/32]``
+or ``[..., R/32, C]``, the latter transposed in memory the same way); element bytes like the result.
+
+Public: ``mx_dequantize``, ``available``, ``FLAVOURS``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+
+import numpy as np
+import torch
+
+from numerics.errors import BadInput
+from numerics.layer.fast.calibrate import FastUnavailable, exact_thresholds, rceil_thresholds
+from numerics.tensor.elements import ELEMENTS
+
+FLAVOURS = ("torchao", "spec")
+MODES = ("floor", "rceil", "ceil", "even")
+BLOCK = 32
+_EMULATED = "use kernel 'emulated' (torchao's eager ops), or 'real' on an SM100 GPU"
+
+
+def available(device: torch.device | str) -> str | None:
+    """None if the fast kernels run on ``device``, else one line saying why and what works there.
+
+    CUDA needs Triton (shipped with CUDA builds of torch) and compute capability 8.0+ (BF16); CPU runs
+    the same kernel in Triton's interpreter (``pip install 'mxval[fast]'``): exact, slow, for tests and
+    tiny models.
+    """
+    dev = torch.device(device)
+    if dev.type == "cuda" and dev.index is None and torch.cuda.is_available():
+        dev = torch.device("cuda", torch.cuda.current_device())
+    return _available(str(dev))
+
+
+@functools.cache
+def _available(device: str) -> str | None:
+    dev = torch.device(device)
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        extra = " (pip install 'mxval[fast]')" if dev.type == "cpu" else ""
+        return f"kernel 'fast' needs Triton, which is not installed{extra}; {_EMULATED}"
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            return f"kernel 'fast' needs a visible CUDA GPU, none is; {_EMULATED}"
+        index = dev.index or 0
+        major, minor = torch.cuda.get_device_capability(index)
+        if major < 8:
+            return f"kernel 'fast' needs compute capability 8.0+ (BF16), GPU {index} has {major}.{minor}; {_EMULATED}"
+        return None
+    if dev.type == "cpu":
+        return None
+    return f"kernel 'fast' has no kernels for device type {dev.type!r}; {_EMULATED}"
+
+
+def _choice(name: str, value, choices) -> None:
+    if value not in choices:
+        raise BadInput(f"{name}={value!r} is not supported; choose one of {', '.join(map(repr, choices))}")
+
+
+def _as_3d(t: torch.Tensor, *, output: bool = False) -> torch.Tensor:
+    """[B, R, C]: leading dims merged. An input may be copied where its strides do not allow a view;
+    an output is always a view (the kernel writes through it)."""
+    if t.ndim <= 3:
+        return t.view(1, 1, -1) if t.ndim == 1 else t.unsqueeze(0) if t.ndim == 2 else t
+    return t.view(-1, *t.shape[-2:]) if output else t.reshape(-1, *t.shape[-2:])
+
+
+def _launch_config(device_type: str, along_rows: bool, rows: int, cols: int) -> tuple[int, int, int]:
+    """(BR, BC, num_warps). On CPU the interpreter pays per program, so tiles are large. On a GPU a tile
+    holds 4096 elements (8 KiB of BF16 in, 8 KiB out) for 4 warps, 32 per thread: 32 x 128 along the
+    last dim (256-byte rows in and out); 64 x 64 along dim -2, so the load (along a row) and the
+    transposed store (along a column) both move 128 contiguous bytes. Not yet tuned on a GPU: the
+    benchmark's --sweep times the alternatives."""
+    if device_type != "cuda":
+        return (128, 128, 1)
+    return (64, 64, 4) if along_rows else (32, 128, 4)
+
+
+def mx_dequantize(
+    x: torch.Tensor,
+    *,
+    elem: str = "e4m3",
+    mode: str = "rceil",
+    dim: int = -1,
+    flavour: str = "torchao",
+    out_dtype: torch.dtype = torch.bfloat16,
+    return_bytes: bool = False,
+):
+    """MX-quantize ``x`` (BF16 or FP32) in blocks of 32 along ``dim`` (-1 or -2) and dequantize to ``out_dtype``.
+
+    Returns the dequantized tensor, or ``(dequantized, scale_bytes, element_bytes)`` (uint8) when
+    ``return_bytes``. Any strides are accepted; nothing is copied first. Without ``return_bytes`` the
+    cast is one opaque op to ``torch.compile`` (``mxval::fast_mx_dequantize``), so compiled models keep
+    their graphs whole around it.
+    """
+    along_rows = _validate(x, elem, mode, dim, flavour, out_dtype)
+    if return_bytes or not torch.compiler.is_compiling():  # eager: skip the custom op's dispatch cost
+        return _cast(x, elem, mode, along_rows, flavour, out_dtype, return_bytes=return_bytes)
+    return _dequantize_op(x, elem, mode, -2 if along_rows else -1, flavour, out_dtype)
+
+
+def _validate(x, elem, mode, dim, flavour, out_dtype) -> bool:
+    """Whether blocks run along the rows (dim -2); BadInput naming what is wrong otherwise."""
+    if not isinstance(x, torch.Tensor) or x.dtype not in (torch.bfloat16, torch.float32):
+        got = x.dtype if isinstance(x, torch.Tensor) else type(x).__name__
+        raise BadInput(f"x must be a bfloat16 or float32 tensor, got {got}")
+    _choice("elem", elem, tuple(ELEMENTS))
+    _choice("mode", mode, MODES)
+    _choice("flavour", flavour, FLAVOURS)
+    _choice("out_dtype", out_dtype, (torch.bfloat16, torch.float32))
+    if x.ndim == 0:
+        raise BadInput("x must have at least one dimension, got a scalar")
+    if dim not in (-1, x.ndim - 1) and (x.ndim < 2 or dim not in (-2, x.ndim - 2)):
+        raise BadInput(f"dim={dim} is not supported for shape {tuple(x.shape)}: blocks run along the last "
+                       "dim (-1) or the second-to-last (-2)")
+    along_rows = dim in (-2, x.ndim - 2) and x.ndim >= 2
+    axis = x.ndim - 2 if along_rows else x.ndim - 1
+    if x.shape[axis] % BLOCK:
+        raise BadInput(f"shape {tuple(x.shape)}: dim {axis} has size {x.shape[axis]}, not a multiple of the "
+                       f"MX block size {BLOCK}")
+    return along_rows
+
+
+def _empty_result(x: torch.Tensor, along_rows: bool, dtype: torch.dtype) -> torch.Tensor:
+    """A tensor of x's shape laid out block-major: contiguous, or the transpose of a contiguous one."""
+    if along_rows:
+        return torch.empty(*x.shape[:-2], x.shape[-1], x.shape[-2], dtype=dtype, device=x.device).transpose(-2, -1)
+    return torch.empty(x.shape, dtype=dtype, device=x.device)
+
+
+def _cast(x, elem, mode, along_rows, flavour, out_dtype, *, return_bytes: bool, config=None):
+    """``config`` = (BR, BC, num_warps) overrides the tile choice (the benchmark's sweep)."""
+    reason = available(x.device)
+    if reason:
+        raise FastUnavailable(reason)
+    out = _empty_result(x, along_rows, out_dtype)
+    x3, out3 = _as_3d(x), _as_3d(out, output=True)
+    batch, rows, cols = x3.shape
+    block_major = (lambda t: t.transpose(-2, -1)) if along_rows else (lambda t: t)
+    scales = codes = None
+    if return_bytes:
+        codes = _empty_result(x, along_rows, torch.uint8)
+        shape = (batch, cols, rows // BLOCK) if along_rows else (batch, rows, cols // BLOCK)
+        scales = block_major(torch.empty(shape, dtype=torch.uint8, device=x.device))  # shaped like the blocks
+    if x3.numel():
+        _run(x3, block_major(out3), block_major(scales) if return_bytes else None,
+             block_major(_as_3d(codes, output=True)) if return_bytes else None,
+             along_rows=along_rows, elem=elem, mode=mode, torchao=flavour == "torchao", config=config)
+    if not return_bytes:
+        return out
+    scale_shape = (*x.shape[:-2], rows // BLOCK, cols) if along_rows else (*x.shape[:-1], cols // BLOCK)
+    return out, scales.reshape(scale_shape), codes
+
+
+# One opaque op for torch.compile (its fake gives the result's shape and strides), in mxval's own namespace:
+# registered when this module is imported, since a model being compiled may call it first.
+@torch.library.custom_op("mxval::fast_mx_dequantize", mutates_args=(),
+                         schema="(Tensor x, str elem, str mode, int dim, str flavour, ScalarType out_dtype) -> Tensor")
+def _dequantize_op(x, elem, mode, dim, flavour, out_dtype):
+    return _cast(x, elem, mode, dim == -2, flavour, out_dtype, return_bytes=False)
+
+
+@_dequantize_op.register_fake
+def _(x, elem, mode, dim, flavour, out_dtype):
+    return _empty_result(x, dim == -2, out_dtype)
+
+
+def _run(x3, store, scale_store, codes_store, *, along_rows: bool, elem: str, mode: str, torchao: bool,
+         config=None) -> None:
+    from numerics.layer.fast.kernel import MODE_IDS, cast_kernel
+
+    fmt = ELEMENTS[elem]
+    device_type = x3.device.type
+    batch, rows, cols = x3.shape
+    thresholds = rceil_thresholds(x3.device, elem) if torchao and mode == "rceil" else exact_thresholds(x3.device)
+    br, bc, warps = config or _launch_config(device_type, along_rows, rows, cols)
+    grid = (triton_cdiv(rows, br), triton_cdiv(cols, bc), batch)
+    x_bits = x3.view(torch.int16 if x3.dtype == torch.bfloat16 else torch.int32)
+    out_bits = store.view(torch.int16 if store.dtype == torch.bfloat16 else torch.int32)
+    reach = sum((n - 1) * abs(s) for n, s in zip(x3.shape, x3.stride())) + 1
+    index64 = max(reach, store.numel()) >= 2**31
+    kernel = cast_kernel(device_type)
+    max_bits = int(np.float32(fmt.max_normal).view(np.uint32))
+    # the interpreter computes with NumPy, which warns where IEEE overflows to Inf (scale 2^127 blocks)
+    quiet = np.errstate(over="ignore") if device_type != "cuda" else contextlib.nullcontext()
+    with quiet:
+        kernel[grid](
+            x_bits, out_bits, store if scale_store is None else scale_store,  # unused pointers when not writing bytes
+            store if codes_store is None else codes_store, thresholds,
+            rows, cols, *x3.stride(),
+            MODE_IDS[mode], int(torchao), fmt.mbits, fmt.emax, fmt.bias, max_bits, fmt.nan_code,
+            IN_BF16=x3.dtype == torch.bfloat16, OUT_BF16=store.dtype == torch.bfloat16,
+            WRITE_BYTES=scale_store is not None, ALONG_ROWS=along_rows, INDEX64=index64, BR=br, BC=bc,
+            num_warps=warps,
+        )
+
+
+def triton_cdiv(a: int, b: int) -> int:
+    return -(-a // b)

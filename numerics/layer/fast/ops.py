@@ -1,0 +1,138 @@
+"""MXFP8 linear and grouped GEMM (forward, dX, dW) on the fast cast kernels, bit-identical to torchao
+0.18.0's emulated ops: ``mxfp8_linear._to_mxfp8_then_scaled_mm`` and ``_to_mxfp8_then_scaled_grouped_mm``
+with ``KernelPreference.EMULATED`` and E4M3 everywhere.
+
+Only torchao's cast work (``to_mx``, the transposing copies before it, and the dequantize after it) is
+replaced, by one ``mx_dequantize`` per operand; the GEMMs are the same ops (``torch.mm``,
+``torch._grouped_mm``) on operands of the same dtype, shape and strides, which is what makes cuBLAS
+pick the same kernel and return the same bits. Where torchao quantizes along which dim:
+
+=========  ===========================  ====================================  ======================
+GEMM       linear                       grouped (w_t [E, K, N], w = w_t^T)    operand layout seen
+=========  ===========================  ====================================  ======================
+forward    x along K, W [N, K] along K  x along K, w along K                  B: transposed view
+dX         dY along N, W along N        dY along N, w along N                 B: transposed view
+dW         dY^T, x^T along M (tokens)   same, blocks span experts (L3)        A: contiguous, B: view
+dW (hp)    dY^T @ x in high precision   same, per group                       as torchao
+=========  ===========================  ====================================  ======================
+
+Linear dequantizes to the operand's dtype (``MXTensor.dequantize``), the grouped GEMM always to BF16
+(torchao's grouped emulation). Unlike torchao, non-contiguous operands and upstream gradients are
+taken as they are (FINDINGS L1), and a dim that must hold whole blocks but does not raises ``BadInput``.
+
+Public: ``linear(x, weight, *, wgrad_with_hp, scale_mode="rceil")``,
+``grouped_mm(x, w_t, offs, *, wgrad_with_hp, scale_mode="rceil", pad_groups)``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from numerics.errors import BadInput
+from numerics.layer.fast.cast import MODES, mx_dequantize
+
+BLOCK = 32
+
+
+def _cast(t: torch.Tensor, dim: int, mode: str, out_dtype: torch.dtype) -> torch.Tensor:
+    return mx_dequantize(t, elem="e4m3", mode=mode, dim=dim, flavour="torchao", out_dtype=out_dtype)
+
+
+class _Linear(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, wgrad_with_hp: bool, mode: str):
+        ctx.save_for_backward(x, weight)
+        ctx.wgrad_with_hp, ctx.mode = wgrad_with_hp, mode
+        x2 = x.reshape(-1, x.shape[-1])
+        a = _cast(x2, -1, mode, x.dtype)  # [M, K] contiguous
+        b = _cast(weight, -1, mode, weight.dtype).t()  # [K, N], W's layout transposed
+        return torch.mm(a, b).reshape(*x.shape[:-1], weight.shape[0])
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        x, weight = ctx.saved_tensors
+        mode = ctx.mode
+        g2 = grad_out.reshape(-1, grad_out.shape[-1])
+        x2 = x.reshape(-1, x.shape[-1])
+        # dX = dY @ W, both along N; W's dequantized copy is [K, N] in memory, seen as [N, K]
+        grad_x = torch.mm(_cast(g2, -1, mode, grad_out.dtype), _cast(weight, -2, mode, weight.dtype))
+        grad_x = grad_x.reshape(*grad_out.shape[:-1], weight.shape[1])
+        if ctx.wgrad_with_hp:
+            # torchao multiplies its contiguous copy of dY; the same layout gives the same GEMM
+            grad_w = torch.mm(grad_out.contiguous().reshape(-1, grad_out.shape[-1]).t(), x2)
+        else:  # dW = dY^T @ x, both along the tokens M
+            grad_w = torch.mm(_cast(g2, -2, mode, grad_out.dtype).t(), _cast(x2, -2, mode, x.dtype))
+        return grad_x, grad_w, None, None
+
+
+def _check_mode(scale_mode: str) -> None:
+    if scale_mode not in MODES:
+        raise BadInput(f"scale_mode={scale_mode!r} is not supported; choose one of {', '.join(MODES)}")
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, *, wgrad_with_hp: bool, scale_mode: str = "rceil") -> torch.Tensor:
+    """``x @ weight.T`` with MXFP8 (E4M3) operands in forward and backward, as torchao's emulated linear."""
+    _check_mode(scale_mode)
+    if weight.ndim != 2 or x.ndim < 1 or x.shape[-1] != weight.shape[1]:
+        raise BadInput(f"linear needs x [..., K] and weight [N, K], got {tuple(x.shape)} and {tuple(weight.shape)}")
+    return _Linear.apply(x, weight, wgrad_with_hp, scale_mode)
+
+
+class _GroupedMM(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, w_t, offs, wgrad_with_hp: bool, mode: str, pad_groups: bool):
+        from torchao.prototype.moe_training.utils import pad_token_groups, unpad_token_groups
+        from torchao.quantization.quantize_.common import KernelPreference
+
+        emulated = KernelPreference.EMULATED
+        tokens = x.shape[0]
+        padded_starts = None
+        xp, offs_p = x, offs
+        if pad_groups:
+            xp, padded_starts, offs_p = pad_token_groups(x, offs, alignment_size=BLOCK, kernel_preference=emulated)
+        a = _cast(xp, -1, mode, torch.bfloat16)  # [M, K] contiguous
+        w = w_t.transpose(-2, -1)  # [E, N, K]
+        b = _cast(w, -1, mode, torch.bfloat16).transpose(-2, -1)  # [E, K, N], memory [E, N, K]
+        out = torch._grouped_mm(a, b, offs=offs_p, out_dtype=torch.bfloat16)
+        if pad_groups:
+            out = unpad_token_groups(out, offs, padded_starts, tokens, alignment_size=BLOCK, kernel_preference=emulated)
+        ctx.save_for_backward(xp, w_t, offs, offs_p)
+        ctx.wgrad_with_hp, ctx.mode, ctx.pad_groups, ctx.tokens = wgrad_with_hp, mode, pad_groups, tokens
+        ctx.padded_starts = padded_starts
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        from torchao.prototype.moe_training.utils import pad_token_groups, unpad_token_groups
+        from torchao.quantization.quantize_.common import KernelPreference
+
+        emulated = KernelPreference.EMULATED
+        xp, w_t, offs, offs_p = ctx.saved_tensors
+        mode = ctx.mode
+        g = grad_out
+        if ctx.pad_groups:
+            g, _, _ = pad_token_groups(grad_out, offs, alignment_size=BLOCK, kernel_preference=emulated)
+        # dX = dY @ w, both along N; w's dequantized copy is [E, K, N] in memory, seen as [E, N, K]
+        w = w_t.transpose(-2, -1)
+        grad_x = torch._grouped_mm(_cast(g, -1, mode, torch.bfloat16), _cast(w, -2, mode, torch.bfloat16),
+                                   offs=offs_p, out_dtype=torch.bfloat16)
+        if ctx.wgrad_with_hp:
+            grad_w = torch._grouped_mm(g.contiguous().transpose(-2, -1), xp, offs=offs_p, out_dtype=torch.bfloat16)
+        else:  # dW = dY^T @ x per group, both along the tokens (blocks may span groups: FINDINGS L3)
+            grad_w = torch._grouped_mm(_cast(g, -2, mode, torch.bfloat16).transpose(-2, -1),
+                                       _cast(xp, -2, mode, torch.bfloat16), offs=offs_p, out_dtype=torch.bfloat16)
+        if ctx.pad_groups:
+            grad_x = unpad_token_groups(grad_x, offs, ctx.padded_starts, ctx.tokens, alignment_size=BLOCK,
+                                        kernel_preference=emulated)
+        return grad_x, grad_w.transpose(-2, -1), None, None, None, None
+
+
+def grouped_mm(x: torch.Tensor, w_t: torch.Tensor, offs: torch.Tensor, *, wgrad_with_hp: bool,
+               scale_mode: str = "rceil", pad_groups: bool) -> torch.Tensor:
+    """Grouped ``x[group e] @ w_t[e]`` (x [M, K], w_t [E, K, N], offs the groups' end rows) with MXFP8
+    (E4M3) operands in forward and backward, BF16 out, as torchao's emulated grouped GEMM."""
+    _check_mode(scale_mode)
+    if x.ndim != 2 or w_t.ndim != 3 or x.shape[1] != w_t.shape[1] or offs.ndim != 1 or offs.numel() != w_t.shape[0]:
+        raise BadInput(f"grouped_mm needs x [M, K], w_t [E, K, N] and offs [E], got {tuple(x.shape)}, "
+                       f"{tuple(w_t.shape)} and {tuple(offs.shape)}")
+    return _GroupedMM.apply(x, w_t, offs, wgrad_with_hp, scale_mode, pad_groups)

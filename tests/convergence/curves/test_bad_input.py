@@ -1,0 +1,83 @@
+"""The bad-input matrix for python -m convergence compare and calibrate.
+
+{missing file, empty file, truncated file, garbage bytes, a directory, an unwritable output, an existing
+output, a wrong type or range} -> one line on stderr, exit 2, no traceback, every existing file unchanged.
+"Truncated" here is a file cut inside its first record: a file cut inside a later line is a run still
+writing (its last line is skipped with a warning) and a shortened run is judged 'incomplete' (exit 4).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import pytest
+
+from convergence.__main__ import main
+
+
+@pytest.fixture()
+def runs(tmp_path):
+    b, c = tmp_path / "b.jsonl", tmp_path / "c.jsonl"
+    for p, drift in ((b, 0.0), (c, 0.001)):
+        p.write_text("".join(json.dumps({"step": s, "loss": 3.0 / s ** 0.3 + drift}) + "\n" for s in range(1, 401)))
+    (tmp_path / "afile").write_text("x")
+    (tmp_path / "existing.json").write_text("mine")
+    (tmp_path / "emptydir").mkdir()
+    return tmp_path
+
+
+def _sums(root):
+    return {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in root.rglob("*") if p.is_file()}
+
+
+def _candidate(root, kind):
+    p = root / f"cand_{kind}.jsonl"
+    if kind == "missing":
+        return root / "nope.jsonl"
+    if kind == "directory":
+        return root / "emptydir"
+    data = {"empty": b"", "truncated": b'{"step": 1, "lo', "garbage": bytes(range(256)) * 4}[kind]
+    p.write_bytes(data)
+    return p
+
+
+CASES = [
+    ("missing", None), ("empty", None), ("truncated", None), ("garbage", None), ("directory", None),
+    (None, ["--json", "ROOT/afile/v.json"]), (None, ["--json", "ROOT/emptydir"]),
+    (None, ["--plot", "ROOT/nodir/cmp.png"]), (None, ["--json", "ROOT/existing.json"]),
+    (None, ["--margin", "abc"]), (None, ["--margin", "2"]), (None, ["--confidence", "1.5"]),
+    (None, ["--coverage-fraction", "0.7"]), (None, ["--format", "xml"]), (None, ["--json", "ROOT/v.json",
+                                                                                  "--plot", "ROOT/v.json"]),
+]
+
+
+@pytest.mark.parametrize("bad_input, extra", CASES)
+def test_compare_bad_input_is_one_line_exit_2_and_changes_nothing(runs, capsys, bad_input, extra):
+    cand = _candidate(runs, bad_input) if bad_input else runs / "c.jsonl"
+    before = _sums(runs)
+    argv = ["compare", str(runs / "b.jsonl"), str(cand)] + [a.replace("ROOT", str(runs)) for a in extra or []]
+    try:
+        code = main(argv)
+    except SystemExit as exc:
+        code = exc.code
+    cap = capsys.readouterr()
+    assert code == 2, (cap.out, cap.err)
+    assert cap.err.count("\n") == 1 and "Traceback" not in cap.err + cap.out and cap.out == ""
+    assert _sums(runs) == before
+
+
+@pytest.mark.parametrize("argv", [
+    ["--pairs", "abc"], ["--pairs", "0"], ["--bench", "--steps", "10"], ["--bench", "--steps", "2000", "--dir",
+                                                                          "ROOT/afile"],
+    ["--bench", "--steps", "2000", "--dir", "ROOT"],
+])
+def test_calibrate_bad_input_is_one_line_exit_2_and_changes_nothing(runs, capsys, argv):
+    before = _sums(runs)
+    try:
+        code = main(["calibrate", *[a.replace("ROOT", str(runs)) for a in argv]])
+    except SystemExit as exc:
+        code = exc.code
+    cap = capsys.readouterr()
+    assert code == 2 and cap.err.count("\n") == 1 and "Traceback" not in cap.err + cap.out
+    assert _sums(runs) == before

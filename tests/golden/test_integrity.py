@@ -1,0 +1,33 @@
+"""golden.integrity: the committed golden/ is whole, and record() lists a new file on purpose."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+from golden import integrity
+
+
+def test_committed_golden_tree_is_whole():
+    assert integrity.check() == []
+    kinds = {e["kind"] for e in integrity.load_manifest(integrity.ROOT)}
+    assert kinds == {"layer_stats", "tensor_vectors", "recorded"}
+
+
+def test_every_sidecar_carries_the_checksum_of_its_file():
+    for e in integrity.load_manifest(integrity.ROOT):
+        meta = json.loads((integrity.ROOT / e["sidecar"]).read_text())
+        assert meta["sha256"] == integrity.sha256(integrity.ROOT / e["data"]), e["data"]
+
+
+def test_record_lists_a_new_file_once(tmp_path):
+    root = tmp_path / "golden"
+    shutil.copytree(integrity.ROOT, root, ignore=shutil.ignore_patterns("*.py", "__pycache__"))
+    data, side = root / "layers" / "layer_stats_x__b200.json", root / "layers" / "layer_stats_x__b200.meta.json"
+    data.write_text("{}")
+    side.write_text(json.dumps({"sha256": integrity.sha256(data)}))
+    assert len(integrity.check(root)) == 2  # both files unlisted: the control
+    integrity.record(root, data, side, "layer_stats")
+    integrity.record(root, data, side, "layer_stats")
+    assert integrity.check(root) == []
+    assert sum(e["data"] == "layers/layer_stats_x__b200.json" for e in integrity.load_manifest(root)) == 1

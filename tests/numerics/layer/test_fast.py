@@ -1,0 +1,235 @@
+"""The fast MXFP8 linear and grouped GEMM (numerics.layer.fast.ops) against torchao 0.18.0's emulated ops:
+output, dX and dW bit for bit, both recipes (wgrad in MXFP8 or in high precision), even, uneven, empty and
+unaligned token groups; and where torchao fails (non-contiguous upstream gradient, FINDINGS L1), the fast
+ops still give the gradients of the contiguous case. A control plants a one-ulp error in the fast ops'
+cast and shows every comparison catches it.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+from numerics.assertions import assert_bits_equal
+from numerics.errors import BadInput
+from numerics.layer import strategies as ls
+
+pytest.importorskip("triton", reason="the fast kernels run on CPU in Triton's interpreter: pip install '.[fast]'")
+from numerics.layer.fast import ops  # noqa: E402
+
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
+# (x, weight, upstream gradient) scaled per row over 2^-12..2^12 and per channel over 2^-4..2^4,
+# so blocks take many different scales (a plain randn gives nearly one scale for every block)
+SCALES = {"normal": (0, 0), "spread": (12, 4)}
+
+
+def _emulated():
+    from torchao.quantization.quantize_.common import KernelPreference
+
+    return KernelPreference.EMULATED
+
+
+def _rand(shape, g, spread, device):
+    rows, cols = SCALES[spread]
+    x = torch.randn(shape, generator=g)
+    x = x * torch.exp2(torch.randint(-rows, rows + 1, (*shape[:-1], 1), generator=g).float())
+    x = x * torch.exp2(torch.randint(-cols, cols + 1, (shape[-1],), generator=g).float())
+    return x.to(device=device, dtype=torch.bfloat16)
+
+
+def _fwd_bwd(op, x, w, grad):
+    x = x.detach().clone().requires_grad_(True)
+    w = w.detach().clone().requires_grad_(True)
+    y = op(x, w)
+    y.backward(grad)
+    return {"output": y.detach(), "dX": x.grad, "dW": w.grad}
+
+
+def _assert_same(expected: dict, got: dict, what: str) -> None:
+    """Every one of output / dX / dW bit-identical; the failure names each that is not."""
+    errors = []
+    for name in expected:
+        assert got[name].shape == expected[name].shape and got[name].dtype == expected[name].dtype, name
+        try:
+            assert_bits_equal(expected[name], got[name], what=f"{what}: {name}", canonical_nan=True)
+        except AssertionError as e:
+            errors.append(str(e))
+    if errors:
+        raise AssertionError("\n".join(errors))
+
+
+def _torchao_linear(hp):
+    from torchao.prototype.moe_training.mxfp8_linear import _to_mxfp8_then_scaled_mm
+    from torchao.prototype.mx_formats.config import ScaleCalculationMode
+
+    return lambda x, w: _to_mxfp8_then_scaled_mm(x, w, kernel_preference=_emulated(),
+                                                 scale_calculation_mode=ScaleCalculationMode.RCEIL, wgrad_with_hp=hp)
+
+
+def _torchao_grouped(offs, hp, pad):
+    from torchao.prototype.moe_training import _to_mxfp8_then_scaled_grouped_mm
+    from torchao.prototype.mx_formats.config import ScaleCalculationMode
+
+    return lambda x, w: _to_mxfp8_then_scaled_grouped_mm(
+        x, w.transpose(-2, -1), offs, out_dtype=torch.bfloat16, kernel_preference=_emulated(), wgrad_with_hp=hp,
+        scale_calculation_mode=ScaleCalculationMode.RCEIL, pad_token_groups_for_grouped_mm=pad)
+
+
+def _check_linear(dims, hp, spread, seed, device, *, linear=None):
+    linear = linear or ops.linear
+    m, k, n = dims
+    g = torch.Generator().manual_seed(seed)
+    x_shape = (2, m // 2, k) if m % 64 == 0 else (m, k)  # 3D activations too, where the tokens split evenly
+    x, w = _rand(x_shape, g, spread, device), _rand((n, k), g, spread, device)
+    grad = _rand((*x.shape[:-1], n), g, spread, device)
+    expected = _fwd_bwd(_torchao_linear(hp), x, w, grad)
+    got = _fwd_bwd(lambda a, b: linear(a, b, wgrad_with_hp=hp), x, w, grad)
+    _assert_same(expected, got, f"linear {dims} wgrad_with_hp={hp} {spread}")
+
+
+def _check_grouped(sizes, dims, hp, pad, spread, seed, device, *, grouped_mm=None):
+    grouped_mm = grouped_mm or ops.grouped_mm
+    _, k, n = dims
+    g = torch.Generator().manual_seed(seed)
+    m = sum(sizes)
+    x, w = _rand((m, k), g, spread, device), _rand((len(sizes), n, k), g, spread, device)
+    grad = _rand((m, n), g, spread, device)
+    offs = torch.tensor(sizes, device=device).cumsum(0).to(torch.int32)
+    expected = _fwd_bwd(_torchao_grouped(offs, hp, pad), x, w, grad)
+    got = _fwd_bwd(lambda a, b: grouped_mm(a, b.transpose(-2, -1), offs, wgrad_with_hp=hp, pad_groups=pad), x, w, grad)
+    _assert_same(expected, got, f"grouped_mm {sizes} {dims} wgrad_with_hp={hp} pad={pad} {spread}")
+
+
+# each example runs six interpreted kernel launches (~1.5 s on one CI core) beside torchao's emulation
+@pytest.mark.parametrize("device", DEVICES)
+@settings(max_examples=8)
+@given(dims=ls.gemm_dims(max_blocks=4), hp=st.booleans(), spread=st.sampled_from(tuple(SCALES)),
+       seed=st.integers(0, 2**16))
+@example(dims=(64, 32, 96), hp=False, spread="spread", seed=0)
+@example(dims=(32, 96, 32), hp=True, spread="normal", seed=1)
+def test_fast_linear_matches_torchao_emulated_bit_for_bit(device, dims, hp, spread, seed):
+    _check_linear(dims, hp, spread, seed, device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@settings(max_examples=8)
+@given(sizes=ls.group_sizes(max_tokens=192), dims=ls.gemm_dims(max_blocks=3), hp=st.booleans(),
+       spread=st.sampled_from(tuple(SCALES)), seed=st.integers(0, 2**16))
+@example(sizes=(64, 64, 32), dims=(0, 64, 96), hp=False, spread="spread", seed=0)  # even, aligned
+@example(sizes=(96, 0, 32, 0), dims=(0, 32, 64), hp=True, spread="normal", seed=1)  # uneven with empty experts
+@example(sizes=(0, 0, 64, 0), dims=(0, 32, 32), hp=False, spread="normal", seed=2)  # one expert takes all
+@example(sizes=(33, 0, 31, 7), dims=(0, 64, 32), hp=False, spread="spread", seed=3)  # unaligned, padded
+@example(sizes=(33, 0, 31, 7), dims=(0, 64, 32), hp=True, spread="normal", seed=4)
+def test_fast_grouped_mm_matches_torchao_emulated_bit_for_bit(device, sizes, dims, hp, spread, seed):
+    pad = any(s % 32 for s in sizes)  # what torchtitan does: pad exactly when a group is unaligned
+    _check_grouped(sizes, dims, hp, pad, spread, seed, device)
+
+
+@pytest.mark.parametrize("hp", (False, True))
+def test_fast_grouped_mm_unaligned_groups_without_padding_match_torchao(hp):
+    """Unpadded groups of 20 and 44 tokens (total 64): torchao's dW blocks then span both experts (L3);
+    the fast op reproduces that, bit for bit, rather than silently differing from the ops it replaces."""
+    _check_grouped((20, 44), (0, 32, 64), hp, False, "spread", 5, "cpu")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kind", ("expanded", "transposed"))
+def test_fast_ops_take_non_contiguous_upstream_gradients(kind, device):
+    """torchao's grouped GEMM asserts on these (FINDINGS L1); the fast ops give the contiguous case's bits."""
+    g = torch.Generator().manual_seed(6)
+    x, w = _rand((64, 32), g, "spread", device), _rand((2, 64, 32), g, "spread", device)
+    offs = torch.tensor([32, 64], device=device, dtype=torch.int32)
+    base = _rand((64, 64), g, "normal", device)
+    grad = base[:1].expand(64, 64) if kind == "expanded" else base.t()
+    assert not grad.is_contiguous()
+    for op in (lambda a, b: ops.grouped_mm(a, b.transpose(-2, -1), offs, wgrad_with_hp=False, pad_groups=False),
+               lambda a, b: ops.linear(a, b[0], wgrad_with_hp=False)):
+        _assert_same(_fwd_bwd(op, x, w, grad.contiguous()), _fwd_bwd(op, x, w, grad), f"{kind} gradient")
+
+
+def _planted(cast):
+    """``ops._cast`` with one ulp added to every nonzero finite value: a cast that rounds one step off."""
+    def off_by_one_ulp(*args):
+        t = cast(*args)
+        bits = t.view(torch.int16) if t.dtype == torch.bfloat16 else t.view(torch.int32)
+        bits += ((bits != 0) & t.isfinite()).to(bits.dtype)
+        return t
+    return off_by_one_ulp
+
+
+@pytest.mark.parametrize("hp", (False, True))
+def test_fast_ops_checks_fail_on_a_planted_one_ulp_cast_error(monkeypatch, hp):
+    """Each comparison (output, dX, and dW where it is quantized) catches a cast one ulp off."""
+    _check_linear((64, 64, 64), hp, "spread", 7, "cpu")
+    _check_grouped((32, 0, 64), (0, 64, 64), hp, False, "spread", 8, "cpu")
+    monkeypatch.setattr(ops, "_cast", _planted(ops._cast))
+    caught = ("output", "dX") + (() if hp else ("dW",))
+    for check in (lambda: _check_linear((64, 64, 64), hp, "spread", 7, "cpu"),
+                  lambda: _check_grouped((32, 0, 64), (0, 64, 64), hp, False, "spread", 8, "cpu")):
+        with pytest.raises(AssertionError) as failure:
+            check()
+        named = {line.split(": ")[1] for line in str(failure.value).splitlines()}
+        assert named == set(caught), str(failure.value)
+
+
+def test_fast_ops_reject_bad_input_with_a_library_error():
+    x = torch.zeros(64, 48, dtype=torch.bfloat16)
+    with pytest.raises(BadInput, match=r"dim 1 has size 48"):
+        ops.linear(x, torch.zeros(32, 48, dtype=torch.bfloat16), wgrad_with_hp=False)
+    with pytest.raises(BadInput, match="weight"):
+        ops.linear(torch.zeros(64, 32), torch.zeros(32, 64), wgrad_with_hp=False)
+    with pytest.raises(BadInput, match="scale_mode"):
+        ops.linear(torch.zeros(64, 32), torch.zeros(32, 32), wgrad_with_hp=False, scale_mode="nearest")
+    with pytest.raises(BadInput, match="w_t"):
+        ops.grouped_mm(torch.zeros(64, 32), torch.zeros(2, 64, 32), torch.tensor([32, 64]), wgrad_with_hp=False,
+                       pad_groups=False)
+
+
+def test_fast_bench_quick_run_prints_every_figure_and_keeps_an_existing_json(tmp_path, capsys):
+    from numerics.layer.fast import bench
+
+    out = tmp_path / "bench.json"
+    argv = ["--device", "cpu", "--quick", "--iters", "1", "--warmup", "0", "--no-compile", "--sweep",
+            "--json", str(out)]
+    assert bench.main(argv) == 0
+    result = json.loads(out.read_text())
+    assert {c["dim"] for c in result["casts"]} == {-1, -2} and [o["op"] for o in result["ops"]] == ["linear",
+                                                                                                     "grouped_mm"]
+    assert all(c["fast_ms"] > 0 and c["floor_ms"] > 0 for c in result["casts"])
+    assert "fast/bf16" in capsys.readouterr().out
+    assert bench.main(argv) == 2  # the file exists: not overwritten without --force
+    assert "exists" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv", (["--device", "cpu"], ["--iters", "0"], ["--device", "tpu", "--quick"]))
+def test_fast_bench_bad_input_is_one_line_and_exit_2(argv, capsys):
+    from numerics.layer.fast import bench
+
+    assert bench.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+
+
+@pytest.mark.parametrize(("device", "backend"), [("cpu", "aot_eager"), pytest.param("cuda", "inductor",
+                                                                                      marks=pytest.mark.gpu)])
+def test_fast_ops_under_torch_compile_give_the_eager_bits(device, backend):
+    """The cast is one opaque op (mxval::fast_mx_dequantize) to torch.compile: the compiled model traces
+    through the autograd functions and returns the eager bits. CPU checks the tracing (aot_eager, no C++
+    build); the GPU tier runs inductor."""
+    torch._dynamo.reset()
+    g = torch.Generator().manual_seed(9)
+    x, w = _rand((64, 64), g, "spread", device), _rand((2, 96, 64), g, "spread", device)
+    grad = _rand((64, 96), g, "normal", device)
+    offs = torch.tensor([32, 64], device=device, dtype=torch.int32)
+
+    def model(a, b):
+        h = ops.linear(a, b[0], wgrad_with_hp=False)
+        return torch.relu(h) * 2 + ops.grouped_mm(a, b.transpose(-2, -1), offs, wgrad_with_hp=False,
+                                                  pad_groups=False)
+
+    _assert_same(_fwd_bwd(model, x, w, grad), _fwd_bwd(torch.compile(model, backend=backend, fullgraph=True),
+                                                      x, w, grad), f"torch.compile({backend})")

@@ -1,0 +1,315 @@
+"""The fast MX cast kernel (numerics.layer.fast) bit for bit against its two references.
+
+flavour ``torchao``: torchao 0.18.0's ``to_mx`` then ``MXTensor.dequantize`` on the same device, run on
+the block-major contiguous copy torchao's GEMMs quantize (``x.t().contiguous()`` for blocks along dim -2),
+findings F1-F3 included. flavour ``spec``: the oracle ``numerics.tensor.mx``. Compared: the dequantized
+values (every NaN alike: the spec fixes no payload), the scale bytes, and the element bytes outside
+NaN-scale blocks (whose elements the spec leaves open; torchao writes 0x00 there).
+
+On CPU the kernel runs in Triton's interpreter (exact NumPy arithmetic), on CUDA compiled; the tests
+marked ``gpu`` hold the compiled kernel to torchao on the GPU. Each comparison has a control below
+showing that it fails when the subject is one ulp off.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import example, given
+from hypothesis import strategies as st
+
+from numerics.assertions import assert_bits_equal
+from numerics.errors import BadInput
+from numerics.tensor import cases, families, findings, mx
+from numerics.tensor import strategies as S
+from numerics.tensor.subjects.torchao import TORCH_ELEM
+
+triton = pytest.importorskip("triton", reason="the fast kernels run on CPU in Triton's interpreter: "
+                                              "pip install '.[fast]'")
+fast = pytest.importorskip("numerics.layer.fast")
+
+ELEMS = ("e4m3", "e5m2")
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
+
+
+def _torchao(x: torch.Tensor, elem: str, mode: str, dim: int, out_dtype: torch.dtype):
+    from torchao.prototype.mx_formats.config import ScaleCalculationMode
+    from torchao.prototype.mx_formats.mx_tensor import MXTensor, to_mx
+
+    src = x.transpose(-2, -1).contiguous() if dim == -2 else x.contiguous()
+    scale, data = to_mx(src, TORCH_ELEM[elem], 32, ScaleCalculationMode(mode))
+    out = MXTensor.to_mx(src, TORCH_ELEM[elem], 32, scaling_mode=ScaleCalculationMode(mode)).dequantize(out_dtype)
+    scale, data = scale.view(torch.uint8), data.view(torch.uint8)
+    if dim == -2:
+        return out.transpose(-2, -1), scale.transpose(-2, -1), data.transpose(-2, -1)
+    return out, scale, data
+
+
+def _oracle(x: torch.Tensor, elem: str, mode: str, dim: int, out_dtype: torch.dtype):
+    src = (x.transpose(-2, -1) if dim == -2 else x).float().cpu().contiguous().numpy()
+    scale, codes = mx.quantize(src, elem, mode)
+    out = torch.from_numpy(mx.dequantize(scale, codes, elem)).to(out_dtype)
+    scale, codes = torch.from_numpy(scale), torch.from_numpy(codes)
+    if dim == -2:
+        return out.transpose(-2, -1), scale.transpose(-2, -1), codes.transpose(-2, -1)
+    return out, scale, codes
+
+
+REFERENCES = {"torchao": _torchao, "spec": _oracle}
+
+
+def _assert_same_cast(expected, got, dim: int, *, what: str) -> None:
+    (e_out, e_scale, e_codes), (g_out, g_scale, g_codes) = expected, got
+    assert g_out.shape == e_out.shape and g_out.dtype == e_out.dtype, (g_out.shape, g_out.dtype)
+    assert_bits_equal(e_out, g_out, what=f"{what}: dequantized values", canonical_nan=True)
+    assert_bits_equal(e_scale, g_scale, what=f"{what}: scale bytes")
+    nan_block = (e_scale.cpu() == 0xFF).repeat_interleave(32, dim=-2 if dim == -2 else -1)
+    assert_bits_equal(e_codes.cpu()[~nan_block], g_codes.cpu()[~nan_block], what=f"{what}: element bytes")
+
+
+def _check(x: torch.Tensor, elem, mode, dim, flavour, out_dtype, *, cast=None) -> None:
+    """The property: the fast cast equals its flavour's reference on ``x``'s device."""
+    cast = cast or fast.mx_dequantize
+    got = cast(x, elem=elem, mode=mode, dim=dim, flavour=flavour, out_dtype=out_dtype, return_bytes=True)
+    expected = REFERENCES[flavour](x, elem, mode, dim, out_dtype)
+    _assert_same_cast(expected, got, dim, what=f"fast {flavour} {elem}/{mode} dim {dim} {x.dtype}->{out_dtype}")
+
+
+@st.composite
+def cast_cases(draw):
+    """(values, elem, mode, dim, input dtype, output dtype, memory layout): tensors of 1-3 dims whose
+    blocks along ``dim`` come from the tensor level's block families (F1-F3 blocks included)."""
+    dim = draw(st.sampled_from((-1, -2)))
+    lead = draw(st.lists(st.integers(1, 3), min_size=1 if dim == -2 else 0, max_size=2))  # 1 to 3 dims
+    block_major = draw(S.mx_tensors(shape=(*lead, 32 * draw(st.integers(1, 3)))))
+    return (block_major, draw(st.sampled_from(ELEMS)), draw(st.sampled_from(mx.MODES)), dim,
+            draw(st.sampled_from(tuple(DTYPES))), draw(st.sampled_from(tuple(DTYPES))),
+            draw(st.sampled_from(("contiguous", "transposed"))))
+
+
+def _tensor(case, device) -> torch.Tensor:
+    """The case's input: block axis last in ``block_major``, moved to ``dim``; either memory layout."""
+    block_major, _, _, dim, dtype, _, layout = case
+    t = torch.from_numpy(block_major).to(device=device, dtype=DTYPES[dtype])
+    x = t.transpose(-2, -1) if dim == -2 else t
+    if layout == "transposed" and x.ndim >= 2:
+        x = x.transpose(-2, -1).contiguous().transpose(-2, -1)
+    elif layout == "contiguous":
+        x = x.contiguous()
+    return x
+
+
+def _block(values: dict[int, float]) -> np.ndarray:
+    x = np.zeros((1, 32), dtype=np.float32)
+    for i, v in values.items():
+        x[0, i] = v
+    return x
+
+
+_ABOVE_448 = float(np.nextafter(np.float32(448.0), np.float32(np.inf)))
+# FINDINGS' minimal inputs: torchao's deviations the torchao flavour must reproduce and the spec flavour must not
+PINNED = (
+    (_block({0: 2.0**-119}), "e4m3", "floor", -1, "float32", "float32", "contiguous"),  # F1: halved
+    (_block({0: 2.0**-119}), "e4m3", "rceil", -1, "float32", "bfloat16", "contiguous"),  # F1: flushed
+    (_block({0: _ABOVE_448}), "e5m2", "rceil", -1, "float32", "bfloat16", "contiguous"),  # F2
+    (_block({0: np.inf, 1: 1.0}), "e4m3", "floor", -1, "float32", "bfloat16", "contiguous"),  # F3
+    (_block({0: np.inf, 1: -3.0}), "e5m2", "rceil", -2, "bfloat16", "float32", "transposed"),  # Inf under RCEIL
+)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("flavour", fast.FLAVOURS)
+@given(case=cast_cases())
+@example(case=PINNED[0])
+@example(case=PINNED[1])
+@example(case=PINNED[2])
+@example(case=PINNED[3])
+@example(case=PINNED[4])
+def test_fast_cast_matches_its_reference_bit_for_bit(device, flavour, case):
+    _, elem, mode, dim, _, out_dtype, _ = case
+    _check(_tensor(case, device), elem, mode, dim, flavour, DTYPES[out_dtype])
+
+
+def _families_tensor() -> np.ndarray:
+    """Rows of every input family, plus the findings' blocks, NaN, Inf and signed-zero blocks: [24, 128]."""
+    rows = [families.generate(f, (4, 128), seed=1) for f in families.FAMILIES]
+    special = np.zeros((8, 128), dtype=np.float32)
+    special[0, 0], special[1, 32] = 2.0**-119, 2.0**-112  # F1 (E4M3, E5M2)
+    special[2, 64], special[3, 96] = _ABOVE_448, np.nextafter(np.float32(57344.0), np.float32(np.inf))  # F2
+    special[4, 0], special[4, 5] = np.inf, 2.5  # F3 / Inf
+    special[5, 40], special[5, 41] = np.nan, -1.0
+    special[6, :32] = -0.0
+    special[7] = np.ldexp(np.float32(1.5), np.arange(-150, 106, 2)[:128]).astype(np.float32)  # every decade
+    return np.concatenate(rows + [special]).astype(np.float32)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dim", (-1, -2))
+@pytest.mark.parametrize("mode", mx.MODES)
+@pytest.mark.parametrize("elem", ELEMS)
+def test_fast_cast_every_setting_on_every_family(elem, mode, dim, device):
+    """Both flavours, both input dtypes, both output dtypes, on one tensor holding every family."""
+    t = torch.from_numpy(_families_tensor()).to(device)
+    for dtype, out_dtype, flavour in ((torch.float32, torch.bfloat16, "torchao"), (torch.bfloat16, torch.float32,
+                                      "torchao"), (torch.float32, torch.float32, "spec"),
+                                      (torch.bfloat16, torch.bfloat16, "spec")):
+        x = t.to(dtype).t() if dim == -2 else t.to(dtype)
+        _check(x, elem, mode, dim, flavour, out_dtype)
+
+
+@pytest.mark.parametrize("case", cases.CASES, ids=lambda c: c.name)
+def test_fast_cast_spec_flavour_gives_the_named_cases_bytes(case):
+    _, scale, codes = fast.mx_dequantize(torch.from_numpy(case.block()), elem=case.elem, mode=case.mode,
+                                         flavour="spec", return_bytes=True)
+    assert scale.item() == case.scale, f"{case.name}: scale 0x{scale.item():02x}, expected 0x{case.scale:02x}"
+    np.testing.assert_array_equal(codes.numpy(), case.expected_elements(), err_msg=case.name)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dim", (-1, -2))
+def test_fast_cast_3d_expert_weights(dim, device):
+    g = torch.Generator().manual_seed(3)
+    w = (torch.randn(3, 64, 96, generator=g) * torch.exp2(torch.randint(-20, 20, (3, 64, 1), generator=g)))
+    w = w.to(device=device, dtype=torch.bfloat16)
+    for flavour in fast.FLAVOURS:
+        _check(w, "e4m3", "rceil", dim, flavour, torch.bfloat16)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_fast_cast_takes_any_strides(device):
+    """Expanded (stride 0), offset and sliced, transposed, 4D with leading dims that do not merge into a
+    view: the same bits as the contiguous copy."""
+    g = torch.Generator().manual_seed(4)
+    base = torch.randn(96, 160, generator=g).to(device=device, dtype=torch.bfloat16)
+    views = {"sliced": base[::2, 32:128], "transposed": base.t(), "expanded": base[:1].expand(64, 160),
+             "batched_transposed": base.reshape(2, 48, 160).transpose(0, 1)[:, :, :64],
+             "4d_permuted": base[:, :128].reshape(2, 3, 16, 128).permute(1, 0, 3, 2)}
+    for name, v in views.items():
+        for dim in (-1, -2):
+            if v.shape[dim] % 32:
+                continue
+            got = fast.mx_dequantize(v, dim=dim)
+            want = fast.mx_dequantize(v.contiguous(), dim=dim)
+            assert_bits_equal(want, got, what=f"{name} view, dim {dim}")
+
+
+def test_fast_cast_result_is_block_major_in_memory():
+    """What torchao's GEMMs see (and what makes cuBLAS pick the same kernel): contiguous along the blocks."""
+    x = torch.randn(64, 96, dtype=torch.bfloat16)
+    assert fast.mx_dequantize(x, dim=-1).is_contiguous()
+    rows = fast.mx_dequantize(x, dim=-2)
+    assert rows.shape == x.shape and rows.t().is_contiguous()
+    w = torch.randn(2, 64, 96, dtype=torch.bfloat16)
+    assert fast.mx_dequantize(w, dim=-2).transpose(-2, -1).is_contiguous()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_fast_cast_torchao_rceil_thresholds_stay_inside_the_F2_window(device):
+    """torchao's RCEIL rounding as measured on the device: exact, or up to F2's width above 1.75 * 2^k."""
+    from numerics.layer.fast import calibrate
+
+    for elem in ELEMS:
+        over = calibrate.rceil_thresholds(device, elem).cpu().numpy().astype(np.int64) - calibrate.M_MAX
+        assert over.min() >= 0 and over.max() <= findings.F2_WINDOW_ULPS, (elem, over.min(), over.max())
+
+
+@pytest.mark.gpu
+def test_fast_cast_torchao_rceil_rounds_alike_on_cpu_and_cuda():
+    """torchao's RCEIL scale bytes for every amax near 1.75 * 2^k, CPU against CUDA (F2's window may depend
+    on the device's division and log2); the fast kernel follows each device either way."""
+    from numerics.layer.fast import calibrate
+
+    for elem in ELEMS:
+        cpu = calibrate.rceil_thresholds("cpu", elem).numpy()
+        cuda = calibrate.rceil_thresholds("cuda", elem).cpu().numpy()
+        differ = np.nonzero(cpu != cuda)[0]
+        assert differ.size == 0, (f"{elem}: torchao's RCEIL rounds differently at {differ.size} amax exponents, "
+                                  f"e.g. field {differ[0]}: threshold {cpu[differ[0]] - calibrate.M_MAX} ulps above "
+                                  f"1.75 on CPU, {cuda[differ[0]] - calibrate.M_MAX} on CUDA")
+
+
+@pytest.mark.parametrize(("variant", "tile_moves"), [
+    ({"along_rows": False}, 0),  # training: BF16 in and out, blocks along the last dim
+    ({"along_rows": True, "tile": (64, 64, 4)}, 1),  # along dim -2: the one move is the transposed store
+    ({"along_rows": False, "in_bf16": False, "out_bf16": False, "write_bytes": True}, None),
+    ({"along_rows": True, "index64": True, "write_bytes": True, "tile": (64, 64, 4)}, None),
+], ids=("dim-1", "dim-2", "fp32-bytes", "dim-2-index64-bytes"))
+def test_fast_kernel_compiles_for_hopper_without_a_gpu(variant, tile_moves):
+    """Triton compiles (ptxas included) what the interpreter runs: CI catches a kernel that would not build
+    on the GPU. The tile is read once and moved between register layouts only where it must be."""
+    from numerics.layer.fast.kernel import compile_ahead
+
+    kernel = compile_ahead(**variant)
+    assert kernel.asm["cubin"], "no cubin"
+    if tile_moves is not None:
+        br, bc, _ = variant.get("tile", (32, 128, 4))
+        shape = f"tensor<{br // 32}x32x{bc}x" if variant["along_rows"] else f"tensor<{br}x{bc // 32}x32x"
+        moves = [line for line in kernel.asm["ttgir"].splitlines() if "ttg.convert_layout" in line and shape in line]
+        assert len(moves) == tile_moves, "\n".join(moves)
+
+
+# ----- controls: each comparison above fails when the subject is one ulp off -----
+
+def _one_ulp_off(part: int):
+    """The fast cast with its first nonzero finite output (part 0), scale byte (1) or element byte (2) one ulp up."""
+    def cast(*args, **kwargs):
+        outs = fast.mx_dequantize(*args, **kwargs)
+        t = outs[part]
+        bits = t.view({2: torch.int16, 4: torch.int32, 1: torch.uint8}[t.element_size()])  # shares t's memory
+        pick = (bits != 0) & (t.float().isfinite() if part == 0 else True)
+        bits[tuple(torch.nonzero(pick)[0])] += 1
+        return outs
+    return cast
+
+
+@pytest.mark.parametrize("part", (0, 1, 2), ids=("values", "scales", "elements"))
+@pytest.mark.parametrize("flavour", fast.FLAVOURS)
+def test_fast_cast_check_fails_on_a_planted_one_ulp_change(flavour, part):
+    t = torch.from_numpy(_families_tensor())
+    for dim, x in ((-1, t), (-2, t.t())):
+        _check(x, "e4m3", "rceil", dim, flavour, torch.bfloat16)  # the unplanted subject passes
+        with pytest.raises(AssertionError, match="differ bitwise"):
+            _check(x, "e4m3", "rceil", dim, flavour, torch.bfloat16, cast=_one_ulp_off(part))
+
+
+# ----- bad input and availability -----
+
+@pytest.mark.parametrize(("shape", "dim", "bad_dim"), [((64, 48), -1, 1), ((48, 64), -2, 0), ((2, 40, 64), -2, 1)])
+def test_fast_cast_rejects_a_dim_not_a_multiple_of_32_naming_shape_and_dim(shape, dim, bad_dim):
+    with pytest.raises(BadInput, match=re.escape(f"shape {shape}: dim {bad_dim} has size {shape[bad_dim]}")):
+        fast.mx_dequantize(torch.zeros(shape, dtype=torch.bfloat16), dim=dim)
+
+
+@pytest.mark.parametrize(("kwargs", "match"), [
+    ({"elem": "e3m4"}, "elem"), ({"mode": "round"}, "mode"), ({"flavour": "fast"}, "flavour"),
+    ({"out_dtype": torch.float16}, "out_dtype"), ({"dim": 0}, "dim=0"),
+])
+def test_fast_cast_rejects_bad_settings_with_a_library_error(kwargs, match):
+    with pytest.raises(BadInput, match=match):
+        fast.mx_dequantize(torch.zeros(2, 64, 64), **kwargs)
+    with pytest.raises(BadInput, match="bfloat16 or float32"):
+        fast.mx_dequantize(torch.zeros(64, dtype=torch.float16))
+
+
+def test_fast_cast_empty_tensor_gives_empty_results():
+    out, scale, codes = fast.mx_dequantize(torch.zeros(0, 64), return_bytes=True)
+    assert out.shape == (0, 64) and scale.shape == (0, 2) and codes.shape == (0, 64)
+
+
+def test_fast_available_says_what_works_where_it_cannot_run(monkeypatch):
+    assert fast.available("cpu") is None
+    reason = fast.available("meta")
+    assert reason and "emulated" in reason and "\n" not in reason
+    from numerics.layer.fast import cast
+
+    monkeypatch.setitem(__import__("sys").modules, "triton", None)  # as if Triton were not installed
+    cast._available.cache_clear()  # the answer is cached per device, for the per-call cost
+    monkeypatch.setattr(cast, "_available", cast._available.__wrapped__)
+    reason = fast.available("cpu")
+    assert reason and "Triton" in reason and "pip install" in reason and "emulated" in reason
+    with pytest.raises(fast.FastUnavailable, match="emulated"):
+        fast.mx_dequantize(torch.zeros(32, 32))

@@ -1,0 +1,43 @@
+"""numerics.files: a file is replaced whole or not at all, and nothing is overwritten unasked."""
+
+from __future__ import annotations
+
+import os
+import stat
+
+import pytest
+
+from numerics.errors import BadInput
+from numerics.files import atomic_path, atomic_write, check_writable
+
+
+def test_atomic_write_replaces_whole_and_leaves_no_temporary(tmp_path):
+    p = tmp_path / "out.json"
+    atomic_write(p, "one\n")
+    atomic_write(p, b"two\n", force=True)
+    assert p.read_text() == "two\n" and sorted(os.listdir(tmp_path)) == ["out.json"]
+    assert stat.S_IMODE(p.stat().st_mode) == 0o644  # not mkstemp's 0o600
+
+
+def test_an_interrupted_write_keeps_the_old_file(tmp_path):
+    p = tmp_path / "out.png"
+    p.write_bytes(b"old")
+    with pytest.raises(KeyboardInterrupt):
+        with atomic_path(p, force=True) as tmp:
+            tmp.write_bytes(b"half a fi")
+            raise KeyboardInterrupt
+    assert p.read_bytes() == b"old" and sorted(os.listdir(tmp_path)) == ["out.png"]
+
+
+@pytest.mark.parametrize("where, match", [
+    ("exists", "exists; pass --force"), ("dir", "is a directory"), ("under_file", "is not a directory"),
+    ("no_parent", "does not exist"),
+])
+def test_refusals_are_bad_input_and_change_nothing(tmp_path, where, match):
+    (tmp_path / "f").write_text("keep")
+    target = {"exists": tmp_path / "f", "dir": tmp_path, "under_file": tmp_path / "f" / "x",
+              "no_parent": tmp_path / "a" / "x"}[where]
+    for call in (lambda: check_writable(target), lambda: atomic_write(target, "new")):
+        with pytest.raises(BadInput, match=match):
+            call()
+    assert (tmp_path / "f").read_text() == "keep" and sorted(os.listdir(tmp_path)) == ["f"]

@@ -12,7 +12,7 @@ and E4M3/E5M2 element bytes, OCP bit layouts, as ``numerics.tensor.mx.quantize``
 
 ``check(root)``: the oracle re-derives every byte exactly; torchao's cast matches every block except
 those a known finding claims (``numerics.tensor.findings``), which are counted and listed; element
-bytes of NaN-scale blocks are not compared for torchao (as in tests/numerics/tensor/test_torchao_cast.py).
+bytes of NaN-scale blocks are not compared for torchao (as in tests/numerics/tensor/test_subjects.py).
 The checksum against the sidecar is ``golden.integrity``'s, checked before. ``regenerate(root)``
 rewrites both files (atomically) and says how many bytes changed per (element, mode).
 """
@@ -84,7 +84,8 @@ def _expected(data: dict, key: str) -> tuple[np.ndarray, np.ndarray]:
 
 def check_dir(directory: Path) -> tuple[list[str], dict[str, list[str]]]:
     """Problems, and the torchao blocks each known finding claims (``"<elem>/<mode> <source>"``)."""
-    from numerics.tensor import findings, mx, torchao_cast
+    from numerics.tensor import findings, mx
+    from numerics.tensor.subjects import torchao
 
     path = directory / FILE
     if not path.is_file():
@@ -100,9 +101,9 @@ def check_dir(directory: Path) -> tuple[list[str], dict[str, list[str]]]:
         for i in np.flatnonzero((got_s[:, 0] != want_s[:, 0]) | (got_e != want_e).any(axis=1)):
             problems.append(f"{key} {sources[i]}: the oracle gives scale 0x{got_s[i, 0]:02x} elements "
                             f"{_hex(got_e[i])}, the file 0x{want_s[i, 0]:02x} {_hex(want_e[i])}")
-        ts, te = torchao_cast.quantize(x, elem, mode)
+        ts, te = torchao.quantize(x, elem, mode)
         bad = (ts[:, 0] != want_s[:, 0]) | ((te != want_e).any(axis=1) & (want_s[:, 0] != 0xFF))
-        known = findings.known_blocks(x, elem, mode, want_s)
+        known = findings.known_blocks(x, elem, mode, want_s, subject="torchao")
         for i in np.flatnonzero(bad):
             fid = next((f for f, m in known.items() if m[i, 0]), None)
             if fid:

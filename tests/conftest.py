@@ -3,7 +3,11 @@
 Markers (registered in pyproject.toml) become skips with a reason that says how to enable the test:
 ``gpu`` needs CUDA, ``multigpu`` needs two or more GPUs, ``sm100`` needs MXFP8 tensor cores (B200/GB200),
 ``torchao_quantize_api`` needs a torch on which torchao accepts ``quantize_(MXFP8TrainingOpConfig)``
-(torchao 0.18.0 refuses torch 2.11; FINDINGS.md C1).
+(torchao 0.18.0 refuses torch 2.11; FINDINGS.md C1). A test parametrized with a tensor-level subject
+(``numerics.tensor.subjects.Subject`` as the parameter ``subject``) is skipped when that subject's library
+is not importable, with its install hint. Where the installed torchao lacks the MXFP8 training API the
+layer and training levels build on (torchao < 0.18, the version matrix in tox.ini), their tests, and any
+test module whose import fails for that reason, are skipped with it.
 
 Hypothesis profiles, chosen with ``--hypothesis-profile NAME``:
 ``ci`` (default) derandomized and database-free so a CI failure reproduces exactly;
@@ -85,6 +89,58 @@ def torch_without_mxfp8_dtensor_apis(monkeypatch):
     monkeypatch.delattr(_dispatch, "is_pinned_handler", raising=False)
 
 
+# what numerics.layer and convergence.train import from torchao at module level (MXFP8TrainingOpConfig, the
+# functional ops, KernelPreference): torchao 0.15 and 0.16 have no moe_training.config, 0.17 no mxfp8_linear
+TORCHAO_TRAINING_API = ("torchao.quantization.quantize_.common", "torchao.prototype.moe_training.config",
+                        "torchao.prototype.moe_training.mxfp8_linear")
+
+
+@functools.cache
+def torchao_training_api_missing() -> str | None:
+    """Why this torchao cannot serve the layer and training levels, or None."""
+    import importlib
+
+    try:
+        import torchao
+    except ImportError as exc:
+        return f"torchao is not importable ({exc})"
+    for name in TORCHAO_TRAINING_API:
+        try:
+            importlib.import_module(name)
+        except ImportError as exc:
+            return (f"torchao {torchao.__version__} has no usable {name} ({exc}); the layer and training levels "
+                    "need torchao >= 0.18")
+    return None
+
+
+class _TorchaoGatedModule(pytest.Module):
+    """A test module whose import fails for want of torchao's MXFP8 training API is skipped with the reason."""
+
+    def collect(self):
+        try:
+            return super().collect()
+        except self.CollectError:
+            reason = torchao_training_api_missing()
+            if reason is None:
+                raise
+            pytest.skip(reason, allow_module_level=True)
+
+
+# the levels built on torchao's MXFP8 training API: skipped as a whole where it is missing
+TORCHAO_TRAINING_LEVELS = ("tests/numerics/layer/", "tests/convergence/train/")
+
+
+def _in_training_levels(item) -> bool:
+    path = item.path.as_posix()
+    return any(f"/{level}" in path for level in TORCHAO_TRAINING_LEVELS)
+
+
+def pytest_pycollect_makemodule(module_path, parent):
+    if module_path.name.startswith("test_") and torchao_training_api_missing() is not None:
+        return _TorchaoGatedModule.from_parent(parent, path=module_path)
+    return None
+
+
 def pytest_configure(config):
     """One intra-op thread per xdist worker: ``-n 2`` on 2 cores otherwise runs 4 spinning OpenMP
     threads (measured: the CPU tier took 3:00 wall / 83 s CPU, and 0:44 / 16 s with one thread)."""
@@ -96,12 +152,30 @@ def pytest_configure(config):
         torch.set_num_threads(1)
 
 
+@functools.cache
+def _subject_unavailable(name: str) -> str | None:
+    from numerics.tensor.subjects import get
+
+    reason = get(name).unavailable()
+    return None if reason is None else f"subject {name} unavailable: {reason}"
+
+
+def _subject_of(item) -> str | None:
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    subject = params.get("subject")
+    return getattr(subject, "name", None)
+
+
 def pytest_collection_modifyitems(config, items):
     hw = _hardware()
     for item in items:
         markers = {m.name for m in item.iter_markers()}
         reason = hardware_skip_reason(markers, hw)
+        if reason is None and ("torchao_quantize_api" in markers or _in_training_levels(item)):
+            reason = torchao_training_api_missing()
         if reason is None and "torchao_quantize_api" in markers:
             reason = _quantize_api_refusal()
+        if reason is None and _subject_of(item):
+            reason = _subject_unavailable(_subject_of(item))
         if reason:
             item.add_marker(pytest.mark.skip(reason=reason))

@@ -46,7 +46,7 @@ def run_tensor(plan: Plan, out: Path, progress: Progress) -> LevelResult:
     from numerics.tolerances import floor
 
     progress(f"torchao to_mx against numerics.tensor.mx ({plan.tensor_size} profile)")
-    doc = report.tensor_report(size=plan.tensor_size, seed=plan.seed, device=plan.device)
+    doc = report.tensor_report(size=plan.tensor_size, seed=plan.seed, device=plan.device, subjects=["torchao"])
     (out / "tensor").mkdir()
     (out / "tensor" / "report.json").write_text(json.dumps(doc, indent=1, default=str) + "\n")
     recs = doc["records"]

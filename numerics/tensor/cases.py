@@ -6,7 +6,8 @@ rest are 0x00, or the NaN code in a NaN block). The comment on each case derives
 rules in ``numerics.tensor.mx``:
 E4M3 codes are S.EEEE.MMM with bias 7 (1.0 = 0x38, 448 = 0x7E), E5M2 codes S.EEEEE.MM with bias
 15 (1.0 = 0x3C, 57344 = 0x7B), E8M0 stores 2^s as s + 127.
-``finding`` names the FINDINGS.md entry torchao 0.18 trips on this case, if any.
+``findings`` names the FINDINGS.md entries a subject trips on this case (each id belongs to one
+subject: ``numerics.tensor.findings.BY_ID``).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ class Case:
     values: tuple[tuple[int, float], ...]
     scale: int
     elements: tuple[int, ...]
-    finding: str | None = None
+    findings: tuple[str, ...] = ()
 
     def block(self) -> np.ndarray:
         x = np.zeros((1, 32), dtype=np.float32)
@@ -59,7 +60,7 @@ CASES: tuple[Case, ...] = (
     # 57344.004 / 2^8 = 224.00002 rounds to 224 = 1.75 * 2^7 -> 0x76. torchao 0.18 picks s = 7 and saturates (F2).
     Case("e4m3_rceil_above_max_at_2^15", "e4m3", "rceil",
          ((0, float(np.nextafter(np.float32(57344.0), np.float32(np.inf)))),),
-         0x87, (0x76,), finding="F2"),
+         0x87, (0x76,), findings=("F2",)),
     # CEIL at a power of two: ceil(log2 2) = 1, s = 1 - 8 = -7 (byte 120); 2 * 128 = 256 -> 0x78.
     Case("e4m3_ceil_power_of_two", "e4m3", "ceil", ((0, 2.0),), 0x78, (0x78,)),
     # CEIL just above a power of two: ceil(log2 1.125) = 1, s = -7; 1.125 * 128 = 144 = 1.125 * 2^7 -> 0x71.
@@ -81,11 +82,17 @@ CASES: tuple[Case, ...] = (
          ((0, 1.0), (1, 1.0625 * 2.0**-8), (2, 1.1875 * 2.0**-8)), 0x77, (0x78, 0x38, 0x3A)),
     # Tiny block: 2^-130 gives s = -130 - 8 = -138, clamped to -127 (byte 0x00); 2^-130 / 2^-127
     # = 2^-3 -> exponent field 4 -> 0x20. torchao 0.18 stores 2^-4 = 0x18 (F1).
-    Case("e4m3_floor_tiny_block", "e4m3", "floor", ((0, 2.0**-130),), 0x00, (0x20,), finding="F1"),
+    Case("e4m3_floor_tiny_block", "e4m3", "floor", ((0, 2.0**-130),), 0x00, (0x20,), findings=("F1",)),
     # The same block under RCEIL: s = -130 - 8 + 0 -> clamped -127, element 2^-3 -> 0x20; torchao flushes to 0 (F1).
-    Case("e4m3_rceil_tiny_block", "e4m3", "rceil", ((0, 2.0**-130),), 0x00, (0x20,), finding="F1"),
+    Case("e4m3_rceil_tiny_block", "e4m3", "rceil", ((0, 2.0**-130),), 0x00, (0x20,), findings=("F1",)),
     # All-zero block: every rule gives s -> -inf, clamped to -127 (byte 0x00); zeros keep their sign.
-    Case("e4m3_zero_block", "e4m3", "floor", ((0, 0.0), (1, -0.0)), 0x00, (0x00, 0x80)),
+    # microxcaling writes +0 for -0 (X2).
+    Case("e4m3_zero_block", "e4m3", "floor", ((0, 0.0), (1, -0.0)), 0x00, (0x00, 0x80), findings=("X2",)),
+    # One float32 ulp below 2^15: amax = 2^15 - 2^-9 = 1.11..1b * 2^14, so floor(log2) = 14 and
+    # s = 14 - 8 = 6 (byte 133 = 0x85); amax / 2^6 = 511.99997 > 448 -> saturates to 0x7E.
+    # microxcaling's float32 log2 rounds up to 15: s = 7 (0x86), element 256 = 0x78 (X1).
+    Case("e4m3_floor_just_below_power_of_two", "e4m3", "floor",
+         ((0, float(np.nextafter(np.float32(32768.0), np.float32(0)))),), 0x85, (0x7E,), findings=("X1",)),
     # NaN block: scale 0xFF, every element NaN (0x7F; the spec leaves the payload open).
     Case("e4m3_nan_block", "e4m3", "rceil", ((0, float("nan")), (1, 1.0)), 0xFF, (0x7F, 0x7F)),
     # E5M2: amax 1, FLOOR s = 0 - 15 = -15 (byte 112 = 0x70); 2^15 -> exponent field 30 -> 0x78.
@@ -95,7 +102,11 @@ CASES: tuple[Case, ...] = (
     # E5M2 RCEIL one ulp above 448 = 1.75 * 2^8: s = 8 - 15 + 1 = -6 (byte 121); 448.00003 * 64
     # = 28672.002 rounds to 28672 = 1.75 * 2^14 -> 0x77. torchao 0.18 picks s = -7 and saturates (F2).
     Case("e5m2_rceil_above_max", "e5m2", "rceil", ((0, float(np.nextafter(np.float32(448.0), np.float32(np.inf)))),),
-         0x79, (0x77,), finding="F2"),
+         0x79, (0x77,), findings=("F2",)),
+    # EVEN at the top of float32: amax = (2 - 2^-23) * 2^127 rounds (3 mantissa bits) up to 2^128, so
+    # s = 128 - 8 = 120 (byte 247 = 0xF7), a finite scale; amax / 2^120 = 255.99998 rounds to 256 = 2^8 -> 0x78.
+    # torchao 0.18.0 agrees; torchao main at 36027d8 gives the NaN scale 0xFF (F4, unreleased).
+    Case("e4m3_even_amax_rounds_to_2^128", "e4m3", "even", ((31, float(np.finfo(np.float32).max)),), 0xF7, (0x78,)),
     # E5M2 FLOOR saturation: amax 1.875 -> s = -15; 1.875 * 2^15 = 61440 > 57344 -> 0x7B.
     Case("e5m2_floor_saturates", "e5m2", "floor", ((0, 1.875),), 0x70, (0x7B,)),
 )

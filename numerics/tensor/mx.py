@@ -105,6 +105,13 @@ def _validate(x: np.ndarray, elem: str, mode: str, block: int) -> None:
         raise ValueError(f"x's last dim must be a multiple of block={block}, got shape {x.shape}")
 
 
+# Blocks per pass: 2048 blocks = 64K float32 values (256 KB), so the ~6 temporaries of one pass stay in a
+# core's L2 cache instead of streaming 16 MB arrays through memory ~15 times. Measured on the 2-core machine,
+# 2048x2048 float32 E4M3: encode_f32 0.132 s whole-array vs 0.041 s in 64K-value chunks (best of 5; 4K: 0.117,
+# 16K: 0.064, 256K: 0.047). The result does not depend on it: blocks are independent (tests/meta).
+CHUNK_BLOCKS = 2048
+
+
 def quantize(
     x: np.ndarray,
     elem: str,
@@ -119,18 +126,26 @@ def quantize(
     _check_choice("inf", inf, INF_POLICIES)
     _check_choice("rceil", rceil, RCEIL_READINGS)
     fmt = ELEMENTS[elem]
-    blocks = x.reshape(*x.shape[:-1], x.shape[-1] // block, block)
+    flat = np.ascontiguousarray(x).reshape(-1, block)
+    scale_bits = np.empty(flat.shape[0], dtype=np.uint8)
+    codes = np.empty(flat.shape, dtype=np.uint8)
+    for start in range(0, flat.shape[0], CHUNK_BLOCKS):
+        end = start + CHUNK_BLOCKS
+        scale_bits[start:end], codes[start:end] = _quantize_blocks(flat[start:end], fmt, mode, inf, rceil)
+    return scale_bits.reshape(*x.shape[:-1], x.shape[-1] // block), codes.reshape(x.shape)
+
+
+def _quantize_blocks(blocks: np.ndarray, fmt, mode: str, inf: str, rceil: str) -> tuple[np.ndarray, np.ndarray]:
+    """``quantize`` of float32 blocks shaped (n, block)."""
     # amax on the bit patterns: |x|'s bits order like |x| (NaN's above Inf's), so one integer max
     # per block gives amax and says whether the block holds a NaN or an Inf
-    mag_bits = blocks.view(np.uint32) & np.uint32(0x7FFFFFFF)
-    amax_bits = mag_bits.max(axis=-1)
-    del mag_bits
+    amax_bits = (blocks.view(np.uint32) & np.uint32(0x7FFFFFFF)).max(axis=-1)
     nan_block = amax_bits > 0x7F800000
     if inf == "nan":
         nan_block |= amax_bits == 0x7F800000
     amax = np.where(nan_block, 0, amax_bits).astype(np.uint32).view(np.float32).astype(np.float64)
 
-    s = scale_exponents(amax, elem, mode, rceil=rceil)
+    s = scale_exponents(amax, fmt.name, mode, rceil=rceil)
     s = np.where(amax == 0, E8M0_MIN_EXP, s)
     s = np.where(np.isinf(amax), E8M0_MAX_EXP, s)  # only reached with inf="saturate"
     s = np.clip(s, E8M0_MIN_EXP, E8M0_MAX_EXP)
@@ -140,13 +155,12 @@ def quantize(
     # round, but every such value rounds to zero in both element formats (their smallest
     # subnormals are 2^-9 and 2^-16), so the codes are those of the exact quotient.
     inv_scale = np.ldexp(1.0, -s).astype(np.float32)  # 2^-s for s in [-127, 127]: exact in float32
-    scaled = blocks * inv_scale[..., None]
-    codes = elements.encode_f32(scaled, fmt).reshape(blocks.shape)
+    codes = elements.encode_f32(blocks * inv_scale[:, None], fmt)
     if nan_block.any():
         sign = np.signbit(blocks[nan_block]).astype(np.uint8) << 7
         codes[nan_block] = np.uint8(fmt.nan_code) | sign
     scale_bits = np.where(nan_block, np.uint8(E8M0_NAN), elements.scale_byte(s))
-    return scale_bits.astype(np.uint8), codes.reshape(x.shape)
+    return scale_bits.astype(np.uint8), codes
 
 
 def dequantize(scale_bits: np.ndarray, elem_bits: np.ndarray, elem: str, block: int = 32, *,

@@ -1,15 +1,15 @@
-"""Tensor-level report: torchao's MXFP8 cast against BF16/FP32 input and against the exact oracle.
+"""Tensor-level report: each subject's MXFP8 cast against BF16/FP32 input and against the exact oracle.
 
-``tensor_report(size=, seed=, device=) -> {"header": {...}, "records": [...]}`` runs, for each
-element dtype (e4m3, e5m2), scale mode (floor, rceil, ceil, even) and input family
-(``numerics.tensor.families``), torchao's MX round trip (SQNR, max abs error against the input) and its
-cast's bytes against ``numerics.tensor.mx`` block by block. A block is bit-exact when its scale byte and
-its 32 element bytes equal the oracle's (element bytes of a NaN-scale block are not compared, as
-in tests/numerics/tensor/test_torchao_cast.py); the others are claimed by a known finding
+``tensor_report(size=, seed=, device=, subjects=) -> {"header": {...}, "records": [...]}`` runs, for each
+subject (``numerics.tensor.subjects``: every importable one by default), element dtype (e4m3, e5m2),
+scale mode the subject implements and input family (``numerics.tensor.families``), the subject's MX
+round trip (SQNR, max abs error against the input) and its cast's bytes against ``numerics.tensor.mx``
+block by block (``numerics.tensor.compare``): a block is bit-exact when its scale byte and its 32
+element bytes equal the oracle's; the others are claimed by a known finding of that subject
 (``numerics.tensor.findings``, FINDINGS.md) or counted as unexplained.
 
-``python -m numerics report [--size quick|full] [--seed S] [--device cpu|cuda] [--out DIR] [--force]``
-prints one table per (dtype, mode) and writes report.json and report.md under DIR (default
+``python -m numerics report [--size quick|full] [--seed S] [--device cpu|cuda] [--subject NAME]... [--out DIR]
+[--force]`` prints one table per subject and writes report.json and report.md under DIR (default
 results/tensor-<timestamp>/); exit 1 if any block is unexplained, 2 on bad input.
 """
 
@@ -28,7 +28,10 @@ import torch
 
 from numerics import environment, metrics
 from numerics.cli import ArgumentParser, CLIError, run_main
-from numerics.tensor import families, findings, mx, torchao_cast
+from numerics.errors import BadInput
+from numerics.tensor import families, mx
+from numerics.tensor import subjects as registry
+from numerics.tensor.compare import compare
 
 ELEMS = ("e4m3", "e5m2")
 OUTPUTS = ("report.json", "report.md")
@@ -41,47 +44,52 @@ def _torch_input(x: np.ndarray, family: str, device: str) -> torch.Tensor:
     return t.to(device)
 
 
-def agreement(x: np.ndarray, elem: str, mode: str, got_scale: np.ndarray, got_elems: np.ndarray) -> dict:
+def agreement(x: np.ndarray, elem: str, mode: str, got_scale: np.ndarray, got_elems: np.ndarray, *,
+              subject: str = "torchao") -> dict:
     """Blocks where (got_scale, got_elems) equal the oracle's bytes, and how the rest are explained."""
-    # torchao treats Inf as the largest magnitude; the oracle's matching reading (see test_torchao_cast)
-    scale, elems = mx.quantize(x, elem, mode, inf="saturate")
-    nblocks = scale.shape
-    same_elems = (elems.reshape(*nblocks, -1) == got_elems.reshape(*nblocks, -1)).all(axis=-1)
-    exact = (scale == got_scale) & (same_elems | (scale == 0xFF))
-    unexplained = ~exact
-    claimed = {}
-    for fid, mask in findings.known_blocks(x, elem, mode, scale).items():
-        claimed[fid] = int((mask & unexplained).sum())
-        unexplained &= ~mask
-    return {"blocks": int(scale.size), "blocks_bit_exact": int(exact.sum()),
-            "blocks_known_findings": claimed, "blocks_unexplained": int(unexplained.sum())}
+    return compare(x, registry.get(subject), elem, mode, got_scale, got_elems).counts()
 
 
-def tensor_report(*, size: str = "quick", seed: int = 0, device: str = "cpu") -> dict:
-    """One record per (elem, mode, family); see the module docstring."""
+def _subjects(names: Sequence[str] | None) -> list[registry.Subject]:
+    if names is None:
+        return registry.available()
+    chosen = [registry.get(n) for n in names]
+    for s in chosen:
+        if (why := s.unavailable()) is not None:
+            raise BadInput(f"subject {s.name} is not importable: {why}")
+    return chosen
+
+
+def tensor_report(*, size: str = "quick", seed: int = 0, device: str = "cpu",
+                  subjects: Sequence[str] | None = None) -> dict:
+    """One record per (subject, elem, mode, family); see the module docstring."""
     if size not in families.SHAPES:
         raise ValueError(f"size={size!r} is not known; choose one of {', '.join(families.SHAPES)}")
+    chosen = _subjects(subjects)
     shape = families.SHAPES[size]
     records = []
     for family in families.FAMILIES:
         x = families.generate(family, shape, seed)
         t = _torch_input(x, family, device)
-        for elem in ELEMS:
-            for mode in mx.MODES:
-                start = time.perf_counter()
-                out = torchao_cast.roundtrip(t, elem, mode)
-                ref = t.float()
-                got_scale, got_elems = torchao_cast.quantize(t, elem, mode)
-                rec = {"elem": elem, "mode": mode, "family": family,
-                       "input_dtype": families.INPUT_DTYPE[family], "shape": list(shape),
-                       "sqnr_db": metrics.sqnr_db(ref, out), "max_abs_err": metrics.max_abs_err(ref, out)}
-                rec |= agreement(x, elem, mode, got_scale, got_elems)
-                records.append(rec)
-                print(f"  {family:<9} {elem} {mode:<5} SQNR {rec['sqnr_db']:6.2f} dB, "
-                      f"{rec['blocks_unexplained']} unexplained block(s) "
-                      f"({time.perf_counter() - start:.1f} s)", file=sys.stderr, flush=True)
+        for subject in chosen:
+            for elem in ELEMS:
+                for mode in subject.modes:
+                    start = time.perf_counter()
+                    out = subject.roundtrip(t, elem, mode)
+                    ref = t.float()
+                    got_scale, got_elems = subject.quantize(t, elem, mode)
+                    rec = {"subject": subject.name, "elem": elem, "mode": mode, "family": family,
+                           "input_dtype": families.INPUT_DTYPE[family], "shape": list(shape),
+                           "sqnr_db": metrics.sqnr_db(ref, out), "max_abs_err": metrics.max_abs_err(ref, out)}
+                    rec |= compare(x, subject, elem, mode, got_scale, got_elems).counts()
+                    records.append(rec)
+                    print(f"  {subject.name:<12} {family:<9} {elem} {mode:<5} SQNR {rec['sqnr_db']:6.2f} dB, "
+                          f"{rec['blocks_unexplained']} unexplained block(s) "
+                          f"({time.perf_counter() - start:.1f} s)", file=sys.stderr, flush=True)
     header = environment.describe() | {"size": size, "seed": seed, "device": device, "block": 32,
-                                       "families": {f: families.INPUT_DTYPE[f] for f in families.FAMILIES}}
+                                       "families": {f: families.INPUT_DTYPE[f] for f in families.FAMILIES},
+                                       "subjects": {s.name: {"what": s.what, "version": s.version()}
+                                                    for s in chosen}}
     return {"header": header, "records": records}
 
 
@@ -90,30 +98,33 @@ def _fmt_known(known: dict) -> str:
 
 
 def format_tables(report: dict) -> str:
-    """One Markdown table per (elem, mode): SQNR and max error per family, then oracle agreement."""
+    """One Markdown table per subject: a row per (elem, mode, family) with SQNR, max error and oracle agreement."""
     out = []
-    for elem in ELEMS:
-        for mode in mx.MODES:
-            rows = [r for r in report["records"] if r["elem"] == elem and r["mode"] == mode]
-            if not rows:
-                continue
-            out += [f"### {elem} / {mode}", "",
-                    "| family | input | SQNR dB | max abs err | blocks | bit-exact | known findings | unexplained |",
-                    "|---|---|---:|---:|---:|---:|---|---:|"]
-            for r in rows:
-                out.append(f"| {r['family']} | {r['input_dtype']} | {r['sqnr_db']:.2f} | {r['max_abs_err']:.3g} "
-                           f"| {r['blocks']} | {r['blocks_bit_exact']} | {_fmt_known(r['blocks_known_findings'])} "
-                           f"| {r['blocks_unexplained']} |")
-            out.append("")
+    described = report["header"].get("subjects", {})
+    names = list(dict.fromkeys(r.get("subject", "torchao") for r in report["records"]))
+    for name in names:
+        info = described.get(name, {})
+        out += [f"### {name} {info.get('version', '')}".rstrip(), "", info.get("what", ""), "",
+                "| elem | mode | family | input | SQNR dB | max abs err | blocks | bit-exact | known findings "
+                "| unexplained |", "|---|---|---|---|---:|---:|---:|---:|---|---:|"]
+        for elem in ELEMS:
+            for mode in mx.MODES:
+                for r in report["records"]:
+                    if (r.get("subject", "torchao"), r["elem"], r["mode"]) != (name, elem, mode):
+                        continue
+                    out.append(f"| {elem} | {mode} | {r['family']} | {r['input_dtype']} | {r['sqnr_db']:.2f} "
+                               f"| {r['max_abs_err']:.3g} | {r['blocks']} | {r['blocks_bit_exact']} "
+                               f"| {_fmt_known(r['blocks_known_findings'])} | {r['blocks_unexplained']} |")
+        out.append("")
     return "\n".join(out)
 
 
 def to_markdown(report: dict) -> str:
     h = report["header"]
-    lines = ["# Tensor-level report: torchao MX cast vs BF16/FP32 input and vs the exact oracle", "",
+    lines = ["# Tensor-level report: MX casts vs BF16/FP32 input and vs the exact oracle", "",
              f"size {h['size']} (shape {families.SHAPES[h['size']]}), seed {h['seed']}, device {h['device']}; "
              f"torch {h.get('torch')}, torchao {h.get('torchao')}, commit {h.get('mxval_commit')}", "",
-             "SQNR and max abs error: torchao's MXTensor round trip against the input. Bit-exact: blocks whose "
+             "SQNR and max abs error: the subject's round trip against the input. Bit-exact: blocks whose "
              "scale and element bytes equal numerics.tensor.mx's; known findings: FINDINGS.md.", "",
              format_tables(report)]
     return "\n".join(lines)
@@ -143,6 +154,8 @@ def _main(argv: Sequence[str] | None) -> int:
     parser.add_argument("--size", choices=sorted(families.SHAPES), default="quick")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument("--subject", action="append", choices=list(registry.SUBJECTS),
+                        help="repeatable; default: every subject importable here")
     parser.add_argument("--out", type=Path, help="results folder (default results/tensor-<timestamp>/)")
     parser.add_argument("--force", action="store_true", help="overwrite report.json / report.md in --out")
     args = parser.parse_args(argv)
@@ -150,11 +163,12 @@ def _main(argv: Sequence[str] | None) -> int:
         raise CLIError(f"--seed must be >= 0, got {args.seed}")
     if args.device == "cuda" and not torch.cuda.is_available():
         raise CLIError("--device cuda: no CUDA device is available here")
+    chosen = _subjects(args.subject)  # an unimportable --subject fails before anything is written
     out = args.out or _default_out()
     _prepare_out(out, args.force)
     print(f"tensor report: size {args.size}, seed {args.seed}, device {args.device} -> {out}",
           file=sys.stderr, flush=True)
-    report = tensor_report(size=args.size, seed=args.seed, device=args.device)
+    report = tensor_report(size=args.size, seed=args.seed, device=args.device, subjects=[s.name for s in chosen])
     (out / "report.json").write_text(json.dumps(report, indent=1) + "\n")
     (out / "report.md").write_text(to_markdown(report) + "\n")
     print(format_tables(report))

@@ -47,7 +47,7 @@ def _thresholds(device: str, elem: str) -> torch.Tensor:
     from torchao.prototype.mx_formats.config import ScaleCalculationMode
     from torchao.prototype.mx_formats.mx_tensor import to_mx
 
-    from numerics.tensor.torchao_cast import TORCH_ELEM
+    from numerics.tensor.subjects.torchao import TORCH_ELEM
 
     emax = ELEMENTS[elem].emax
     e_fields = np.arange(255, dtype=np.int64)  # every finite amax exponent, subnormals included

@@ -25,7 +25,7 @@ from numerics.assertions import assert_bits_equal
 from numerics.errors import BadInput
 from numerics.tensor import cases, families, findings, mx
 from numerics.tensor import strategies as S
-from numerics.tensor.torchao_cast import TORCH_ELEM
+from numerics.tensor.subjects.torchao import TORCH_ELEM
 
 triton = pytest.importorskip("triton", reason="the fast kernels run on CPU in Triton's interpreter: "
                                               "pip install '.[fast]'")

@@ -2,24 +2,27 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
 import pytest
 
 from numerics.tensor import families, report
+from numerics.tensor import subjects as registry
 
-KEYS = {"elem", "mode", "family", "sqnr_db", "max_abs_err", "blocks", "blocks_bit_exact",
+KEYS = {"subject", "elem", "mode", "family", "sqnr_db", "max_abs_err", "blocks", "blocks_bit_exact",
         "blocks_known_findings", "blocks_unexplained"}
+MICROXCALING_MISSING = registry.get("microxcaling").unavailable()
 
 
 @pytest.fixture(scope="module")
 def tiny():
-    return report.tensor_report(size="tiny", seed=0)
+    return report.tensor_report(size="tiny", seed=0, subjects=["torchao"])
 
 
 def test_report_has_one_record_per_elem_mode_family(tiny):
-    assert {"size", "seed", "device", "torch", "torchao"} <= set(tiny["header"])
+    assert {"size", "seed", "device", "torch", "torchao", "subjects"} <= set(tiny["header"])
     assert tiny["header"]["size"] == "tiny"
     combos = {(r["elem"], r["mode"], r["family"]) for r in tiny["records"]}
     assert len(tiny["records"]) == len(combos) == 2 * 4 * len(families.FAMILIES)
@@ -61,16 +64,34 @@ def test_report_agreement_flags_a_changed_byte():
 
 def test_report_cli_writes_files_and_refuses_to_overwrite(tmp_path, capsys):
     out = tmp_path / "r"
-    assert report.main(["--size", "tiny", "--out", str(out)]) == 0
+    assert report.main(["--size", "tiny", "--subject", "torchao", "--out", str(out)]) == 0
     data = json.loads((out / "report.json").read_text())
     assert len(data["records"]) == 32 and "| family |" in (out / "report.md").read_text()
-    assert "e4m3 / floor" in capsys.readouterr().out
+    assert "### torchao" in capsys.readouterr().out
     (out / "report.md").write_text("mine")
-    assert report.main(["--size", "tiny", "--out", str(out)]) == 2
+    assert report.main(["--size", "tiny", "--subject", "torchao", "--out", str(out)]) == 2
     assert (out / "report.md").read_text() == "mine"
     assert "--force" in capsys.readouterr().err
-    assert report.main(["--size", "tiny", "--out", str(out), "--force"]) == 0
+    assert report.main(["--size", "tiny", "--subject", "torchao", "--out", str(out), "--force"]) == 0
     assert (out / "report.md").read_text() != "mine"
+
+
+@pytest.mark.skipif(MICROXCALING_MISSING is not None,
+                    reason=f"subject microxcaling unavailable: {MICROXCALING_MISSING}")
+def test_report_shows_one_table_per_subject(tmp_path, capsys):
+    assert report.main(["--size", "tiny", "--out", str(tmp_path / "r")]) == 0
+    printed = capsys.readouterr().out
+    assert printed.count("### ") == 2 and "### torchao" in printed and "### microxcaling" in printed
+    recs = json.loads((tmp_path / "r" / "report.json").read_text())["records"]
+    assert {r["subject"] for r in recs} == {"torchao", "microxcaling"}
+    assert all(r["mode"] == "floor" for r in recs if r["subject"] == "microxcaling")
+
+
+def test_report_cli_unimportable_subject_exits_2_before_writing(tmp_path, monkeypatch, capsys):
+    broken = dataclasses.replace(registry.get("torchao"), unavailable=lambda: "not here; pip install it")
+    monkeypatch.setitem(registry.SUBJECTS, "torchao", broken)
+    assert report.main(["--size", "tiny", "--subject", "torchao", "--out", str(tmp_path / "r")]) == 2
+    assert "pip install it" in capsys.readouterr().err and not (tmp_path / "r").exists()
 
 
 def _exit_code(argv) -> int:
@@ -96,16 +117,16 @@ def test_report_cli_unwritable_out_exits_2(tmp_path, capsys):
 
 
 def test_report_cli_exits_1_on_an_unexplained_block(tmp_path, monkeypatch):
-    real = report.torchao_cast.quantize
+    real = registry.get("torchao")
 
     def corrupt(x, elem, mode, block=32, **kw):
-        s, e = real(x, elem, mode, block, **kw)
+        s, e = real.quantize(x, elem, mode, block, **kw)
         s = s.copy()
         s.flat[1] ^= 1  # one scale byte off: not a known finding
         return s, e
 
-    monkeypatch.setattr(report.torchao_cast, "quantize", corrupt)
-    assert report.main(["--size", "tiny", "--out", str(tmp_path / "r")]) == 1
+    monkeypatch.setitem(registry.SUBJECTS, "torchao", dataclasses.replace(real, quantize=corrupt))
+    assert report.main(["--size", "tiny", "--subject", "torchao", "--out", str(tmp_path / "r")]) == 1
     data = json.loads((tmp_path / "r" / "report.json").read_text())
     assert all(r["blocks_unexplained"] == 1 for r in data["records"])
 

@@ -1,15 +1,16 @@
-"""The tensor-level subject: torchao 0.18's MX cast, adapted to the oracle's byte interface.
+"""torchao's MX cast (``torchao.prototype.mx_formats.mx_tensor.to_mx``, eager) as a tensor-level subject.
 
-``quantize(x, elem, mode, block=32)`` runs ``torchao.prototype.mx_formats.mx_tensor.to_mx`` on a
-float32 (or bfloat16) tensor and returns (scale bytes, element bytes) as uint8 NumPy arrays, the
-same layout ``numerics.tensor.mx.quantize`` returns. ``roundtrip`` goes through ``MXTensor`` and its
-``dequantize``, which is what a model sees. torchao is imported lazily.
+``quantize`` runs ``to_mx`` on a float32 (or bfloat16) tensor and returns (scale bytes, element bytes);
+``roundtrip`` goes through ``MXTensor`` and its ``dequantize``, which is what a model sees. All four
+scale modes; the cast can run on CUDA (``device="cuda"``). torchao is imported lazily.
 """
 
 from __future__ import annotations
 
 import numpy as np
 import torch
+
+from numerics.tensor.subjects.subject import Subject
 
 TORCH_ELEM = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
 
@@ -40,3 +41,32 @@ def roundtrip(x, elem: str, mode: str, block: int = 32) -> torch.Tensor:
 
     t = MXTensor.to_mx(_as_tensor(x), TORCH_ELEM[elem], block, scaling_mode=_mode(mode))
     return t.dequantize(torch.float32)
+
+
+def version() -> str:
+    import torchao
+
+    return torchao.__version__
+
+
+def unavailable() -> str | None:
+    try:
+        from torchao.prototype.mx_formats.mx_tensor import MXTensor, to_mx  # noqa: F401
+    except ImportError as exc:
+        return f"torchao's MX cast is not importable ({exc}); pip install torchao==0.18.0"
+    return None
+
+
+SUBJECT = Subject(
+    name="torchao",
+    what="torchao.prototype.mx_formats.mx_tensor.to_mx (eager) and MXTensor.dequantize",
+    modes=("floor", "rceil", "ceil", "even"),
+    # torchao treats Inf as the largest magnitude: RCEIL follows the oracle's "saturate" reading
+    # exactly; FLOOR/CEIL/EVEN differ in the scale only (finding F3)
+    inf="saturate",
+    quantize=quantize,
+    roundtrip=roundtrip,
+    version=version,
+    unavailable=unavailable,
+    devices=("cpu", "cuda"),
+)

@@ -97,7 +97,10 @@ def lead_under_torchrun(factory: str, kwargs: dict, timeout_s: float,
             channel.stop()
     finally:
         if channel is not None:
-            channel.close()
+            try:
+                channel.close()
+            finally:
+                _settle(channel.control)
         dist.destroy_process_group()
 
 
@@ -149,6 +152,16 @@ class CaseChannel:
         closer = getattr(self.runner, "close", None)
         if closer:
             closer()
+
+
+def _settle(group) -> None:
+    """Wait (at most 10 s) until every rank has closed its runner, so no rank tears its process group
+    down while a peer is still inside a collective of its own close (a child aborted with 'terminate
+    called without an active exception' once under load, in the DeepEP stand-in test)."""
+    try:
+        dist.barrier(group=group, async_op=True).wait(datetime.timedelta(seconds=10))
+    except Exception:  # a peer that is gone: nothing left to wait for
+        pass
 
 
 def _child(rank: int, world: int, store_path: str, backend: str, timeout_s: float, factory: str,
@@ -219,7 +232,10 @@ class Session:
                 try:
                     self.channel.stop()
                 finally:
-                    self.channel.close()
+                    try:
+                        self.channel.close()
+                    finally:
+                        _settle(self.channel.control)
         finally:
             if dist.is_initialized():
                 dist.destroy_process_group()

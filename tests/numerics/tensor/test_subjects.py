@@ -27,8 +27,9 @@ IDS = [f"{s.name}-{e}-{m}" for s, e, m in COMBOS]
 ON_CUDA = [c for c in COMBOS if "cuda" in c[0].devices]
 
 
-def _case_params():
-    """(subject, case) for every named case in a mode the subject implements; known findings xfail strictly."""
+def _case_params(*, known_xfail: bool = True):
+    """(subject, case) for every named case in a mode the subject implements; known findings xfail strictly
+    (``known_xfail``) where the test holds the subject against the derived bytes."""
     params = []
     for s in SUBJECTS.values():
         for c in cases.CASES:
@@ -36,7 +37,7 @@ def _case_params():
                 continue
             known = [f for f in c.findings if findings.BY_ID[f].subject == s.name]
             reason = f"known finding {', '.join(known)} (FINDINGS.md)"
-            marks = [pytest.mark.xfail(strict=True, reason=reason)] if known else []
+            marks = [pytest.mark.xfail(strict=True, reason=reason)] if known and known_xfail else []
             params.append(pytest.param(s, c, marks=marks, id=f"{s.name}-{c.name}"))
     return params
 
@@ -62,7 +63,8 @@ def test_subject_cast_on_cuda_matches_oracle_bitwise(subject, elem, mode, x):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize(("subject", "case"), [p for p in _case_params() if "cuda" in p.values[0].devices])
+@pytest.mark.parametrize(("subject", "case"),
+                         [p for p in _case_params(known_xfail=False) if "cuda" in p.values[0].devices])
 def test_subject_cast_on_cuda_named_cases_agree_with_cpu(subject, case):
     """CPU and CUDA casts give the same bytes, the known findings included (same code, other device)."""
     cpu = subject.quantize(case.block(), case.elem, case.mode)

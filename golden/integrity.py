@@ -25,7 +25,7 @@ from numerics.files import atomic_write
 ROOT = Path(__file__).resolve().parent
 MANIFEST = "MANIFEST.json"
 FORMAT = "mxval-golden-manifest-v1"
-DATA_DIRS = ("ep", "layers", "tensor", "training")
+DATA_DIRS = ("ep", "layers", "suite", "tensor", "training")
 
 
 def sha256(path: Path) -> str:

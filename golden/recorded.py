@@ -1,6 +1,7 @@
 """Recorded GPU results: files a CPU cannot reproduce, pinned by checksum with their provenance.
 
-Files under ``golden/ep/`` and ``golden/training/`` (names ``<name>__<hardware>.<ext>``), each with a
+Files under ``golden/ep/``, ``golden/layers/`` (benchmarks), ``golden/training/`` and ``golden/suite/``
+(whole GPU-tier and ``mxval validate`` runs) (names ``<name>__<hardware>.<ext>``), each with a
 ``<file>.meta.json`` sidecar: ``sha256`` of the data file, the ``command`` that produced it, the
 ``hardware``, the mxval ``commit`` whose tree ran, the library ``versions`` and a ``note`` saying
 what the file shows. ``check(root)`` verifies that every sidecar has those fields (the checksums and
@@ -25,7 +26,7 @@ from numerics.errors import BadInput
 
 NAME = "recorded"
 ROOT = Path(__file__).resolve().parent
-DIRS = ("ep", "training")
+DIRS = ("ep", "layers", "training", "suite")
 REQUIRED = ("sha256", "command", "hardware", "commit", "versions", "note")
 
 
@@ -34,9 +35,12 @@ def _meta_path(data: Path) -> Path:
 
 
 def _data_files(root: Path = ROOT) -> list[Path]:
+    """Data files under DIRS that are recorded GPU results (golden/layers also holds other artifacts:
+    a recorded file's sidecar is ``<file>.meta.json``)."""
     files = []
     for d in DIRS:
-        files += [p for p in sorted((Path(root) / d).glob("*")) if p.is_file() and not p.name.endswith(".meta.json")]
+        files += [p for p in sorted((Path(root) / d).glob("*")) if p.is_file() and not p.name.endswith(".meta.json")
+                  and (d != "layers" or _meta_path(p).exists())]
     return files
 
 

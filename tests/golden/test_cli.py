@@ -74,14 +74,14 @@ def test_golden_check_reports_a_deleted_file_and_its_sidecar_and_an_extra_one(ro
 
 
 def test_golden_check_invalid_json_with_a_matching_checksum_is_one_line(root, capsys):
-    p = root / "ep/check__h200x2.json"
+    p = root / "ep/check__v1.2.1__h200x2.json"
     p.write_text('{"cases": [1, 2')
-    side = root / "ep/check__h200x2.json.meta.json"
+    side = root / "ep/check__v1.2.1__h200x2.json.meta.json"
     meta = json.loads(side.read_text())
     meta["sha256"] = integrity.sha256(p)
     side.write_text(json.dumps(meta))
     code, out, err = _run(["check", "--root", str(root)], capsys)
-    assert code == 2 and "ep/check__h200x2.json: not valid JSON (Expecting" in err and err.count("\n") == 1
+    assert code == 2 and "ep/check__v1.2.1__h200x2.json: not valid JSON (Expecting" in err and err.count("\n") == 1
 
 
 def test_golden_check_a_lowered_statistic_is_caught_by_the_checksum_and_by_the_comparison(root, capsys):

@@ -39,6 +39,7 @@ from pathlib import Path
 import torch
 
 from numerics.cli import ArgumentParser, CLIError, run_main
+from numerics.files import atomic_write, check_writable
 from numerics.layer.fast import ops
 from numerics.layer.fast.cast import _cast, available, mx_dequantize
 
@@ -263,13 +264,15 @@ def _main(argv: Sequence[str] | None) -> int:
     if args.device == "cpu" and not args.quick:
         raise CLIError("--device cpu runs the kernel in Triton's interpreter, far too slow for the full shapes; "
                        "add --quick for a smoke run")
-    if args.json and args.json.exists() and not args.force:
-        raise CLIError(f"{args.json} exists; pass --force to overwrite it")
+    if args.json:
+        check_writable(args.json, force=args.force)
     result = run(device=args.device, iters=args.iters, warmup=args.warmup, quick=args.quick, compile_=args.compile_,
                  sweep=args.sweep, progress=lambda s: print(s, file=sys.stderr, flush=True))
     print(format_report(result))
     if args.json:
-        args.json.write_text(json.dumps(result, indent=1) + "\n")
+        from numerics.environment import describe
+
+        atomic_write(args.json, json.dumps(result | {"environment": describe()}, indent=1) + "\n", force=True)
     return 0
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import logging
 import sys
 from collections.abc import Callable, Sequence
 
@@ -24,8 +25,49 @@ class ArgumentParser(argparse.ArgumentParser):
         raise SystemExit(EXIT_BAD_INPUT)
 
 
+class KnownBenignLogs(logging.Filter):
+    """Drops exactly two log records every command used to print before its own output:
+
+    * torchao's ``Failed to load .../torchao/_C_mxfp8...so`` (and the other ``_C*.so``): its compiled
+      MX / CUTLASS kernels for SM100, which the emulated and fast paths never call, do not load on this
+      machine. Kept visible on an SM100 GPU, where the ``real`` kernels need them.
+    * torch's ``<enum 'KernelPreference'> is an Enum subclass and is now natively supported by
+      torch.compile ...``: torchao 0.18 registers its config enums as pytree constants, which torch 2.11+
+      deprecates; nothing to do on our side.
+    Every other record of those loggers passes.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        msg = record.getMessage()
+        if record.name == "torchao" and msg.startswith("Failed to load ") and "/torchao/_C" in msg:
+            return _on_sm100()
+        if record.name == "torch.utils._pytree" and "is an Enum subclass and is now natively supported" in msg:
+            return not any(f"<enum '{e}'>" in msg for e in ("KernelPreference", "ScaleCalculationMode"))
+        return True
+
+
+def _on_sm100() -> bool:
+    """Whether this process's current GPU is SM100 (asked only when torchao reports a library it could
+    not load, so no CUDA context is created for it)."""
+    try:
+        import torch
+
+        return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 10
+    except Exception:  # no driver: no real kernels to miss
+        return False
+
+
+def quiet_known_benign_logs() -> None:
+    """Install ``KnownBenignLogs`` on torchao's and torch's pytree loggers (once; entry points only)."""
+    for name in ("torchao", "torch.utils._pytree"):
+        log = logging.getLogger(name)
+        if not any(isinstance(f, KnownBenignLogs) for f in log.filters):
+            log.addFilter(KnownBenignLogs())
+
+
 def run_main(main: Callable[[Sequence[str] | None], int], argv: Sequence[str] | None = None) -> int:
     """Run a CLI ``main``; user errors become one stderr line and exit code 2, never a traceback."""
+    quiet_known_benign_logs()
     try:
         return int(main(argv) or 0)
     except BadInput as exc:  # CLIError and every library error for bad input

@@ -16,10 +16,9 @@ import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
+from convergence.curves.compare import EXIT_CODES
 from numerics.cli import ArgumentParser, CLIError
 from numerics.files import atomic_write, check_writable
-
-EXIT_CODES = {"equivalent": 0, "not_equivalent": 1, "diverged": 1, "inconclusive": 3, "incomplete": 4}
 
 
 def _parser() -> ArgumentParser:

@@ -60,6 +60,9 @@ from convergence.curves.load import Curve, load_curves
 from numerics.errors import BadInput
 from numerics.tolerances import floor
 
+# the command-line contract of a verdict (DESIGN: compare exits 0 / 1 / 3 / 4, and 2 for bad input)
+EXIT_CODES = {"equivalent": 0, "not_equivalent": 1, "diverged": 1, "inconclusive": 3, "incomplete": 4}
+
 
 def _tol(metric: str) -> float:
     return floor("training", "any", "loss_curve", metric).floor

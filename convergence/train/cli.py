@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from convergence.curves.compare import EXIT_CODES
 from convergence.train import data as data_mod
 from convergence.train.loop import TrainConfig, defaults_for, run
 from numerics.cli import EXIT_BAD_INPUT, ArgumentParser, CLIError
@@ -123,8 +124,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     if result is None:
         print(f"stopped before the end; continue with the same command and --resume (out: {args.out})")
         return 0
-    print(f"verdict: {result.get('verdict')}  ({args.out / 'verdict.json'})")
-    return 0
+    return report_verdict(result, args.out)
+
+
+def report_verdict(result: dict, out: Path) -> int:
+    """One line per compared candidate, ``compare``'s words and exit code (the worst of them): 0 equivalent,
+    1 not_equivalent or diverged, 3 inconclusive, 4 incomplete; 0 when there was nothing to compare."""
+    if not result.get("candidates"):
+        print(f"trained; no verdict: {result.get('reason')}")
+        return 0
+    codes = []
+    for name, r in result["candidates"].items():
+        print(f"{name} against {result['baseline']}: {r['verdict'].upper()}: {r['reason']}")
+        codes.append(EXIT_CODES[r["verdict"]])
+    print(f"verdict: {out / 'verdict.json'}")
+    severity = {1: 3, 4: 2, 3: 1, 0: 0}  # not_equivalent / diverged, then incomplete, then inconclusive
+    return max(codes, key=severity.__getitem__)
 
 
 

@@ -47,7 +47,7 @@ from torch.distributed.tensor import DTensor
 
 from convergence.train import dist_checkpoint as dckpt
 from convergence.train.ep_dispatch import CommTimer, EPDispatch, combine_width, expert_params, shard_experts
-from convergence.train.placement import Single
+from convergence.train.placement import Single, damaged
 from numerics.ep.backend import MAX_TOKENS
 from numerics.ep.backends import DEEPEP, DEFAULT_MAX_HIDDEN, make_backend, require
 from numerics.errors import BadInput
@@ -227,8 +227,11 @@ class Distributed(Single):
                    expert_params=self._experts, mesh=self.mesh)
 
     def load(self, run_dir: Path, model: nn.Module, opt, sched) -> dict:
-        meta = dckpt.load(self.checkpoint_path(run_dir), model, opt, expert_params=self._experts, mesh=self.mesh)
-        sched.load_state_dict(meta["scheduler"])
+        try:
+            meta = dckpt.load(self.checkpoint_path(run_dir), model, opt, expert_params=self._experts, mesh=self.mesh)
+            sched.load_state_dict(meta["scheduler"])
+        except Exception as exc:
+            raise damaged(self.checkpoint_path(run_dir), exc) from None
         for group, lr in zip(opt.param_groups, sched.get_last_lr()):  # load_state_dict does not set them
             group["lr"] = lr
         return meta

@@ -29,12 +29,21 @@ WARMUP = 2  # first steps left out of the speed medians (allocator and communica
 
 
 def _records(path: Path) -> list[dict]:
+    try:
+        text = path.read_text()
+    except UnicodeDecodeError:
+        raise BadInput(f"{path}: not a metrics.jsonl (not UTF-8 text)") from None
     out = []
-    for n, line in enumerate(path.read_text().splitlines(), 1):
+    for n, line in enumerate(text.splitlines(), 1):
         try:
-            out.append(json.loads(line))
+            rec = json.loads(line)
         except json.JSONDecodeError:
             raise BadInput(f"{path}:{n}: not a JSON line") from None
+        if not isinstance(rec, dict) or "step" not in rec:
+            raise BadInput(f"{path}:{n}: a metrics line is a JSON object with a step")
+        out.append(rec)
+    if not out:
+        raise BadInput(f"{path}: no steps logged (an empty metrics.jsonl)")
     return out
 
 

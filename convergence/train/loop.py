@@ -45,6 +45,7 @@ from convergence.train.checkpoint import JsonlLog
 from convergence.train.model import Transformer
 from convergence.train.placement import Single
 from numerics.errors import BadInput
+from numerics.files import atomic_write
 from numerics.layer.configs import get_config
 from numerics.layer.recipes import apply_recipe, get_recipe
 
@@ -132,7 +133,7 @@ def write_run_config(run_dir: Path, cfg: TrainConfig, recipe, applied: dict, mod
         **extra,
         "environment": describe(),
     }
-    (run_dir / "config.json").write_text(json.dumps(config, indent=2, default=str) + "\n")
+    atomic_write(run_dir / "config.json", json.dumps(config, indent=2, default=str) + "\n", force=True)
 
 
 def make_optimizer(model: torch.nn.Module, cfg: TrainConfig):
@@ -265,19 +266,50 @@ def train_recipe(cfg: TrainConfig, recipe_name: str, run_dir: Path, tokens: data
     return True
 
 
+VERDICT_FILES = ("verdict.json", "curves.png")
+
+
+def _verdict_recipes(out: Path) -> list[str] | None:
+    """The recipes an existing verdict.json compared (None when there is none or it cannot be read)."""
+    try:
+        v = json.loads((out / "verdict.json").read_text())
+        return [v["baseline"], *v["candidates"]]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def check_run_dir(cfg: TrainConfig, out: Path, resume: bool, force: bool) -> None:
+    """Refuse, before any work, a run folder that cannot be written, or whose runs or verdict this command
+    would overwrite without ``--force`` (``--resume`` continues the same recipes)."""
     if resume and force:
         raise BadInput("--resume and --force exclude each other")
+    if out.exists() and not out.is_dir():
+        raise BadInput(f"--out {out} is a file, not a folder")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / ".write-test"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as exc:
+        raise BadInput(f"cannot write the run folder {out}: {exc.strerror or exc}") from None
     existing = [out / r for r in cfg.recipes if (out / r).exists() and any((out / r).iterdir())]
     if force:
         for d in existing:
             shutil.rmtree(d)
-        for f in ("verdict.json", "curves.png"):
+        for f in VERDICT_FILES:
             (out / f).unlink(missing_ok=True)
         return
     if existing and not resume:
         raise BadInput(f"{existing[0]} already holds a run; pass --resume to continue it or --force to "
                        "overwrite it")
+    if len(cfg.recipes) > 1 and (out / "verdict.json").exists():
+        before = _verdict_recipes(out)
+        if before is None or sorted(before) != sorted(cfg.recipes):
+            raise BadInput(f"{out / 'verdict.json'} compares {', '.join(before) if before else 'other runs'}; this "
+                           f"command would replace it with {', '.join(cfg.recipes)}: choose another --out, or pass "
+                           "--force to replace it")
+    for d in existing if resume else ():
+        _check_resumable(d)
     if resume:
         want = json.loads(json.dumps(cfg.fields_for_resume(), default=str))
         for d in existing:
@@ -293,6 +325,17 @@ def check_run_dir(cfg: TrainConfig, out: Path, resume: bool, force: bool) -> Non
                     )
 
 
+def _check_resumable(run_dir: Path) -> None:
+    """A run that logged steps but has no checkpoint cannot continue: say so instead of restarting it."""
+    logged = JsonlLog(run_dir / "metrics.jsonl").records()
+    has_ckpt = (run_dir / "checkpoint.pt").exists() or (run_dir / "checkpoint").exists() \
+        or (run_dir / "checkpoint.old").exists()
+    if logged and not has_ckpt:
+        raise BadInput(f"--resume: {run_dir} logged {len(logged)} steps but has no checkpoint to continue from "
+                       "(checkpoint.pt or checkpoint/ is missing); restore it, or pass --force to start "
+                       f"{run_dir.name} again")
+
+
 def compare_and_plot(out: Path, recipes: Sequence[str]) -> dict:
     """verdict.json and curves.png through convergence.curves.compare / convergence.curves.plots."""
     baseline = "bf16" if "bf16" in recipes else recipes[0]
@@ -300,8 +343,8 @@ def compare_and_plot(out: Path, recipes: Sequence[str]) -> dict:
     from convergence.curves.compare import compare_paths
     from convergence.curves.plots import plot_comparison
 
-    if not candidates:
-        result = {"verdict": None, "reason": f"only one recipe ({baseline}); nothing to compare"}
+    if not candidates:  # nothing compared: no verdict.json, so an earlier one is never replaced by a null
+        return {"verdict": None, "reason": f"only one recipe ({baseline}); nothing to compare"}
     else:
         result = {"baseline": baseline, "candidates": {}}
         for c in candidates:
@@ -310,7 +353,7 @@ def compare_and_plot(out: Path, recipes: Sequence[str]) -> dict:
             plot_comparison(r, out / ("curves.png" if len(candidates) == 1 else f"curves_{c}.png"))
         result["verdict"] = result["candidates"][candidates[0]]["verdict"] if len(candidates) == 1 \
             else {c: r["verdict"] for c, r in result["candidates"].items()}
-    (out / "verdict.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
+    atomic_write(out / "verdict.json", json.dumps(result, indent=2, default=str) + "\n", force=True)
     return result
 
 

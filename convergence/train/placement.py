@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from convergence.train.checkpoint import load_checkpoint, save_checkpoint
+from numerics.errors import BadInput
 
 
 class Single:
@@ -83,15 +84,27 @@ class Single:
 
     def load(self, run_dir: Path, model: nn.Module, opt, sched) -> dict:
         """Restore model, optimizer, scheduler and RNG in place; returns the saved meta (step, ...)."""
-        ckpt = load_checkpoint(self.checkpoint_path(run_dir))
-        model.load_state_dict(ckpt["model"])
-        opt.load_state_dict(ckpt["optimizer"])
-        sched.load_state_dict(ckpt["scheduler"])
-        _set_rng_state(ckpt["rng"])
+        path = self.checkpoint_path(run_dir)
+        try:  # truncated, garbage, empty, or another model's: torch raises many kinds of error
+            ckpt = load_checkpoint(path)
+            int(ckpt["step"])
+            model.load_state_dict(ckpt["model"])
+            opt.load_state_dict(ckpt["optimizer"])
+            sched.load_state_dict(ckpt["scheduler"])
+            _set_rng_state(ckpt["rng"])
+        except Exception as exc:
+            raise damaged(path, exc) from None
         return ckpt
 
     def barrier(self) -> None:
         """Wait for every rank (nothing to wait for on one)."""
+
+
+def damaged(path: Path, exc: Exception) -> BadInput:
+    """The one message for a checkpoint that cannot be resumed from."""
+    detail = " ".join(str(exc).split())[:160]
+    return BadInput(f"--resume: {path} cannot be loaded ({type(exc).__name__}: {detail}); it is damaged or not "
+                    "this run's checkpoint: restore it, or pass --force to start again")
 
 
 def _rng_state() -> dict:

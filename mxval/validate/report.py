@@ -13,6 +13,8 @@ import json
 import re
 from pathlib import Path
 
+from numerics.files import atomic_write
+
 MARK = {"pass": "PASS", "fail": "FAIL", "inconclusive": "INCONCLUSIVE", "skipped": "SKIPPED"}
 COLOR = {"pass": "#1a7f37", "fail": "#cf222e", "inconclusive": "#9a6700", "skipped": "#6e7781"}
 MAX_ROWS = 40  # longer tables: first rows here, all of them in the level's own files
@@ -76,10 +78,15 @@ def _md_table(rows) -> list[str]:
 
 def markdown(summary: dict) -> str:
     lv = summary["levels"]
-    out = [f"# mxval validate: {MARK[summary['status']]}", "", f"**{counts(summary)}**", "",
-           f"{summary['started']}, {summary['seconds']:.0f} s on {summary['hardware']['device']}; "
-           f"exit code {summary['exit_code']}.", "",
-           "| level | status | time | result |", "|---|---|---|---|"]
+    title = MARK[summary["status"]] + (" (INTERRUPTED)" if summary.get("interrupted") else "")
+    out = [f"# mxval validate: {title}", "", f"**{counts(summary)}**", ""]
+    if summary.get("interrupted"):
+        out += [f"Interrupted (Ctrl-C) during the {summary['interrupted']} level: the levels before it are "
+                "complete, the rest did not run.", ""]
+    out += [
+            f"{summary['started']}, {summary['seconds']:.0f} s on {summary['hardware']['device']}; "
+            f"exit code {summary['exit_code']}.", "",
+            "| level | status | time | result |", "|---|---|---|---|"]
     out += [f"| {name} | **{MARK[r['status']]}** | {r['seconds']:.0f} s | {r['summary']} |" for name, r in lv.items()]
     out += ["", "## Environment", "", "| | |", "|---|---|"] + [f"| {k} | {v} |" for k, v in _env_rows(summary)]
     for i, (name, r) in enumerate(lv.items(), 1):
@@ -190,8 +197,8 @@ def html(summary: dict, out: Path) -> str:
 
 def write(summary: dict, out: Path) -> None:
     out = Path(out)
-    (out / "report.md").write_text(markdown(summary))
-    (out / "report.html").write_text(html(summary, out))
+    atomic_write(out / "report.md", markdown(summary), force=True)
+    atomic_write(out / "report.html", html(summary, out), force=True)
 
 
 def main(argv=None) -> int:

@@ -18,6 +18,7 @@ import io
 import json
 import os
 import re
+import shutil
 import sys
 import time
 import traceback
@@ -29,6 +30,7 @@ from pathlib import Path
 from mxval.validate import levels as lv
 from mxval.validate.plan import LEVELS, Check, LevelResult, Plan, level_status, make_plan, skipped
 from numerics.cli import ArgumentParser, CLIError
+from numerics.files import atomic_write
 
 RUNNERS = {"tensor": lv.run_tensor, "layer": lv.run_layer, "communication": lv.run_communication,
            "training": lv.run_training, "curves": lv.run_curves}
@@ -138,22 +140,32 @@ def validate(plan: Plan, out: Path, levels: Sequence[str], console) -> dict:
     display = Display(console)
     chosen = [n for n in LEVELS if n in levels]
     done: dict[str, LevelResult] = {}
-    for i, name in enumerate(chosen):
-        display.level(i, len(chosen), name)
-        done[name] = _run_level(name, plan, out, display, done)
-        display.done(done[name])
-    results = [done.get(n) or skipped(n, "not selected (--levels)", "leave it in --levels (the default runs all)")
-               for n in LEVELS]
+    interrupted = None
+    try:
+        for i, name in enumerate(chosen):
+            display.level(i, len(chosen), name)
+            done[name] = _run_level(name, plan, out, display, done)
+            display.done(done[name])
+    except KeyboardInterrupt:  # write what finished, marked as such, then stop as asked
+        interrupted = next(n for n in chosen if n not in done)
+    not_run = {n: skipped(n, "interrupted (Ctrl-C) before this level finished", "run it again")
+               if interrupted and n in chosen
+               else skipped(n, "not selected (--levels)", "leave it in --levels (the default runs all)")
+               for n in LEVELS if n not in done}
+    results = [done.get(n) or not_run[n] for n in LEVELS]
     overall = level_status([Check(r.level, r.status) for r in results])
     summary = {
         "tool": "mxval validate", "format": 1, "status": overall,
-        "exit_code": 1 if overall == "fail" else 0,
+        "exit_code": 130 if interrupted else 1 if overall == "fail" else 0,  # 130: as the shell reports Ctrl-C
         "started": started.isoformat(timespec="seconds"), "seconds": round(time.monotonic() - t0, 1),
         "plan": plan.as_dict(), "environment": describe(), "hardware": hardware(plan),
         "levels": {r.level: r.record() for r in results},
+        "interrupted": interrupted,  # the level that was running when Ctrl-C came, or None
     }
-    (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str) + "\n")
+    atomic_write(out / "summary.json", json.dumps(summary, indent=1, default=str) + "\n", force=True)
     validate_report.write(summary, out)
+    if interrupted:
+        raise KeyboardInterrupt
     return summary
 
 
@@ -166,11 +178,19 @@ def _default_out() -> Path:
     return out
 
 
-def prepare_out(out: Path | None) -> Path:
-    """Create the results folder; an existing non-empty one or one that cannot be written is bad input."""
+def prepare_out(out: Path | None, *, force: bool = False) -> Path:
+    """Create the results folder; an existing non-empty one (unless ``force``: then it is emptied) or one
+    that cannot be written is bad input."""
     out = _default_out() if out is None else out
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise CLIError(f"{out} already exists and is not empty; mxval never overwrites results: choose another --out")
+    if out.exists() and not out.is_dir():
+        raise CLIError(f"--out {out} is a file, not a folder")
+    if out.exists() and any(out.iterdir()):
+        if not force:
+            raise CLIError(f"{out} already exists and is not empty; mxval never overwrites results: choose another "
+                           "--out, or pass --force to replace what is there")
+        if not (out / "summary.json").exists():
+            raise CLIError(f"--force: {out} holds no mxval validate results (no summary.json); refusing to empty it")
+        shutil.rmtree(out)
     try:
         out.mkdir(parents=True, exist_ok=True)
         probe = out / ".write-test"
@@ -205,6 +225,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=None, help="training steps per run (default 200)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--strict", action="store_true", help="known findings (FINDINGS.md) fail their level")
+    p.add_argument("--force", action="store_true", help="replace an existing results folder of an earlier run")
     args = p.parse_args(argv)
     levels = [v for v in args.levels.split(",") if v]
     unknown = [v for v in levels if v not in LEVELS]
@@ -212,7 +233,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise CLIError(f"--levels {args.levels!r}: choose from {', '.join(LEVELS)}")
     if args.steps is not None and args.steps < 10:
         raise CLIError(f"--steps {args.steps}: at least 10 (a curve needs points to compare)")
-    out = prepare_out(args.out)
+    out = prepare_out(args.out, force=args.force)
     gpus, deep_ep = _gpus_and_deep_ep()
     plan = make_plan(gpus=gpus, deep_ep=deep_ep, quick=args.quick, steps=args.steps, seed=args.seed,
                      strict=args.strict)

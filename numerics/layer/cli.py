@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from numerics.cli import ArgumentParser, CLIError, run_main
+from numerics.files import atomic_write, check_writable
 from numerics.layer.configs import SUITES, suite
 
 
@@ -30,14 +31,8 @@ def _device(name: str | None) -> str:
 
 
 def _writable(path: str | None, force: bool) -> Path | None:
-    if path is None:
-        return None
-    p = Path(path)
-    if p.exists() and not force:
-        raise CLIError(f"{p} exists; pass --force to overwrite it")
-    if not p.parent.exists():
-        raise CLIError(f"directory {p.parent} does not exist")
-    return p
+    """Refused up front: an existing file without --force, a directory, a folder that cannot be written."""
+    return None if path is None else check_writable(path, force=force)
 
 
 def _main(argv: Sequence[str] | None) -> int:
@@ -62,10 +57,10 @@ def _main(argv: Sequence[str] | None) -> int:
 
     results = layers.run_suite(cfg, device=device, progress=progress)
     if json_path:
-        json_path.write_text(results_mod.to_json(results, layers.header(args.config, device)) + "\n")
+        atomic_write(json_path, results_mod.to_json(results, layers.header(args.config, device)) + "\n", force=True)
     if md_path:
-        md_path.write_text(f"# Layer statistics: config {cfg.name}, {device}\n\n"
-                           + results_mod.format_table(results, markdown=True) + "\n")
+        atomic_write(md_path, f"# Layer statistics: config {cfg.name}, {device}\n\n"
+                     + results_mod.format_table(results, markdown=True) + "\n", force=True)
     print(results_mod.format_table(results))
     bad = results_mod.floor_violations(results)
     for line in bad:

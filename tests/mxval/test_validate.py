@@ -97,13 +97,47 @@ def test_validate_default_folder_is_new_per_run(tmp_path, monkeypatch):
     assert first != second and first.parent == second.parent == Path("results")
 
 
-def _fake(status: str, crash: bool = False):
+def _fake(status: str, crash: bool = False, level: str = "layer"):
     def run(plan, out, progress):
         progress("working")
         if crash:
             raise RuntimeError("boom")
-        return LevelResult("layer", status, f"fake {status}", (Check("fake", status, "detail"),))
+        return LevelResult(level, status, f"fake {status}", (Check("fake", status, "detail"),))
     return run
+
+
+def test_validate_interrupted_writes_the_levels_that_finished_and_can_be_replaced(tmp_path, monkeypatch, capsys):
+    """Issue #18.6: Ctrl-C used to leave no report.md or summary.json at all, and the folder could not be
+    reused as --out."""
+    from mxval.__main__ import main as mxval_main
+
+    def interrupt(plan, out, progress):
+        raise KeyboardInterrupt
+
+    monkeypatch.setitem(validate.RUNNERS, "tensor", _fake("pass", level="tensor"))
+    monkeypatch.setitem(validate.RUNNERS, "layer", interrupt)
+    out = tmp_path / "r"
+    assert mxval_main(["validate", "--out", str(out), "--levels", "tensor,layer,curves"]) == 130
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["interrupted"] == "layer" and summary["exit_code"] == 130
+    assert summary["levels"]["tensor"]["status"] == "pass"
+    assert all("interrupted" in summary["levels"][n]["summary"] for n in ("layer", "curves"))
+    assert "INTERRUPTED" in (out / "report.md").read_text() and (out / "report.html").exists()
+    monkeypatch.setitem(validate.RUNNERS, "layer", _fake("pass"))
+    assert mxval_main(["validate", "--out", str(out), "--levels", "layer"]) == 2  # never without asking
+    assert "--force" in capsys.readouterr().err
+    assert mxval_main(["validate", "--out", str(out), "--levels", "layer", "--force"]) == 0
+    assert json.loads((out / "summary.json").read_text())["interrupted"] is None
+
+
+def test_validate_force_refuses_a_folder_that_is_not_validate_results(tmp_path, capsys):
+    from mxval.__main__ import main as mxval_main
+
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep me")
+    assert mxval_main(["validate", "--out", str(mine), "--force", "--levels", "layer"]) == 2
+    assert "no summary.json" in capsys.readouterr().err and (mine / "notes.txt").read_text() == "keep me"
 
 
 @pytest.mark.parametrize("status, code", [("pass", 0), ("inconclusive", 0), ("fail", 1)])

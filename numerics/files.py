@@ -8,6 +8,8 @@ Public functions
   ``atomic_write(path, data, *, force=False) -> Path``  bytes or text to a temporary file in the same
       directory, flushed and fsynced, then renamed over ``path`` (``os.replace`` is atomic on POSIX):
       a reader sees the old file or the new one, never a torn one.
+  ``writable_dir(path, *, what="folder") -> Path``  create a folder (and its parents) and prove a file
+      can be made in it; a file in its place or a place that cannot be written is ``BadInput``.
   ``atomic_path(path, *, force=False)``  the same for writers that want a file name (matplotlib's
       ``savefig``, a TensorBoard writer): a context manager yielding the temporary path, renamed over
       ``path`` when the block ends without an exception and removed otherwise.
@@ -50,6 +52,20 @@ def check_writable(path, *, force: bool = False) -> Path:
         raise BadInput(f"cannot write {path}: {exc.strerror or exc}") from None
     os.close(fd)
     os.unlink(probe)
+    return path
+
+
+def writable_dir(path, *, what: str = "folder") -> Path:
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise BadInput(f"{path} is a file, not a {what}")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".write-test.", dir=path)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise BadInput(f"cannot write the {what} {path}: {exc.strerror or exc}") from None
     return path
 
 

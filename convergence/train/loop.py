@@ -45,7 +45,7 @@ from convergence.train.checkpoint import JsonlLog
 from convergence.train.model import Transformer
 from convergence.train.placement import Single
 from numerics.errors import BadInput
-from numerics.files import atomic_write
+from numerics.files import atomic_write, writable_dir
 from numerics.layer.configs import get_config
 from numerics.layer.recipes import apply_recipe, get_recipe
 
@@ -283,15 +283,7 @@ def check_run_dir(cfg: TrainConfig, out: Path, resume: bool, force: bool) -> Non
     would overwrite without ``--force`` (``--resume`` continues the same recipes)."""
     if resume and force:
         raise BadInput("--resume and --force exclude each other")
-    if out.exists() and not out.is_dir():
-        raise BadInput(f"--out {out} is a file, not a folder")
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        probe = out / ".write-test"
-        probe.write_text("")
-        probe.unlink()
-    except OSError as exc:
-        raise BadInput(f"cannot write the run folder {out}: {exc.strerror or exc}") from None
+    writable_dir(out, what="run folder")
     existing = [out / r for r in cfg.recipes if (out / r).exists() and any((out / r).iterdir())]
     if force:
         for d in existing:

@@ -30,7 +30,7 @@ from pathlib import Path
 from mxval.validate import levels as lv
 from mxval.validate.plan import LEVELS, Check, LevelResult, Plan, level_status, make_plan, skipped
 from numerics.cli import ArgumentParser, CLIError
-from numerics.files import atomic_write
+from numerics.files import atomic_write, writable_dir
 
 RUNNERS = {"tensor": lv.run_tensor, "layer": lv.run_layer, "communication": lv.run_communication,
            "training": lv.run_training, "curves": lv.run_curves}
@@ -191,14 +191,7 @@ def prepare_out(out: Path | None, *, force: bool = False) -> Path:
         if not (out / "summary.json").exists():
             raise CLIError(f"--force: {out} holds no mxval validate results (no summary.json); refusing to empty it")
         shutil.rmtree(out)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        probe = out / ".write-test"
-        probe.write_text("")
-        probe.unlink()
-    except OSError as exc:
-        raise CLIError(f"cannot write the results folder {out}: {exc.strerror or exc}") from None
-    return out
+    return writable_dir(out, what="results folder")
 
 
 def _gpus_and_deep_ep() -> tuple[int, bool]:

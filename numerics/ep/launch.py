@@ -27,6 +27,7 @@ import datetime
 import importlib
 import multiprocessing
 import os
+import sys
 import tempfile
 import traceback
 from collections.abc import Callable
@@ -172,14 +173,28 @@ def _child(rank: int, world: int, store_path: str, backend: str, timeout_s: floa
     timeout = datetime.timedelta(seconds=timeout_s)
     dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout,
                             **_device_id(device))
-    channel = None
+    channel, code = None, 0
     try:
         channel = CaseChannel(rank, world, device, factory, kwargs, control_group(timeout))
         channel.serve()
+    except BaseException:
+        traceback.print_exc()
+        code = 1
     finally:
-        if channel is not None:
-            channel.close()
-        dist.destroy_process_group()
+        try:
+            if channel is not None:
+                try:
+                    channel.close()
+                finally:
+                    _settle(channel.control)
+            dist.destroy_process_group()
+        finally:
+            # A spawned rank ends here, without the interpreter's finalization: torch's C++ destructors
+            # running after the group is gone aborted a child now and then under load ("terminate called
+            # without an active exception", exit -6), after every result had been delivered.
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
 
 
 class Session:

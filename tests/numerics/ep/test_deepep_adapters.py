@@ -29,8 +29,14 @@ SPECS = (
 
 @pytest.fixture
 def fake_deep_ep(monkeypatch):
+    import sys
+
     monkeypatch.syspath_prepend(str(FAKES))  # spawned ranks inherit sys.path
-    monkeypatch.delitem(__import__("sys").modules, "deep_ep", raising=False)
+    monkeypatch.delitem(sys.modules, "deep_ep", raising=False)
+    yield
+    # the stand-in must not outlive the test: later tests in this process would find a deep_ep
+    for name in [m for m in sys.modules if m == "deep_ep" or m.startswith("deep_ep.")]:
+        del sys.modules[name]
 
 
 def _failures(results) -> dict:

@@ -1,4 +1,5 @@
-"""python -m convergence train | compare | calibrate | bench | ep-identity: thin dispatch to each main()."""
+"""python -m convergence train | compare | calibrate | bench | ep-identity | protocol | power: thin dispatch to each
+main()."""
 
 from __future__ import annotations
 
@@ -15,6 +16,9 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "ep-identity": ("convergence.train.cli:ep_identity_main",
                     "are two runs (e.g. reference vs deepep EP) identical step for step"),
     "bench": ("convergence.train.cli:bench_main", "tokens/s of bf16 and mxfp8 (per kernel) training steps, one run"),
+    "power": ("convergence.curves.cli:power_main", "replicates and steps a margin needs, from measured spreads"),
+    "protocol": ("convergence.train.cli:protocol_main",
+                 "paired candidate, BF16 replicates, positive and negative controls: verdicts on validation loss"),
 }
 
 

@@ -1,7 +1,8 @@
 """python -m convergence compare BASELINE CANDIDATE [--baseline MORE ...] [--margin 0.0025]
-[--overlap-only] [--json OUT] [--plot OUT.png] [--force]
+[--metric loss|val_loss] [--overlap-only] [--json OUT] [--plot OUT.png] [--force]
 
-Prints a short report; exit 0 equivalent, 1 not_equivalent or diverged, 3 inconclusive, 4 incomplete
+Prints a short report whose first line is the verdict, its reason and the smallest difference the runs
+could have detected; exit 0 equivalent, 1 not_equivalent or diverged, 3 inconclusive, 4 incomplete
 (a run does not cover the others' steps; ``--overlap-only`` judges the overlap), 2 bad input or an
 output that cannot be written (checked before the work starts; files are written atomically).
 The statistics are documented in ``convergence.curves.compare``; the JSON is ``compare_paths``'s dict.
@@ -16,13 +17,13 @@ import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
-from convergence.curves.compare import EXIT_CODES
+from convergence.curves.compare import EXIT_CODES, resolution
 from numerics.cli import ArgumentParser, CLIError
 from numerics.files import atomic_write, check_writable
 
 
 def _parser() -> ArgumentParser:
-    from convergence.curves.compare import CompareOptions
+    from convergence.curves.compare import METRICS, CompareOptions
     from convergence.curves.load import FORMATS
 
     d = CompareOptions()
@@ -41,6 +42,9 @@ def _parser() -> ArgumentParser:
     p.add_argument("--spike-sigma", type=float, default=d.spike_sigma, help="spike threshold in robust sigmas")
     p.add_argument("--coverage-fraction", type=float, default=d.coverage_fraction,
                    help="a run must be compared to within this fraction of the longest span at each end")
+    p.add_argument("--metric", choices=METRICS, default=d.metric,
+                   help="loss: training loss (step noise, baseline seeds); val_loss: held-out validation loss of a "
+                   "paired candidate against baseline replicates (README: the convergence protocol)")
     p.add_argument("--overlap-only", action="store_true",
                    help="judge the steps all runs share even when a run stops early or starts late")
     p.add_argument("--format", choices=FORMATS, help="skip content detection")
@@ -60,7 +64,7 @@ def _pct(x) -> str:
 def report(r: dict) -> str:
     """The short human report printed by the CLI."""
     cov = r["coverage"]
-    lines = [f"verdict: {r['verdict'].upper()}  ({r['reason']})",
+    lines = [f"verdict: {r['verdict'].upper()}  ({r['reason']}; {resolution(r)})",
              (f"margin +-{r['margin']:.3%}, family confidence {r['confidence']:.0%}, "
               f"{r['baseline_runs']} baseline run(s), alignment {r['alignment']['method']} "
               f"({r['alignment']['points']} points)"),
@@ -71,16 +75,21 @@ def report(r: dict) -> str:
     if sens:
         lines.append(f"sensitivity: interval half-width {sens['half_width']:.3%}; the smallest difference called "
                      f"not_equivalent is {sens['smallest_detectable_difference']:.3%}")
+    val = r.get("metric") == "val_loss"
     for name in ("overall", "final_window"):
         part = r.get(name)
         if part:
             iv = part["interval"]
             iv_s = f"[{_pct(iv[0])}, {_pct(iv[1])}]" if iv else "n/a"
+            size = (f"{part['points']} evaluations; replicate spread {_pct(part.get('seed_spread'))}, held-out set "
+                    f"s.e. {_pct(part.get('se_set'))}" if val else
+                    f"{part['windows']} windows of {part['window_points']} points")
             lines.append(f"{name:<12} steps {part['start_step']}..{part['end_step']}: estimate "
-                         f"{_pct(part['estimate'])}, interval {iv_s} ({part['windows']} windows of "
-                         f"{part['window_points']} points) -> {part['decision']}")
+                         f"{_pct(part['estimate'])}, interval {iv_s} ({size}) -> {part['decision']}")
     n = r.get("noise")
-    if n:
+    if n and val:
+        lines.append(f"noise ({n['model']}): {n['note']}")
+    elif n:
         lines.append(f"noise ({n['model']}): step noise {n['step_noise']:.3%}, lag-1 autocorrelation "
                      f"{n['autocorr_lag1']:.2f}, correlation time {n['correlation_time']:.1f} points; {n['note']}")
     if r["divergence"]:
@@ -107,7 +116,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from convergence.curves.compare import compare_paths
 
     opts = {k: getattr(args, k) for k in ("confidence", "start_fraction", "final_fraction", "final_rise",
-                                          "spike_sigma", "coverage_fraction", "overlap_only", "format",
+                                          "spike_sigma", "coverage_fraction", "overlap_only", "metric", "format",
                                           "loss_key", "step_key", "tag")
             if getattr(args, k) is not None}
     with warnings.catch_warnings():
@@ -128,3 +137,38 @@ if __name__ == "__main__":
     from numerics.cli import run_main
 
     sys.exit(run_main(main))
+
+
+def power_main(argv: Sequence[str] | None = None) -> int:
+    """python -m convergence power RESULT [RESULT ...]: replicates and steps for a margin, from measured spreads."""
+    from convergence.curves import power
+    from numerics.errors import BadInput
+
+    p = ArgumentParser(prog="python -m convergence power", description=power_main.__doc__.split(": ", 1)[1])
+    p.add_argument("results", nargs="+", type=Path,
+                   help="compare --metric val_loss JSON files, or protocol folders (their results/*_verdict__*.json)")
+    p.add_argument("--margin", type=float, default=0.0025)
+    p.add_argument("--confidence", type=float, default=0.95)
+    p.add_argument("--json", type=Path, metavar="OUT", help="write the analysis as JSON")
+    p.add_argument("--force", action="store_true", help="overwrite an existing --json file")
+    args = p.parse_args(argv)
+    if not 0 < args.margin < 1 or not 0.5 < args.confidence < 1:
+        raise CLIError("--margin must be in (0, 1) and --confidence in (0.5, 1)")
+    if args.json:
+        check_writable(args.json, force=args.force)
+    ms = []
+    for path in args.results:
+        files = sorted(f for f in path.glob("results/*_verdict__*.json") if not f.name.endswith(".meta.json")) \
+            if path.is_dir() else [path]
+        if not files:
+            raise CLIError(f"{path}: a folder without results/*_verdict__*.json (is the protocol complete?)")
+        for f in files:
+            try:
+                ms.append(power.measured(json.loads(f.read_text()), source=str(f)))
+            except (OSError, ValueError) as exc:
+                raise BadInput(f"{f}: {exc}") from None
+    analysis = power.analyse(ms, margin=args.margin, confidence=args.confidence)
+    print(power.report(analysis))
+    if args.json:
+        atomic_write(args.json, json.dumps(analysis, indent=1) + "\n", force=args.force)
+    return 0

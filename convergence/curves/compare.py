@@ -7,6 +7,10 @@ Public API (the training harness and the CLI call exactly these)
       ``python -m convergence compare --json`` writes.
   ``compare_curves(baselines, candidate, options=None) -> dict``  the same on loaded ``Curve``s.
   ``CompareOptions``  every knob, defaults from ``numerics.tolerances`` (each with its reason).
+  ``resolution(result) -> str``  the difference a result could resolve, one phrase for verdict lines.
+
+``metric="val_loss"`` (the convergence protocol: a paired candidate against BF16 replicates on a fixed
+held-out set) replaces steps 3-5 by ``convergence.curves.paired``; steps 1, 2 and 6 are the same.
 
 How the verdict is decided
   1. Divergence (``convergence.curves.divergence``) on the candidate's raw curve: NaN/Inf, a
@@ -56,6 +60,7 @@ from scipy import stats
 
 from convergence.curves.align import align, block_means, windowed_mean
 from convergence.curves.divergence import detect_divergence
+from convergence.curves.jsonl import load_field
 from convergence.curves.load import Curve, load_curves
 from numerics.errors import BadInput
 from numerics.tolerances import floor
@@ -72,6 +77,7 @@ MIN_WINDOWS = 4  # a t-interval on fewer than 4 window means (df < 3) is too wid
 TAU_WINDOWS = 5.0  # window length in correlation times: AR(1) adjacent window means correlate < 5%
 MAX_TAU = 1000.0  # rho is clipped below 1; a curve that wanders this slowly is reported as too short
 PLOT_POINTS = 1500  # points per curve kept in the result for plotting (block means)
+METRICS = ("loss", "val_loss")
 
 
 @dataclass(frozen=True)
@@ -87,8 +93,11 @@ class CompareOptions:
     final_rise: float = _tol("final_rise")
     coverage_fraction: float = _tol("coverage_fraction")
     overlap_only: bool = False  # judge the overlap even when a run is not covered (the reason says so)
+    metric: str = "loss"  # "loss": training loss, step noise + seeds; "val_loss": held-out set, replicates
 
     def check(self) -> CompareOptions:
+        if self.metric not in METRICS:
+            raise BadInput(f"--metric must be one of {', '.join(METRICS)}, got {self.metric!r}")
         if not 0 < self.margin < 1:
             raise BadInput(f"--margin must be in (0, 1), got {self.margin}")
         if not 0.5 < self.confidence < 1:
@@ -204,10 +213,41 @@ def _sensitivity(r: dict) -> dict | None:
                     "equivalence can only be shown when half_width < margin"}
 
 
-def compare_curves(baselines: list[Curve], candidate: Curve, options: CompareOptions | None = None) -> dict:
+def resolution(r: dict) -> str:
+    """What the judged runs could resolve, for the verdict line: the interval half-width and the smallest
+    difference that would be called not_equivalent."""
+    sens = r.get("sensitivity")
+    if not sens:
+        return f"resolution unknown: {(r.get('overall') or {}).get('why') or 'too few compared points'}"
+    return (f"resolves +-{sens['half_width']:.3%}: differences beyond +-{sens['smallest_detectable_difference']:.3%} "
+            "are called not_equivalent")
+
+
+def _batch_arrays(batches: list[dict] | None, steps: np.ndarray):
+    """(candidate [t, n], baselines [k, t, n]) of per-batch validation losses at ``steps``, or None unless every
+    run logged the same number (>= 2) of them at every one of those steps."""
+    if batches is None or any(b is None for b in batches):
+        return None
+    try:
+        rows = [[b[int(s)] for s in steps] for b in batches]
+        arr = np.asarray(rows, dtype=np.float64)
+    except (KeyError, ValueError, TypeError):
+        return None
+    if arr.ndim != 3 or arr.shape[-1] < 2:
+        return None
+    return arr[-1], arr[:-1]
+
+
+def compare_curves(baselines: list[Curve], candidate: Curve, options: CompareOptions | None = None, *,
+                   divergence_runs: tuple[list[Curve], Curve] | None = None,
+                   batches: list[dict] | None = None) -> dict:
+    """``divergence_runs``: (baselines, candidate) curves divergence is judged on, when those are not the
+    compared ones (the training loss of val_loss runs); ``batches``: per run (baselines, then candidate) a
+    dict step -> per-batch validation losses, for the held-out set's sampling error (metric val_loss)."""
     o = (options or CompareOptions()).check()
-    div = _divergence(candidate, o)
-    base_div = [{"source": b.meta.source, **d} for b in baselines if (d := _divergence(b, o))]
+    div_bases, div_cand = divergence_runs or (baselines, candidate)
+    div = _divergence(div_cand, o)
+    base_div = [{"source": b.meta.source, **d} for b in div_bases if (d := _divergence(b, o))]
     al = align(baselines, candidate)
     steps, cand, bases = al.steps, al.candidate, al.baselines
     cut_steps = [d["step"] for d in ([div] if div else []) + base_div]
@@ -215,7 +255,7 @@ def compare_curves(baselines: list[Curve], candidate: Curve, options: CompareOpt
         keep = steps < min(cut_steps)
         steps, cand, bases = steps[keep], cand[keep], bases[:, keep]
     result = {
-        "verdict": None, "reason": None, "margin": o.margin, "confidence": o.confidence,
+        "verdict": None, "reason": None, "metric": o.metric, "margin": o.margin, "confidence": o.confidence,
         "interval": None, "estimate": None, "final_window": None, "overall": None,
         "divergence": div, "baseline_divergence": base_div or None, "baseline_runs": len(baselines),
         "noise": None, "options": asdict(o),
@@ -226,7 +266,15 @@ def compare_curves(baselines: list[Curve], candidate: Curve, options: CompareOpt
     }
     first = int(np.searchsorted(steps, al.steps[0] + o.start_fraction * (al.steps[-1] - al.steps[0])))
     steps, cand, bases = steps[first:], cand[first:], bases[:, first:]
-    if len(steps) >= 8:
+    if o.metric == "val_loss" and len(steps):
+        from convergence.curves import paired
+
+        fstart = int(np.searchsorted(steps, steps[-1] - o.final_fraction * (al.steps[-1] - al.steps[0])))
+        result.update(paired.statistics(steps, cand, bases, _batch_arrays(batches, steps), o,
+                                        final_from=min(fstart, len(steps) - 1)))
+        result["series"] |= {"baseline_names": [b.name for b in baselines], "candidate_name": candidate.name}
+        result.update(interval=result["overall"]["interval"], estimate=result["overall"]["estimate"])
+    elif o.metric == "loss" and len(steps) >= 8:
         bmean = bases.mean(axis=0)
         noise = _noise(cand / bmean - 1.0)
         noise["model"] = "baseline_seeds" if len(baselines) >= 2 else "residual"
@@ -292,11 +340,26 @@ def _statistics_verdict(r: dict) -> tuple[str, str]:
 
 
 def compare_paths(baselines, candidate, *, margin: float = CompareOptions.margin, **opts) -> dict:
-    """Load and compare; ``opts``: CompareOptions fields and loader keys (format, loss_key, step_key, tag)."""
+    """Load and compare; ``opts``: CompareOptions fields and loader keys (format, loss_key, step_key, tag).
+
+    ``metric="val_loss"`` compares the ``val_loss`` series (``loss_key`` names another), judges divergence on
+    the training loss where the files have one, and reads JSONL runs' ``val_batch_losses``."""
     load_keys = {k: opts.pop(k) for k in ("format", "loss_key", "step_key", "tag") if k in opts}
     options = replace(CompareOptions(), margin=margin, **opts).check()
-    *base, cand = load_curves([*baselines, candidate], **load_keys)
-    result = compare_curves(base, cand, options)
+    paths = [*baselines, candidate]
+    if options.metric == "val_loss":
+        *base, cand = load_curves(paths, **(load_keys | {"loss_key": load_keys.get("loss_key") or "val_loss"}))
+        try:
+            *train_base, train_cand = load_curves(paths, **{k: v for k, v in load_keys.items() if k != "loss_key"})
+            div_runs = (train_base, train_cand)
+        except BadInput:  # no training loss in these files: divergence is judged on the validation curves
+            div_runs = None
+        batches = [load_field(p, "val_batch_losses") if c.meta.format == "jsonl" else None
+                   for p, c in zip(paths, [*base, cand])]
+        result = compare_curves(base, cand, options, divergence_runs=div_runs, batches=batches)
+    else:
+        *base, cand = load_curves(paths, **load_keys)
+        result = compare_curves(base, cand, options)
     from numerics.environment import describe
 
     result["environment"] = describe()

@@ -1,11 +1,13 @@
 """JSONL loss curves: one JSON object per line, ``{"step": int, "loss": float, ...}``.
 
-Public function
+Public functions
   ``load_jsonl(path, *, loss_key="loss", step_key="step") -> Curve``
+  ``load_field(path, key, *, step_key="step") -> dict``  step -> one field's value (e.g. a list)
 
 What a line may hold. A line without the loss key is accepted only when it carries another known
-series (``EXTRA_SERIES``, e.g. the harness's ``{"step": N, "val_loss": x}`` lines); those values
-land in ``Curve.extras``. A line with neither, a non-object, a missing/non-integer step, a step
+series (``EXTRA_SERIES``, e.g. the harness's ``{"step": N, "val_loss": x}`` lines, or the training
+``loss`` when another key is read, as ``compare --metric val_loss`` does); those values land in
+``Curve.extras``. A line with neither, a non-object, a missing/non-integer step, a step
 outside int64, or a null / non-numeric loss is bad input (``CurveError`` naming the line). Nested
 objects (per-layer extras) are ignored. ``NaN`` / ``Infinity`` are data, not errors. Blank lines
 are skipped; a truncated final line (a run still writing) is skipped with a warning. A UTF-8 byte
@@ -104,7 +106,7 @@ def _bad_record(where: str, obj, step_key: str, loss_key: str) -> str | None:
     if loss_key in obj and not _is_number(obj[loss_key]):
         loss = obj[loss_key]
         return f"{where}: {'null' if loss is None else 'non-numeric'} '{loss_key}': {loss!r}"
-    if loss_key not in obj and not any(_is_number(obj.get(k)) for k in EXTRA_SERIES):
+    if loss_key not in obj and not any(_is_number(obj.get(k)) for k in (*EXTRA_SERIES, "loss")):
         return f"{where}: no '{loss_key}' and no other known series ({', '.join(EXTRA_SERIES)})"
     return None
 
@@ -217,6 +219,23 @@ def read_columns(raw: bytes, path: Path, *, step_key: str, loss_key: str, fast: 
     extras = np.concatenate([c.extras for c in parts])
     has_extra = np.concatenate([c.has_extra for c in parts])
     return _Columns(cat[0], cat[1], cat[2], extras, has_extra, cat[3]), warnings
+
+
+def load_field(path, key: str, *, step_key: str = "step") -> dict[int, object]:
+    """step -> the value of ``key`` (any JSON value, e.g. a list of per-batch losses) on the lines that have
+    it; a step logged twice keeps its later value, as the curve does. Lines that are not JSON objects with
+    an integer step (a torn last line) are skipped: ``load_jsonl`` is the one that judges a file."""
+    out: dict[int, object] = {}
+    for raw in read_bytes(Path(path)).splitlines():
+        if key.encode() not in raw:
+            continue
+        try:
+            obj = _parse(raw)
+        except (ValueError, RecursionError):
+            continue
+        if type(obj) is dict and type(obj.get(step_key)) is int and key in obj:
+            out[obj[step_key]] = obj[key]
+    return out
 
 
 def load_jsonl(path, *, loss_key: str = "loss", step_key: str = "step", fast: bool = True) -> Curve:

@@ -8,7 +8,9 @@ Public function
       intervals and the divergence, so the figure can be redrawn from the JSON alone.
       Top panel: baseline (mean of seeds) and candidate, raw (thin) and smoothed (thick), log-scaled
       loss, divergence marked. Bottom panel: per-window relative difference, the +-margin band, and
-      the whole-range and final-window intervals as shaded bars. Refuses to overwrite unless ``force``;
+      the whole-range and final-window intervals as shaded bars; for ``metric="val_loss"`` the
+      candidate's and each baseline replicate's difference from the baselines' mean at every evaluation.
+      Refuses to overwrite unless ``force``;
       written atomically (``numerics.files.atomic_path``): an interrupted run leaves no torn PNG.
 """
 
@@ -49,7 +51,8 @@ def plot_comparison(result: dict, out_png, *, force: bool = False) -> Path:
         top.annotate(f"diverged: {div['kind']} @ {div['step']}", (div["step"], 0.95),
                      xycoords=("data", "axes fraction"),
                      color="tab:red", ha="right", va="top")
-    top.set_ylabel("loss")
+    val = result.get("metric") == "val_loss"
+    top.set_ylabel("validation loss (held-out set)" if val else "loss")
     if top.get_legend_handles_labels()[0]:  # matplotlib warns on a legend with nothing in it
         top.legend(loc="upper right", fontsize=8)
     top.set_title(f"{result['verdict'].upper()}: {result['reason']}", fontsize=9, loc="left")
@@ -59,7 +62,11 @@ def plot_comparison(result: dict, out_png, *, force: bool = False) -> Path:
     bottom.axhline(0.0, color="black", lw=0.6)
     w = result.get("windows")
     if w:
-        bottom.plot(w["end_steps"], w["rel_diff"], ".", color="tab:gray", ms=3, label="per-window rel. diff.")
+        for i, rep in enumerate(w.get("replicates") or []):  # val_loss: each baseline against the baselines' mean
+            bottom.plot(w["end_steps"], rep, color="tab:blue", lw=0.7, alpha=0.5,
+                        label="baseline replicates" if i == 0 else None)
+        bottom.plot(w["end_steps"], w["rel_diff"], ".-" if val else ".", color="tab:orange" if val else "tab:gray",
+                    ms=3, lw=1.0, label="candidate, per evaluation" if val else "per-window rel. diff.")
     for key, color in (("overall", "tab:purple"), ("final_window", "tab:brown")):
         part = result.get(key)
         if part and part["interval"]:

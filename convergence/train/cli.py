@@ -7,6 +7,7 @@ what the comparison of the recipes' curves concluded.
 
 from __future__ import annotations
 
+import argparse
 import os
 import time
 from collections.abc import Sequence
@@ -50,10 +51,15 @@ def config_from_args(args) -> TrainConfig:
             d[key] = v
     if args.ep is not None and args.probe_every is None:
         d["probe_every"] = 0  # probes are single-process only
+    for flag in ("seed", "data_seed", "row_order"):
+        v = getattr(args, flag)
+        if v is not None and v < 0:
+            raise CLIError(f"--{flag.replace('_', '-')} must be >= 0, got {v}")
     spec = data_mod.DataSpec(path=args.data, tokenizer=args.tokenizer, bin_dtype=args.data_dtype)
     return TrainConfig(model=args.model, recipes=recipes, steps=args.steps, seed=args.seed,
                        device=args.device, data=spec, ep=args.ep or 0, ep_backend=args.ep_backend,
-                       deterministic=args.deterministic, mxfp8_kernel=args.mxfp8_kernel, **d)
+                       deterministic=args.deterministic, mxfp8_kernel=args.mxfp8_kernel,
+                       data_seed=args.data_seed, row_order=args.row_order, **d)
 
 
 class _RankParser(ArgumentParser):
@@ -65,13 +71,17 @@ class _RankParser(ArgumentParser):
         super().error(message)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def train_parser() -> ArgumentParser:
+    """The parser of ``python -m convergence train`` (the protocol's run commands are parsed by it in tests)."""
     p = _RankParser(prog="python -m convergence train", description=__doc__.splitlines()[0])
     p.add_argument("--model", required=True, help=f"one of {', '.join(CONFIGS)}")
     p.add_argument("--recipe", action="append", help=f"repeatable; one of {', '.join(RECIPES)}")
     p.add_argument("--steps", type=int, required=True)
     p.add_argument("--out", required=True, type=Path)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="initial weights (and the data order, unless --data-seed)")
+    p.add_argument("--data-seed", type=int, default=None, help="order of the training data (default: --seed)")
+    p.add_argument("--row-order", type=int, default=None,
+                   help="permute each batch's rows by this seed: the same tokens summed in another order")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument("--resume", action="store_true", help="continue the runs in --out from their checkpoints")
     p.add_argument("--force", action="store_true", help="overwrite the runs in --out")
@@ -92,7 +102,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="emulated (torchao's eager ops), fast (fused casts, bit-identical), real (SM100); auto: "
                    "real on SM100, emulated elsewhere")
     p.add_argument("--dist-timeout", type=float, default=300.0, help="seconds before a collective gives up")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = train_parser().parse_args(argv)
     rank = os.environ.get("RANK", "0")
     if args.ep is None and "WORLD_SIZE" in os.environ and os.environ["WORLD_SIZE"] != "1":
         if rank != "0":
@@ -228,3 +242,108 @@ if __name__ == "__main__":
     from numerics.cli import run_main
 
     sys.exit(run_main(main))
+
+
+def _protocol_parser() -> ArgumentParser:
+    from convergence.train.protocol import DESIGNS, ProtocolPlan
+
+    d = ProtocolPlan(model="tiny", steps=2)
+    p = ArgumentParser(prog="python -m convergence protocol",
+                       description="a paired candidate, BF16 replicates and both controls, judged on validation loss, "
+                       "in resumable pieces")
+    p.add_argument("--out", required=True, type=Path, help="the protocol's folder (repeat the command to continue)")
+    p.add_argument("--model", help=f"one of {', '.join(CONFIGS)}")
+    p.add_argument("--steps", type=int)
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--replicates", type=int, default=d.replicates, help="BF16 baselines, the paired one included")
+    p.add_argument("--design", default=d.design, help=f"what a replicate changes: {', '.join(DESIGNS)}")
+    p.add_argument("--candidate", default=d.candidate, help="the recipe judged (default mxfp8)")
+    p.add_argument("--control", default=d.control, help="the positive control recipe (default mxfp8-head)")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--mxfp8-kernel", default="auto", choices=["auto", *MXFP8_KERNELS])
+    p.add_argument("--margin", type=float, default=d.margin, help="relative equivalence margin (DeepSeek-V3: 0.0025)")
+    p.add_argument("--name", default="", help="prefix of the result files (default <model>_long)")
+    p.add_argument("--data", help="as convergence train --data (default: the Python standard library)")
+    for key in ("batch", "seq", "lr", "warmup", "val_every", "val_batches", "probe_every"):
+        p.add_argument(f"--{key.replace('_', '-')}", type=float if key == "lr" else int, default=None)
+    p.add_argument("--gpus", type=int, default=None, help="runs at once, one per GPU (default: every visible GPU)")
+    p.add_argument("--parallel", type=int, default=1, help="on the CPU: runs at once (worker processes)")
+    p.add_argument("--stop-after-minutes", type=float, default=None,
+                   help="stop every run at a checkpoint by then; the same command continues")
+    p.add_argument("--hardware", default=None, help="hardware tag in the result names (default: detected, e.g. h200x2)")
+    p.add_argument("--force", action="store_true", help="delete this protocol's runs in --out and start again")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads per process")
+    p.add_argument("--piece", help=argparse.SUPPRESS)  # internal: one worker piece of the run NAME
+    return p
+
+
+def protocol_main(argv: Sequence[str] | None = None) -> int:
+    """python -m convergence protocol: see convergence.train.protocol (the runs) and README."""
+    import sys
+
+    from convergence.train import pieces
+    from convergence.train import protocol as pr
+
+    args = _protocol_parser().parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.piece is not None:  # a worker: one piece of one run of the plan in --out
+        plan = pr.load_plan(args.out)
+        spec = next(s for s in plan.runs() if s.name == args.piece)
+        stop = None if args.stop_after_minutes is None else 60 * args.stop_after_minutes
+        pr.run_piece(plan, spec, args.out, stop_after_s=stop)
+        return 0
+    if args.model is None or args.steps is None:
+        raise CLIError("--model and --steps are required")
+    overrides = tuple((k, float(v)) for k in pr.TRAIN_OVERRIDES if (v := getattr(args, k)) is not None)
+    plan = pr.ProtocolPlan(model=args.model, steps=args.steps, seed=args.seed, replicates=args.replicates,
+                           design=args.design, candidate=args.candidate, control=args.control, device=args.device,
+                           mxfp8_kernel=args.mxfp8_kernel, margin=args.margin, name=args.name, data=args.data,
+                           overrides=overrides).check()
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise CLIError("--device cuda: no CUDA device is visible")
+    gpus = (args.gpus or torch.cuda.device_count()) if args.device == "cuda" else 0
+    if args.device == "cuda" and not 1 <= gpus <= torch.cuda.device_count():
+        raise CLIError(f"--gpus {args.gpus}: this machine has {torch.cuda.device_count()}")
+    if args.parallel < 1 or (args.stop_after_minutes is not None and args.stop_after_minutes <= 0):
+        raise CLIError("--parallel must be >= 1 and --stop-after-minutes > 0")
+    kernels = {plan.mxfp8_kernel} - {"auto"}
+    for k in kernels:
+        problem = mxfp8_problem(k, args.device)
+        if problem:
+            raise CLIError(f"--mxfp8-kernel: {problem}")
+    slots = gpus if args.device == "cuda" else args.parallel
+    pr.open_protocol(plan, args.out, force=args.force)
+    before = pr.run_status(plan, args.out)
+    print(f"protocol {plan.prefix}: {len(before)} runs of {plan.steps} steps, {slots or 1} at a time; done: "
+          f"{sum(v == 'done' for v in before.values())}", flush=True)
+    threads = args.threads or max(1, (os.cpu_count() or 1) // max(slots, 1))
+
+    def worker(name: str, minutes: float) -> list[str]:
+        return [sys.executable, "-m", "convergence", "protocol", "--out", str(args.out), "--piece", name,
+                "--stop-after-minutes", f"{minutes:.4f}", "--threads", str(threads)]
+
+    stop = None if args.stop_after_minutes is None else 60 * args.stop_after_minutes
+    try:
+        status = pieces.execute(plan, args.out, slots=slots, stop_after_s=stop, worker_argv=worker)
+    except pieces.RunFailed as exc:
+        print(f"error: a run failed: {exc}", file=sys.stderr)
+        return 1
+    left = [n for n, v in status.items() if v != "done"]
+    if left:
+        print(f"{len(status) - len(left)} of {len(status)} runs finished; not yet: "
+              + ", ".join(f"{n} ({status[n]}/{plan.steps} steps)" for n in left)
+              + f". Repeat the same command to continue ({args.out})")
+        return 4
+    from convergence.curves.compare import resolution
+
+    verdicts = pr.judge(plan, args.out)
+    hardware = args.hardware or pr.hardware_tag(args.device, gpus)
+    files = pr.write_results(plan, args.out, verdicts,
+                             plan.command("OUT", gpus=gpus, stop_after_minutes=args.stop_after_minutes), hardware)
+    for name, r in verdicts.items():
+        exp = r["protocol"]["expected"]
+        check = "" if exp is None else f" [control: expected {exp}: {'OK' if r['verdict'] == exp else 'FAILED'}]"
+        print(f"{name:<17} {r['verdict'].upper()}{check}: {r['reason']}; {resolution(r)}")
+    print(f"protocol complete: {len(files)} result files in {args.out / 'results'} (record.sh lists them in golden/)")
+    return 0

@@ -14,8 +14,9 @@ Public: ``load_tokens(spec) -> TokenData``, ``DataSpec``, ``Batches``, ``ByteTok
   ``.bin`` of uint16/uint32 token ids, whose last 1 % is validation.
 * Tokenizers: bytes by default (vocabulary 256; documents joined by a 0 byte, which clean text never
   holds); or a byte-level BPE trained with the ``tokenizers`` package on the train split once and cached.
-* Batching (``Batches``) is a pure function of (seed, step): every recipe of a paired run sees the same
-  tokens in the same order, and a resumed run continues from its step with nothing else to restore.
+* Batching (``Batches``) is a pure function of (seed, step) (and of ``row_seed``, which only reorders a
+  batch's rows): every recipe of a paired run sees the same tokens in the same order, and a resumed run
+  continues from its step with nothing else to restore.
 """
 
 from __future__ import annotations
@@ -219,10 +220,14 @@ def _finish(train: np.ndarray, val: np.ndarray, vocab: int, meta: dict) -> Token
 
 # ------------------------------------------------------------------------------------------ batching
 class Batches:
-    """Windows of seq+1 tokens, shuffled per epoch by (seed, epoch); batch ``step`` is a pure function."""
+    """Windows of seq+1 tokens, shuffled per epoch by (seed, epoch); batch ``step`` is a pure function.
 
-    def __init__(self, tokens: np.ndarray, *, batch: int, seq: int, seed: int):
-        self.tokens, self.batch, self.seq, self.seed = tokens, batch, seq, seed
+    ``row_seed`` (None: rows as drawn) permutes the rows of each batch by (row_seed, step): the same tokens
+    in the same step, summed in another order by every reduction over the batch (weight gradients, the
+    loss) -- a benign perturbation of one rounding per sum, with nothing else changed."""
+
+    def __init__(self, tokens: np.ndarray, *, batch: int, seq: int, seed: int, row_seed: int | None = None):
+        self.tokens, self.batch, self.seq, self.seed, self.row_seed = tokens, batch, seq, seed, row_seed
         self.windows = (len(tokens) - 1) // seq
         if self.windows < batch:
             raise BadInput(
@@ -242,6 +247,8 @@ class Batches:
         for sample in range(step * self.batch, (step + 1) * self.batch):
             w = int(self._order(sample // self.windows)[sample % self.windows])
             rows.append(self.tokens[w * self.seq: w * self.seq + self.seq + 1].astype(np.int64))
+        if self.row_seed is not None:
+            rows = [rows[i] for i in np.random.default_rng([self.row_seed, step]).permutation(self.batch)]
         return torch.from_numpy(np.stack(rows))
 
     def eval_batches(self, max_batches: int) -> Iterator[torch.Tensor]:

@@ -7,7 +7,12 @@ Public: ``TrainConfig``, ``defaults_for(model)``, ``run(cfg, out, resume=False, 
 What a run is:
 * every recipe starts from the same initial weights (drawn from ``seed`` on the CPU before any recipe is
   applied; their fingerprint is in config.json) and sees the same batches in the same order
-  (``data.Batches`` is a function of seed and step);
+  (``data.Batches`` is a function of the data seed and step). Three knobs vary one source of training
+  randomness at a time: ``seed`` (initial weights), ``data_seed`` (the order of the training windows;
+  None follows ``seed``, so runs made before it existed are unchanged bit for bit) and ``row_order`` (the
+  order of a batch's rows: the same arithmetic summed in another order, one rounding apart);
+* validation is on a fixed held-out set (the first ``val_batches`` batches of the validation split, the
+  same for every seed), logged with the standard error of its mean and every batch's loss;
 * the BF16 baseline is defined as FP32 master weights and AdamW state, forward and backward under
   ``torch.autocast(dtype=bfloat16)``: every matmul in BF16 with FP32 accumulation, norms, softmax,
   router scoring and the loss in FP32. The MXFP8 recipes are the same run with the recipe's layers'
@@ -15,7 +20,8 @@ What a run is:
 * AdamW (beta 0.9/0.95, weight decay on matrices only), linear warmup then cosine decay to 10 % of the
   peak learning rate, gradient-norm clipping;
 * outputs under ``OUT/<recipe>/``: ``metrics.jsonl`` (one line per step: step, loss, grad_norm, lr,
-  tokens, tokens_per_s, expert_load_max_share per MoE layer, val_loss every ``val_every`` steps),
+  tokens, tokens_per_s, expert_load_max_share per MoE layer; every ``val_every`` steps val_loss,
+  val_loss_se and val_batch_losses),
   ``probes.jsonl`` (every ``probe_every`` steps), ``config.json`` (run config, recipe, versions),
   ``checkpoint.pt`` (every ``ckpt_every`` steps and at the end; never with ``ckpt_every=0``); then
   ``OUT/verdict.json`` and ``OUT/curves.png`` from the curve comparison;
@@ -55,7 +61,7 @@ class TrainConfig:
     model: str
     recipes: tuple[str, ...]
     steps: int
-    seed: int = 0
+    seed: int = 0  # initial weights (and, unless data_seed says otherwise, the order of the training data)
     device: str = "cpu"
     batch: int = 8
     seq: int = 128
@@ -73,6 +79,13 @@ class TrainConfig:
     ep_backend: str = "reference"  # numerics.ep backend for dispatch / combine: reference or deepep
     deterministic: bool = False  # torch.use_deterministic_algorithms(True) and friends
     mxfp8_kernel: str = "auto"  # numerics.layer.mxfp8.KERNELS, or auto: real on SM100, emulated elsewhere
+    data_seed: int | None = None  # order of the training windows; None: ``seed`` (what every run did before)
+    row_order: int | None = None  # None: batch rows as drawn; N: permuted by (N, step), a benign reduction order
+
+    @property
+    def order_seed(self) -> int:
+        """The seed of the training data's order: ``data_seed``, or ``seed`` when that is None."""
+        return self.seed if self.data_seed is None else self.data_seed
 
     def fields_for_resume(self) -> dict:
         """What must match for --resume to continue a run (everything that shapes the curve)."""
@@ -157,14 +170,20 @@ def loss_of(model, tokens: torch.Tensor, device: torch.device) -> torch.Tensor:
 
 
 @torch.no_grad()
-def evaluate(model, batches: data_mod.Batches, cfg: TrainConfig, place: Single) -> float:
-    """Mean loss over the fixed validation batches; leaves the expert counters as it found them."""
+def evaluate(model, batches: data_mod.Batches, cfg: TrainConfig, place: Single) -> dict:
+    """Loss over the fixed validation batches: ``val_loss`` (their mean), ``val_loss_se`` (its standard error
+    from the spread of the per-batch losses; None for one batch) and ``val_batch_losses`` (each batch's, in
+    order: a paired comparison takes the difference batch by batch). Leaves the expert counters as it
+    found them."""
     moes = [m for _, m in model.moe_layers()]
     saved = [m.tokens_per_expert.clone() for m in moes]
     losses = [place.mean(loss_of(model, place.rows(b), place.device)) for b in batches.eval_batches(cfg.val_batches)]
     for m, s in zip(moes, saved):
         m.tokens_per_expert.copy_(s)
-    return sum(losses) / len(losses)
+    mean = sum(losses) / len(losses)
+    n = len(losses)
+    se = math.sqrt(sum((x - mean) ** 2 for x in losses) / (n - 1) / n) if n > 1 else None
+    return {"val_loss": mean, "val_loss_se": se, "val_batch_losses": losses}
 
 
 def _progress(recipe: str, step: int, total: int, loss: float, tps: float) -> None:
@@ -206,8 +225,8 @@ def train_recipe(cfg: TrainConfig, recipe_name: str, run_dir: Path, tokens: data
                 log.truncate_after(start)
         write_run_config(run_dir, cfg, recipe, applied, model.cfg, tokens, init_fp, **place.extra_config())
 
-    batches = data_mod.Batches(tokens.train, batch=cfg.batch, seq=cfg.seq, seed=cfg.seed)
-    val = data_mod.Batches(tokens.val, batch=cfg.batch, seq=cfg.seq, seed=cfg.seed)
+    batches = data_mod.Batches(tokens.train, batch=cfg.batch, seq=cfg.seq, seed=cfg.order_seed, row_seed=cfg.row_order)
+    val = data_mod.Batches(tokens.val, batch=cfg.batch, seq=cfg.seq, seed=cfg.seed)  # eval: the first windows
     moe_layers = model.moe_layers()
     coeff = model.cfg.load_balance_coeff
     params = list(model.parameters())
@@ -242,7 +261,7 @@ def train_recipe(cfg: TrainConfig, recipe_name: str, run_dir: Path, tokens: data
         if comm is not None:
             rec |= {"dispatch_combine_s": comm, "dispatch_combine_share": comm / dt}
         if cfg.val_every and (done % cfg.val_every == 0 or done == cfg.steps):
-            rec["val_loss"] = evaluate(model, val, cfg, place)
+            rec |= evaluate(model, val, cfg, place)
         if not math.isfinite(loss_f):
             rec["diverged"] = True
         if place.writer:
@@ -254,7 +273,8 @@ def train_recipe(cfg: TrainConfig, recipe_name: str, run_dir: Path, tokens: data
         if cfg.ckpt_every and (done % cfg.ckpt_every == 0 or done == cfg.steps or out_of_time
                                or not math.isfinite(loss_f)):
             place.save(run_dir, model, opt, sched, {
-                "step": done, "data_position": {"step": done, "samples": done * cfg.batch, "seed": cfg.seed},
+                "step": done, "data_position": {"step": done, "samples": done * cfg.batch, "seed": cfg.order_seed,
+                                                  "row_order": cfg.row_order},
                 "config": json.loads(json.dumps(cfg.fields_for_resume(), default=str)),
             })
         if progress and place.writer:
@@ -367,7 +387,7 @@ def run(cfg: TrainConfig, out: Path, *, resume: bool = False, force: bool = Fals
 def _run_recipes(cfg: TrainConfig, out: Path, place: Single, resume: bool, progress: bool,
                  stop_after_s: float | None) -> dict | None:
     tokens = data_mod.load_tokens(cfg.data)
-    data_mod.Batches(tokens.train, batch=cfg.batch, seq=cfg.seq, seed=cfg.seed)  # fail early: too few
+    data_mod.Batches(tokens.train, batch=cfg.batch, seq=cfg.seq, seed=cfg.order_seed)  # fail early: too few
     data_mod.Batches(tokens.val, batch=cfg.batch, seq=cfg.seq, seed=cfg.seed)
     t0 = time.monotonic()
     for i, name in enumerate(cfg.recipes):

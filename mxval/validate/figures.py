@@ -88,13 +88,15 @@ def training_curves(out: Path, runs: dict[str, Path], probes: list[dict], png: P
     for name, run_dir in runs.items():
         steps, loss = _metrics(run_dir)
         style = dict(color="tab:orange", lw=1.4) if name == "mxfp8" else \
-            dict(color="tab:blue", lw=1.4) if name == "bf16" else dict(color="tab:blue", lw=0.8, alpha=0.45, ls="--")
+            dict(color="tab:blue", lw=1.4) if name == "bf16" else \
+            dict(color="tab:blue", lw=0.8, alpha=0.45, ls="--") if name.startswith("bf16") else \
+            dict(color="tab:red", lw=0.9, alpha=0.7)  # the positive control
         top.plot(steps, loss, label=name, **style)
     top.set_ylabel("training loss")
     top.set_xlabel("step")
     top.legend(fontsize=8)
-    top.set_title("Paired runs: MXFP8 and BF16 from one seed and token stream; dashed: BF16 at other seeds",
-                  fontsize=10, loc="left")
+    top.set_title("Paired runs: MXFP8 and BF16 from one seed and token stream; dashed: BF16 replicates; red: the "
+                  "positive control", fontsize=10, loc="left")
     if probes:
         steps = [p["step"] for p in probes]
         per_step = [{layer: min(v.values()) for layer, v in p["layers"].items() if v} for p in probes]

@@ -7,8 +7,10 @@ figures (``mxval.validate.figures``).
   ``run_tensor``         ``numerics.tensor.report.tensor_report``: torchao's cast against the oracle, block by block
   ``run_layer``          ``numerics.layer.harness.run_suite`` + floors + ``golden.layer_stats.compare``
   ``run_communication``  ``numerics.ep.check.main``: the reference on gloo (CPU) / NCCL, DeepEP when present
-  ``run_training``       ``convergence.train.loop.train_recipe``: BF16 at several seeds and MXFP8 at the first
-  ``run_curves``         ``convergence.curves.compare.compare_paths`` of MXFP8 against the BF16 seeds
+  ``run_training``       ``convergence.train.protocol`` + ``pieces``: the paired MXFP8 run, BF16 replicates, both
+                         controls (one run per GPU at a time on a GPU machine)
+  ``run_curves``         ``convergence.train.protocol.judge``: the three validation-loss verdicts and the
+                         difference they resolve at this size
 """
 
 from __future__ import annotations
@@ -243,59 +245,60 @@ def communication_result(doc: dict, rc: int, what: str, plan: Plan) -> LevelResu
 
 # ---------------------------------------------------------------- training
 
-def baseline_seeds(plan: Plan) -> list[int]:
-    """BF16 seeds: the paired seed plus two more, so seed-to-seed randomness is measured (k - 1 = 2 dof)."""
-    return [plan.seed, plan.seed + 1, plan.seed + 2]
+def protocol_plan(plan: Plan):
+    """The convergence protocol at this machine's size: the paired MXFP8 run, BF16 replicates, both controls."""
+    from convergence.train.protocol import ProtocolPlan
 
-
-def _train_config(plan: Plan, seed: int, *, probes: bool = True):
-    from convergence.train import loop as train
-
-    d = train.defaults_for(plan.train_model)
-    d["ckpt_every"] = plan.train_steps  # one checkpoint, at the end (deleted: the report does not need it)
-    d["probe_every"] = min(d["probe_every"], max(1, plan.train_steps // 4)) if probes else 0
-    return train.TrainConfig(model=plan.train_model, recipes=("bf16", "mxfp8"), steps=plan.train_steps, seed=seed,
-                             device=plan.device, mxfp8_kernel=plan.mxfp8_kernel, **d)
-
-
-def runs(plan: Plan, out: Path) -> dict[str, Path]:
-    """name -> run folder: ``mxfp8`` and ``bf16`` at the plan's seed, ``bf16_seed<N>`` for the others."""
-    seed_dir = out / "training" / f"seed{plan.seed}"
-    d = {"bf16": seed_dir / "bf16", "mxfp8": seed_dir / "mxfp8"}
-    for s in baseline_seeds(plan)[1:]:
-        d[f"bf16_seed{s}"] = out / "training" / f"seed{s}" / "bf16"
-    return d
+    return ProtocolPlan(model=plan.train_model, steps=plan.train_steps, seed=plan.seed,
+                        replicates=plan.train_replicates, design=plan.train_design, device=plan.device,
+                        mxfp8_kernel=plan.mxfp8_kernel).check()
 
 
 def run_training(plan: Plan, out: Path, progress: Progress) -> LevelResult:
-    from convergence.train import data as data_mod
-    from convergence.train import loop as train
+    import sys
 
-    progress("loading the token stream (default corpus: this Python's standard library)")
-    tokens = data_mod.load_tokens(_train_config(plan, plan.seed).data)
-    checks, numbers, table = [], {"model": plan.train_model, "steps": plan.train_steps, "runs": {}}, [
-        ("run", "recipe", "seed", "steps", "first loss", "final loss (mean of last 10%)", "median tokens/s")]
-    for name, run_dir in runs(plan, out).items():
-        recipe = "mxfp8" if name == "mxfp8" else "bf16"
-        seed = int(run_dir.parent.name.removeprefix("seed"))
-        progress(f"{name}: {plan.train_model} model, {plan.train_steps} steps")
-        train.train_recipe(_train_config(plan, seed, probes=recipe == "mxfp8"), recipe, run_dir, tokens,
-                           resume=False, progress=True)
-        (run_dir / "checkpoint.pt").unlink(missing_ok=True)
-        recs = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    from convergence.train import pieces
+    from convergence.train import protocol as pr
+
+    pp = protocol_plan(plan)
+    root = out / "training"
+    pr.open_protocol(pp, root)
+    slots = max(1, plan.gpus) if plan.device == "cuda" else 1
+    progress(f"convergence protocol: {len(pp.runs())} {plan.train_model} runs of {plan.train_steps} steps, "
+             f"{slots} at a time")
+
+    def worker(name: str, minutes: float) -> list[str]:  # no deadline here: every piece runs to the end
+        return [sys.executable, "-m", "convergence", "protocol", "--out", str(root), "--piece", name]
+
+    pieces.execute(pp, root, slots=slots, worker_argv=worker)
+    checks, numbers = [], {"model": plan.train_model, "steps": plan.train_steps, "replicates": pp.replicates,
+                           "design": pp.design, "runs": {}}
+    table = [("run", "role", "recipe", "init / data / rows", "steps", "first loss", "final loss (last 10%)",
+              "final val loss", "median tokens/s")]
+    dirs = {}
+    for spec in pp.runs():
+        path = pr.metrics_path(root, spec)
+        dirs[spec.name] = path.parent
+        recs = [json.loads(line) for line in path.read_text().splitlines()]
         losses = [r["loss"] for r in recs]
         tail = losses[-max(1, len(losses) // 10):]
         final = sum(tail) / len(tail)
+        val = [r["val_loss"] for r in recs if "val_loss" in r]
         tps = sorted(r["tokens_per_s"] for r in recs)[len(recs) // 2]
         finite = all(isinstance(v, float) and math.isfinite(v) for v in losses) and len(losses) == plan.train_steps
         learned = finite and final < losses[0]
-        numbers["runs"][name] = {"recipe": recipe, "seed": seed, "first_loss": losses[0], "final_loss": final,
-                                 "median_tokens_per_s": tps, "dir": _rel(run_dir, out)}
-        table.append((name, recipe, str(seed), str(len(losses)), _fmt(losses[0], 4), _fmt(final, 4), f"{tps:,.0f}"))
-        checks.append(Check(f"{name} trains", "pass" if learned else "fail",
+        numbers["runs"][spec.name] = {"role": spec.role, "recipe": spec.recipe, "seed": spec.seed,
+                                      "data_seed": spec.data_seed, "row_order": spec.row_order,
+                                      "first_loss": losses[0], "final_loss": final,
+                                      "final_val_loss": val[-1] if val else None, "median_tokens_per_s": tps,
+                                      "dir": _rel(path.parent, out)}
+        rows = "as drawn" if spec.row_order is None else f"permuted ({spec.row_order})"
+        table.append((spec.name, spec.role, spec.recipe, f"{spec.seed} / {spec.data_seed} / {rows}", str(len(losses)),
+                      _fmt(losses[0], 4), _fmt(final, 4), _fmt(val[-1] if val else None, 4), f"{tps:,.0f}"))
+        checks.append(Check(f"{spec.name} trains", "pass" if learned else "fail",
                             f"{len(losses)}/{plan.train_steps} steps, loss {losses[0]:.3f} -> {final:.3f}"
                             if finite else f"non-finite loss or stopped early after {len(losses)} steps"))
-    probe_path = runs(plan, out)["mxfp8"] / "probes.jsonl"
+    probe_path = pr.metrics_path(root, pp.run("candidate")).with_name("probes.jsonl")
     probes = [json.loads(line) for line in probe_path.read_text().splitlines()] if probe_path.exists() else []
     if probes:
         last = probes[-1]["layers"]
@@ -305,54 +308,76 @@ def run_training(plan: Plan, out: Path, progress: Progress) -> LevelResult:
         checks.append(Check("layer probes (reported, not judged)", "pass",
                             f"at step {probes[-1]['step']} the lowest MXFP8-vs-BF16 SQNR on the run's own "
                             f"activations is {_fmt(worst[0], 1)} dB ({worst[1]})"))
-    fig = figs.training_curves(out, runs(plan, out), probes, out / "figures" / "training.png")
-    m, b = numbers["runs"]["mxfp8"], numbers["runs"]["bf16"]
-    others = [v["final_loss"] / b["final_loss"] - 1 for k, v in numbers["runs"].items() if k.startswith("bf16_seed")]
-    summary = (f"{plan.train_model} model, {plan.train_steps} steps: final loss BF16 {b['final_loss']:.4f}, "
-               f"MXFP8 {m['final_loss']:.4f} ({m['final_loss'] / b['final_loss'] - 1:+.2%}); "
-               f"BF16 at other seeds {', '.join(f'{x:+.2%}' for x in others)}")
+    fig = figs.training_curves(out, dirs, probes, out / "figures" / "training.png")
+    runs_ = numbers["runs"]
+    b = runs_["bf16"]["final_val_loss"]
+    rel = {name: v["final_val_loss"] / b - 1 for name, v in runs_.items() if name != "bf16" and b}
+    summary = (f"{plan.train_model} model, {plan.train_steps} steps, {len(runs_)} runs: final validation loss BF16 "
+               f"{b:.4f}; against it " + ", ".join(f"{n} {x:+.2%}" for n, x in rel.items()))
     return LevelResult("training", level_status(checks), summary, tuple(checks), numbers, tuple(table),
-                       (_rel(fig, out),), tuple(_rel(p / "metrics.jsonl", out) for p in runs(plan, out).values()))
+                       (_rel(fig, out),), tuple(_rel(d / "metrics.jsonl", out) for d in dirs.values()))
 
 
 # ---------------------------------------------------------------- curves
 
 VERDICT_STATUS = {"equivalent": "pass", "not_equivalent": "fail", "diverged": "fail", "inconclusive": "inconclusive",
                   "incomplete": "fail"}  # a run that did not cover the others is not a pass
+# A control that does not come out as expected says the protocol cannot be trusted at this size (too short, too
+# few replicates), not that MXFP8 failed: its check is inconclusive, and so is the candidate's verdict.
 
 
 def run_curves(plan: Plan, out: Path, progress: Progress) -> LevelResult:
-    from convergence.curves.compare import compare_paths
+    from convergence.curves.compare import resolution
     from convergence.curves.plots import plot_comparison
+    from convergence.train import protocol as pr
 
-    paths = runs(plan, out)
-    bases = [paths["bf16"] / "metrics.jsonl"] + [paths[f"bf16_seed{s}"] / "metrics.jsonl"
-                                                  for s in baseline_seeds(plan)[1:]]
-    progress(f"MXFP8 against {len(bases)} BF16 seeds")
-    r = compare_paths(bases, paths["mxfp8"] / "metrics.jsonl")
+    pp = protocol_plan(plan)
+    progress(f"validation loss: MXFP8 and both controls against {pp.replicates} BF16 runs")
+    verdicts = pr.judge(pp, out / "training")
     (out / "curves").mkdir()
-    (out / "curves" / "verdict.json").write_text(json.dumps(r, indent=1, default=str) + "\n")
+    for name, r in verdicts.items():
+        (out / "curves" / f"{name}.json").write_text(json.dumps(r, indent=1, default=str) + "\n")
+    r = verdicts["verdict"]
     fig = plot_comparison(r, out / "figures" / "curves.png")
-    single = compare_paths(bases[:1], paths["mxfp8"] / "metrics.jsonl")
+    controls, untrusted = [], []
+    for name, (role, expected, shows) in pr.VERDICTS.items():
+        if expected is None:
+            continue
+        c = verdicts[name]
+        ok = c["verdict"] == expected or (expected == "not_equivalent" and c["verdict"] == "diverged")
+        if not ok:
+            untrusted.append(name.replace("_", " "))
+        controls.append(Check(f"{name.replace('_', ' ')} ({pp.run(role).name}) is {expected}",
+                              "pass" if ok else "inconclusive", f"{c['verdict']}: {c['reason']} ({shows})"))
     status = VERDICT_STATUS[r["verdict"]]
+    detail = f"{r['reason']}; {resolution(r)}"
+    if untrusted and status != "inconclusive":
+        status, detail = "inconclusive", (f"{r['verdict']} not trusted: the {' and the '.join(untrusted)} did not "
+                                          f"come out as expected at this size; {detail}")
+    checks = [Check("MXFP8 within the margin of BF16 (validation loss, paired)", status, detail), *controls]
+    sens, noise = r.get("sensitivity") or {}, r.get("noise") or {}
     numbers = {"verdict": r["verdict"], "reason": r["reason"], "margin": r["margin"], "estimate": r["estimate"],
                "interval": r["interval"], "final_window_interval": (r["final_window"] or {}).get("interval"),
-               "noise_model": (r["noise"] or {}).get("model"), "baseline_seeds": len(bases),
-               "paired_estimate": single["estimate"], "paired_verdict_ignoring_seed_noise": single["verdict"]}
+               "half_width": sens.get("half_width"), "smallest_detectable": sens.get("smallest_detectable_difference"),
+               "replicate_spread": noise.get("replicate_spread"), "se_set": noise.get("se_set"),
+               "noise_model": noise.get("model"), "baselines": r["baseline_runs"],
+               "positive_control": verdicts["positive_control"]["verdict"],
+               "negative_control": verdicts["negative_control"]["verdict"]}
+    status = level_status(checks)
     enable = None
     if status == "inconclusive":
-        enable = (f"{plan.train_steps} steps of the {plan.train_model} model cannot resolve a "
-                  f"{r['margin']:.2%} margin against seed-to-seed noise; run longer "
-                  f"(mxval validate --steps N), or compare your own long runs: python -m convergence compare "
-                  "BF16.jsonl MXFP8.jsonl --baseline BF16_SEED1.jsonl ...")
-    table = [("range", "estimate", "interval", "decision")]
-    for key in ("overall", "final_window"):
-        part = r.get(key)
-        if part:
-            iv = part["interval"]
-            table.append((key, _fmt(part["estimate"] * 100, 3) + " %" if part["estimate"] is not None else "-",
-                          f"[{iv[0]:+.3%}, {iv[1]:+.3%}]" if iv else "-", part["decision"]))
-    checks = (Check("equivalence within the margin", status, r["reason"]),)
-    summary = f"{r['verdict']}: {r['reason']}"
-    return LevelResult("curves", status, summary, checks, numbers, tuple(table), (_rel(fig, out),),
-                       ("curves/verdict.json",), enable)
+        enable = (f"at this size ({plan.train_model}, {plan.train_steps} steps, {pp.replicates} BF16 runs) the verdict "
+                  f"resolves +-{_fmt((sens.get('half_width') or math.nan) * 100, 3)} %; python -m convergence power "
+                  f"{out / 'curves' / 'verdict.json'} says how many replicates and steps reach the margin; run them "
+                  "with python -m convergence protocol (README: the convergence protocol), or mxval validate --steps N")
+    table = [("comparison", "verdict", "estimate", "interval", "half-width")]
+    for name, v in verdicts.items():
+        part = v.get("final_window") or {}
+        iv = v.get("interval")
+        table.append((name, v["verdict"], f"{v['estimate']:+.3%}" if v.get("estimate") is not None else "-",
+                      f"[{iv[0]:+.3%}, {iv[1]:+.3%}]" if iv else "-",
+                      f"{part['half_width']:.3%}" if part.get("half_width") is not None else "-"))
+    summary = (f"{r['verdict']}: {r['reason']}; {resolution(r)}; controls: positive "
+               f"{verdicts['positive_control']['verdict']}, negative {verdicts['negative_control']['verdict']}")
+    return LevelResult("curves", status, summary, tuple(checks), numbers, tuple(table), (_rel(fig, out),),
+                       tuple(f"curves/{name}.json" for name in verdicts), enable)

@@ -39,6 +39,8 @@ class Plan:
     train_model: str  # convergence.train.model config name
     train_steps: int
     seed: int = 0
+    train_replicates: int = 3  # BF16 baselines of the convergence protocol (the paired one included)
+    train_design: str = "rounding"  # what a replicate changes (convergence.train.protocol.DESIGNS)
     strict: bool = False  # known findings (FINDINGS.md) fail a level instead of passing it as "known"
     mxfp8_kernel: str = "auto"  # training's MXFP8 kernel: fast on a GPU where it runs (bit-identical, ~6x)
 
@@ -57,10 +59,14 @@ def make_plan(*, gpus: int, deep_ep: bool, quick: bool = False, steps: int | Non
         from numerics.layer.mxfp8 import kernel_problem
 
         kernel = "fast" if kernel_problem("fast", "cuda") is None else "auto"
-        # proxy: ~0.1 s (bf16) + ~1 s (emulated mxfp8) per step on an H200 -> ~4 min for 200 steps
-        default_steps = 40 if quick else 200
+        # the convergence protocol's 6 proxy runs (4 BF16 at 98 ms/step, 2 MXFP8 at ~136 ms/step with the fast
+        # kernel, H200: golden/training/bench_proxy__h200.json), one per GPU at a time, plus ~60 s of start-up
+        # and checkpoint per piece (convergence.train.pieces.STARTUP_S): ~0.38 s per step over two GPUs -> 1,000
+        # steps in ~9.5 min; one GPU runs all six in turn (0.77 s per step) -> 300 steps in ~10 min
+        default_steps = 40 if quick else 1000 if gpus >= 2 else 300
     else:
-        # tiny on 2 CPU cores: ~0.05 s (bf16) + ~0.2 s (emulated mxfp8) per step -> ~60 s for 200 steps
+        # tiny on 2 CPU cores, six protocol runs: ~0.05 s (bf16) + ~0.3 s (emulated mxfp8) per step -> ~4 min for
+        # 200 steps (README, validate section)
         default_steps = 20 if quick else 200
     return Plan(
         device="cuda" if gpu else "cpu", gpus=gpus, deep_ep=deep_ep, quick=quick,

@@ -29,11 +29,12 @@ from numerics import metrics
 from numerics.layer import mxfp8
 from numerics.layer.configs import GroupedShape, LayerSuite, LinearShape, ModelConfig
 from numerics.layer.modules import Attention, GroupedLinear, Linear, MoE, rope_frequencies
+from numerics.layer.recipes import CONTROLS as _CONTROLS
 from numerics.layer.recipes import RECIPES as _REGISTRY
 from numerics.layer.recipes import apply_recipe, get_recipe, set_op
 from numerics.layer.results import LayerResult, TensorStat
 
-RECIPES = tuple(_REGISTRY)  # bf16, mxfp8, mxfp8-wgrad-hp
+RECIPES = tuple(r for r in _REGISTRY if r not in _CONTROLS)  # bf16, mxfp8, mxfp8-wgrad-hp
 INPUT_FAMILIES = ("normal", "outlier_channels", "lognormal_rows")
 
 

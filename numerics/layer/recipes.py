@@ -1,7 +1,12 @@
 """Recipes as data, one registry and one spelling, and the one converter that applies a recipe to modules.
 
-Public: ``Recipe``, ``RECIPES``, ``MX_RECIPES``, ``get_recipe(name)``, ``apply_recipe(model, recipe, ...)``,
-``set_op(module, recipe, kernel)``, ``quantized_fqns(model, recipe)``.
+Public: ``Recipe``, ``RECIPES``, ``MX_RECIPES`` (the MXFP8 candidates), ``CONTROLS`` (positive controls),
+``get_recipe(name)``, ``apply_recipe(model, recipe, ...)``, ``set_op(module, recipe, kernel)``,
+``quantized_fqns(model, recipe)``.
+
+A positive control (``mxfp8-head``) is a recipe known to train worse: the same MXFP8 ops on more modules
+(the output head, which every FP8 recipe keeps in high precision). The convergence protocol must call it
+``not_equivalent``; the layer level leaves it out (per GEMM it is ``mxfp8``).
 
 The MXFP8 module selection is torchtitan's DeepSeek-V3 MXFP8 recipe
 (``torchtitan/models/deepseek_v3/config_registry.py::deepseek_v3_debugmodel_mxfp8``, read at commit
@@ -39,9 +44,16 @@ class Recipe:
     wgrad_with_hp: bool = False  # weight gradients computed in high precision (BF16) instead of MXFP8
     scale_calculation_mode: str = "RCEIL"  # E8M0 scale rounding (torchao ScaleCalculationMode)
     description: str = ""
+    control: bool = False  # a positive control of the convergence protocol (known worse), not a candidate
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+    @property
+    def op_recipe(self) -> str:
+        """The name ``numerics.layer.mxfp8`` configures torchao's ops by: what each converted GEMM computes
+        (which modules are converted is ``linear_fqns`` / ``grouped_experts``)."""
+        return "mxfp8-wgrad-hp" if self.wgrad_with_hp else "mxfp8"
 
 
 def _bf16() -> Recipe:
@@ -68,8 +80,20 @@ def _mxfp8_wgrad_hp() -> Recipe:
     )
 
 
-RECIPES = {"bf16": _bf16, "mxfp8": _mxfp8, "mxfp8-wgrad-hp": _mxfp8_wgrad_hp}
-MX_RECIPES = tuple(name for name, make in RECIPES.items() if make().mxfp8)
+def _mxfp8_head() -> Recipe:
+    return dataclasses.replace(
+        _mxfp8(), name="mxfp8-head",
+        # deviation from mxfp8: the output head too, which torchtitan and DeepSeek-V3 keep in high precision
+        linear_fqns=(*TORCHTITAN_MXFP8_LINEAR_FQNS, "output"),
+        control=True,
+        description="positive control: mxfp8 plus the output head (logits and their gradient) in MXFP8, a "
+        "layer every FP8 recipe keeps in high precision; the convergence protocol must call it worse",
+    )
+
+
+RECIPES = {"bf16": _bf16, "mxfp8": _mxfp8, "mxfp8-wgrad-hp": _mxfp8_wgrad_hp, "mxfp8-head": _mxfp8_head}
+MX_RECIPES = tuple(name for name, make in RECIPES.items() if make().mxfp8 and not make().control)
+CONTROLS = tuple(name for name, make in RECIPES.items() if make().control)  # same ops, more modules: not layer cases
 
 
 def get_recipe(name: str) -> Recipe:
@@ -102,9 +126,9 @@ def _check_block_dims(module: nn.Module, fqn: str) -> None:
 def set_op(module: nn.Module, recipe: Recipe, kernel: str) -> None:
     """Put the recipe's MXFP8 op (with ``kernel``) into this one module's ``mxfp8_op`` seam."""
     if isinstance(module, GroupedLinear):
-        module.mxfp8_op = mxfp8.grouped_mm_op(recipe.name, kernel)
+        module.mxfp8_op = mxfp8.grouped_mm_op(recipe.op_recipe, kernel)
     elif isinstance(module, Linear):
-        module.mxfp8_op = mxfp8.linear_op(recipe.name, kernel)
+        module.mxfp8_op = mxfp8.linear_op(recipe.op_recipe, kernel)
     else:
         raise TypeError(f"{type(module).__name__} has no mxfp8_op seam (numerics.layer.modules.Linear or "
                         "GroupedLinear)")
@@ -133,7 +157,7 @@ def apply_recipe(model: nn.Module, recipe: Recipe, device: torch.device | str = 
         _check_block_dims(modules[fqn], fqn)
     for fqn in fqns:
         set_op(modules[fqn], recipe, kernel)
-    cfg = mxfp8.op_config(recipe.name, kernel)
+    cfg = mxfp8.op_config(recipe.op_recipe, kernel)
     return {
         "quantized": fqns,
         "kernel": kernel,

@@ -26,7 +26,9 @@ def test_validate_quick_run_end_to_end(tmp_path):
     for name in ("report.md", "report.html", "summary.json", "tensor/report.json", "figures/tensor_sqnr.png",
                  "layer/layers.json", "communication/check.json",
                  "curves/verdict.json", "figures/layer_sqnr.png", "figures/training.png", "figures/curves.png",
-                 "logs/layer.log", "training/seed0/mxfp8/metrics.jsonl", "training/seed2/bf16/metrics.jsonl"):
+                 "logs/layer.log", "training/runs/mxfp8/mxfp8/metrics.jsonl",
+                 "training/runs/bf16_rounding2/bf16/metrics.jsonl", "training/runs/mxfp8-head/mxfp8-head/metrics.jsonl",
+                 "curves/positive_control.json", "curves/negative_control.json"):
         assert (out / name).is_file(), name
     assert not list(out.rglob("checkpoint.pt"))  # the runs' checkpoints are not kept in a report folder
 
@@ -46,8 +48,10 @@ def test_validate_quick_run_end_to_end(tmp_path):
     assert comm["numbers"]["failures"] == 0 and comm["numbers"]["cases"] > 10
     deepep = [c for c in comm["checks"] if c["status"] == "skipped"]
     assert deepep and "DeepEP" in deepep[0]["name"] and "deep_ep" in comm["enable"]
-    assert levels["curves"]["numbers"]["baseline_seeds"] == 3
-    assert levels["curves"]["numbers"]["noise_model"] == "baseline_seeds"
+    curves = levels["curves"]["numbers"]
+    assert curves["baselines"] == 3 and curves["noise_model"] == "replicates"
+    assert curves["half_width"] > 0 and "resolves +-" in levels["curves"]["summary"]  # what this size can resolve
+    assert {c["name"].split(" (")[0] for c in levels["curves"]["checks"]} >= {"positive control", "negative control"}
     assert levels["layer"]["numbers"]["below_floor"] == 0
 
     # report.html is self-contained: every figure embedded, nothing fetched

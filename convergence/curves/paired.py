@@ -1,0 +1,109 @@
+"""The paired verdict on held-out validation loss: a candidate against its baseline and baseline replicates.
+
+Public: ``statistics(steps, candidate, baselines, batches, options) -> dict`` (the ``overall``,
+``final_window``, ``noise`` and plotting parts of ``convergence.curves.compare``'s result for
+``metric="val_loss"``), ``range_statistic``, ``jackknife_se``, ``REPLICATE_DESIGN``.
+
+The design (README, "The convergence protocol"): the candidate (say MXFP8) and the first baseline (BF16)
+start from the same weights and see the same data; the other baselines are *replicates*, BF16 runs that
+differ from the first by a benign change only (other initial weights, or another reduction order), and
+together they say how far apart two runs of one recipe end up on this data. Validation loss is measured
+on one fixed held-out set, so it has no batch-to-batch sampling noise along the run; what is left is
+
+* run-to-run noise: training is chaotic, and any change, benign or not, moves the end point. The
+  replicates measure it: for a range of evaluations, each run's statistic is
+  ``x_j = mean_t(L_j(t) / Lbar(t)) - 1`` with ``Lbar(t)`` the mean of the k baselines at evaluation t;
+  the baselines' x_i have spread ``s`` (k - 1 degrees of freedom), and the candidate, one more run, is
+  ``x_c`` with standard error ``s * sqrt(1 + 1/k)`` when it differs from them by nothing but noise;
+* the held-out set's sampling error: the set is a sample of the distribution the claim is about. Where
+  the runs log every batch's loss (``val_batch_losses``), the jackknife over batches (leave one batch
+  out of every run, recompute ``x_c``) gives its standard error, paired by construction (every run is
+  scored on the same batches). Without per-batch losses it is left out and the result says so.
+
+The interval is ``x_c +- t(level, k - 1) * sqrt(se_between^2 + se_set^2)`` on the whole compared range and
+on its final fraction (Bonferroni over the two, as for the training loss). Fewer than two baselines
+measure no run-to-run noise, so the verdict is then ``inconclusive`` whatever the estimate.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from scipy import stats
+
+REPLICATE_DESIGN = ("the first baseline shares the candidate's initial weights and data; the others differ from it "
+                    "by a benign change only; their spread is the run-to-run noise")
+
+
+def range_statistic(cand: np.ndarray, bases: np.ndarray) -> tuple[float, np.ndarray]:
+    """``x_c`` and the baselines' ``x_i`` over evaluations: mean over t of L(t) / mean_i L_i(t), minus 1."""
+    mean = bases.mean(axis=0)
+    return float((cand / mean).mean() - 1.0), (bases / mean).mean(axis=1) - 1.0
+
+
+def jackknife_se(cand_b: np.ndarray, bases_b: np.ndarray) -> float:
+    """Standard error of ``x_c`` from the held-out set's batches, by the jackknife over batches.
+
+    ``cand_b`` [t, n] and ``bases_b`` [k, t, n]: every run's per-batch losses at the compared evaluations."""
+    n = cand_b.shape[-1]
+    total_c, total_b = cand_b.sum(axis=-1), bases_b.sum(axis=-1)
+    loo = np.empty(n)
+    for b in range(n):  # leave batch b out of every run: the per-evaluation means over the other n - 1
+        c = (total_c - cand_b[..., b]) / (n - 1)
+        base = (total_b - bases_b[..., b]) / (n - 1)
+        loo[b] = range_statistic(c, base)[0]
+    return float(math.sqrt((n - 1) / n * ((loo - loo.mean()) ** 2).sum()))
+
+
+def _part(steps: np.ndarray, cand: np.ndarray, bases: np.ndarray, batches, opts) -> dict:
+    k = len(bases)
+    est, levels = range_statistic(cand, bases)
+    out = {"start_step": int(steps[0]), "end_step": int(steps[-1]), "points": len(steps),
+           "windows": len(steps), "window_points": 1, "estimate": est, "replicate_levels": [float(v) for v in levels]}
+    se_set = None
+    if batches is not None:
+        cand_b, bases_b = batches
+        se_set = jackknife_se(cand_b, bases_b)
+    out["se_set"] = se_set
+    if k < 2:
+        return {**out, "interval": None, "half_width": None, "decision": "inconclusive",
+                "why": "one baseline: run-to-run noise is not measured (pass replicates with --baseline)"}
+    level = 1 - (1 - opts.confidence) / 4  # two ranges (Bonferroni), two-sided
+    spread = float(levels.std(ddof=1))
+    se_between = spread * math.sqrt(1 + 1 / k)
+    se = math.sqrt(se_between ** 2 + (se_set or 0.0) ** 2)
+    half = float(stats.t.ppf(level, k - 1)) * se
+    lo, hi = est - half, est + half
+    m = opts.margin
+    decision = "equivalent" if -m <= lo and hi <= m else "not_equivalent" if lo > m or hi < -m else "inconclusive"
+    word = {"equivalent": "inside", "not_equivalent": "outside", "inconclusive": "straddles"}[decision]
+    return {**out, "interval": [lo, hi], "half_width": half, "confidence_each": 2 * level - 1,
+            "se_between": se_between, "seed_spread": spread, "dof": k - 1, "se_within": None,
+            "noise_source": "replicates" + ("+set" if se_set is not None else ""),
+            "decision": decision, "why": f"interval [{lo:+.3%}, {hi:+.3%}] {word} +-{m:.3%}"}
+
+
+def statistics(steps: np.ndarray, cand: np.ndarray, bases: np.ndarray, batches, opts, *, final_from: int) -> dict:
+    """The ``overall`` (all of ``steps``) and ``final_window`` (from index ``final_from``) parts, the noise
+    summary and the plotted series. ``batches``: (candidate [t, n], baselines [k, t, n]) or None."""
+
+    def cut(sl):
+        return None if batches is None else (batches[0][sl], batches[1][:, sl])
+
+    overall = _part(steps, cand, bases, cut(slice(None)), opts)
+    final = _part(steps[final_from:], cand[final_from:], bases[:, final_from:], cut(slice(final_from, None)), opts)
+    mean = bases.mean(axis=0)
+    k = len(bases)
+    noise = {"model": "replicates", "replicates": k, "replicate_spread": final.get("seed_spread"),
+             "se_set": final["se_set"], "evaluations": len(steps),
+             "note": (f"{k} baselines: {REPLICATE_DESIGN}" if k >= 2 else
+                      "one baseline: run-to-run noise is not measured") + (
+                 "; the held-out set's sampling error is included (jackknife over its batches)" if batches is not None
+                 else "; the runs log no per-batch validation losses, so the set's sampling error is not included")}
+    series = {"steps": [int(s) for s in steps], "candidate": [float(v) for v in cand],
+              "baseline": [float(v) for v in mean], "candidate_smoothed": [float(v) for v in cand],
+              "baseline_smoothed": [float(v) for v in mean]}
+    windows = {"end_steps": [int(s) for s in steps], "rel_diff": [float(v) for v in cand / mean - 1.0],
+               "replicates": [[float(v) for v in b / mean - 1.0] for b in bases]}
+    return {"overall": overall, "final_window": final, "noise": noise, "series": series, "windows": windows}

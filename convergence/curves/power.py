@@ -1,0 +1,156 @@
+"""Power of the paired verdict on validation loss: how many replicates and steps a margin needs.
+
+Public: ``half_width(k, spread, se_set=0, confidence=0.95)``, ``replicates_needed(spread, target, ...)``,
+``floor_half_width(spread, se_set, confidence)``, ``fit_spread(points)``, ``steps_needed(fit, spread)``,
+``Measured`` / ``measured(result)`` (from a ``compare --metric val_loss`` result), ``analyse(measurements, ...)``,
+``report(analysis)``.
+
+The verdict (``convergence.curves.paired``) puts ``x_c +- t(1 - (1 - c)/4, k - 1) * sqrt(s^2 (1 + 1/k) + e^2)``
+around the candidate's relative difference, with ``s`` the spread of the k baseline replicates and ``e`` the
+held-out set's standard error. So, for a measured ``s`` and ``e``:
+
+* more replicates shrink the half-width towards ``z(1 - (1 - c)/4) * sqrt(s^2 + e^2)`` (2.24 x at c = 95 %),
+  never below: when that floor is above the margin no number of replicates decides, and ``s`` (or ``e``)
+  must fall first;
+* ``s`` falls as the runs get longer (the replicates' losses converge as the learning rate decays): with
+  ``s`` measured at two or more run lengths, ``s = a * steps^b`` is fitted in log-log and solved for the
+  length at which the chosen number of replicates reaches the target;
+* ``e`` falls as 1/sqrt(batches) of the held-out set (``--val-batches``), up to the split's size.
+
+Equivalence can be shown only when the half-width is below the margin, and with room for the estimate:
+a candidate truly ``d`` away needs ``|d| + half-width <= margin``. ``analyse`` therefore reports the
+replicates for a half-width of the margin and of half the margin.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import stats
+
+K_MAX = 64  # beyond this the t-quantile is within 1 % of the normal one: more replicates buy nothing
+
+
+def _level(confidence: float) -> float:
+    return 1 - (1 - confidence) / 4  # two ranges (whole and final), two-sided: as the verdict
+
+
+def half_width(k: int, spread: float, se_set: float = 0.0, confidence: float = 0.95) -> float:
+    """The verdict's interval half-width with ``k`` baselines of spread ``spread`` (k >= 2)."""
+    if k < 2:
+        return math.inf
+    return float(stats.t.ppf(_level(confidence), k - 1)) * math.sqrt(spread ** 2 * (1 + 1 / k) + se_set ** 2)
+
+
+def floor_half_width(spread: float, se_set: float = 0.0, confidence: float = 0.95) -> float:
+    """The half-width infinitely many replicates would give."""
+    return float(stats.norm.ppf(_level(confidence))) * math.sqrt(spread ** 2 + se_set ** 2)
+
+
+def replicates_needed(spread: float, target: float, se_set: float = 0.0, confidence: float = 0.95) -> int | None:
+    """The fewest baselines (k >= 2) whose half-width is at most ``target``; None if K_MAX do not suffice."""
+    for k in range(2, K_MAX + 1):
+        if half_width(k, spread, se_set, confidence) <= target:
+            return k
+    return None
+
+
+def fit_spread(points: list[tuple[int, float]]) -> tuple[float, float] | None:
+    """(a, b) with spread = a * steps^b, least squares in log-log; None with fewer than two run lengths."""
+    pts = [(s, v) for s, v in points if s > 0 and v > 0]
+    if len({s for s, _ in pts}) < 2:
+        return None
+    x, y = np.log([s for s, _ in pts]), np.log([v for _, v in pts])
+    b, log_a = np.polyfit(x, y, 1)
+    return float(math.exp(log_a)), float(b)
+
+
+def steps_needed(fit: tuple[float, float], spread: float) -> float | None:
+    """Run length at which the fitted spread falls to ``spread``; None if it does not fall with steps."""
+    a, b = fit
+    return None if b >= 0 else (spread / a) ** (1 / b)
+
+
+def _spread_for(k: int, target: float, se_set: float, confidence: float) -> float | None:
+    """The largest replicate spread with which k baselines reach ``target`` (None: the set's error alone is
+    too large)."""
+    t = float(stats.t.ppf(_level(confidence), k - 1))
+    rest = (target / t) ** 2 - se_set ** 2
+    return None if rest <= 0 else math.sqrt(rest / (1 + 1 / k))
+
+
+@dataclass(frozen=True)
+class Measured:
+    steps: int  # length of the runs
+    replicates: int  # k baselines
+    spread: float  # their spread (final window)
+    se_set: float  # the held-out set's standard error (0 when not measured)
+    estimate: float | None = None  # the candidate's relative difference, when the result is a verdict
+    source: str = ""
+
+
+def measured(result: dict, source: str = "") -> Measured:
+    """The numbers of a ``compare --metric val_loss`` result's final window."""
+    if result.get("metric") != "val_loss" or not result.get("final_window"):
+        raise ValueError(f"{source or 'result'}: not a compare --metric val_loss result with a final window")
+    fw = result["final_window"]
+    if fw.get("seed_spread") is None:
+        raise ValueError(f"{source or 'result'}: fewer than two baselines, no spread measured")
+    return Measured(steps=int(result["coverage"]["compared_steps"][1]), replicates=len(fw["replicate_levels"]),
+                    spread=float(fw["seed_spread"]), se_set=float(fw.get("se_set") or 0.0),
+                    estimate=fw.get("estimate"), source=source)
+
+
+def analyse(ms: list[Measured], *, margin: float = 0.0025, confidence: float = 0.95,
+            ks: tuple[int, ...] = (2, 3, 4, 6, 8, 12, 16, 32)) -> dict:
+    """Per measurement: the half-width for each k, the replicates for margin and margin/2, the floor; over the
+    measurements (two lengths or more): the spread's power law and the steps at which k = 4, 8, 16 reach
+    the margin and half of it."""
+    rows = []
+    for m in ms:
+        hw = {k: half_width(k, m.spread, m.se_set, confidence) for k in ks}
+        rows.append({"measured": dataclasses.asdict(m), "half_width": hw,
+                     "floor": floor_half_width(m.spread, m.se_set, confidence),
+                     "replicates_for_margin": replicates_needed(m.spread, margin, m.se_set, confidence),
+                     "replicates_for_half_margin": replicates_needed(m.spread, margin / 2, m.se_set, confidence)})
+    fit = fit_spread([(m.steps, m.spread) for m in ms])
+    longest = max(ms, key=lambda m: m.steps) if ms else None
+    plans = []
+    if fit and longest:
+        for k in (4, 8, 16):
+            for target in (margin, margin / 2):
+                s = _spread_for(k, target, longest.se_set, confidence)
+                n = None if s is None else steps_needed(fit, s)
+                plans.append({"replicates": k, "half_width": target, "spread_needed": s, "steps_needed": n})
+    return {"margin": margin, "confidence": confidence, "rows": rows, "fit": fit, "plans": plans}
+
+
+def report(a: dict) -> str:
+    m = a["margin"]
+    out = [f"margin +-{m:.3%}, family confidence {a['confidence']:.0%} (two ranges, as the verdict)"]
+    for r in a["rows"]:
+        x = r["measured"]
+        est = "" if x["estimate"] is None else f", candidate estimate {x['estimate']:+.3%}"
+        out.append(f"{x['source'] or 'measured'}: {x['replicates']} replicates at {x['steps']} steps, spread "
+                   f"{x['spread']:.3%}, held-out set s.e. {x['se_set']:.3%}{est}")
+        out.append("  half-width with k replicates: " + ", ".join(f"k={k} {v:.3%}" for k, v in r["half_width"].items()))
+        need = {t: r[f"replicates_for_{t}"] for t in ("margin", "half_margin")}
+        out.append(f"  replicates for a half-width <= {m:.3%}: {need['margin'] or f'more than {K_MAX}'}; "
+                   f"<= {m / 2:.3%}: {need['half_margin'] or f'more than {K_MAX}'}; floor (any k) {r['floor']:.3%}"
+                   + ("" if r["floor"] < m else " -- no number of replicates reaches the margin at this length"))
+    if a["fit"]:
+        ca, b = a["fit"]
+        out.append(f"spread vs run length: {ca:.4g} * steps^{b:.3f}")
+        for p in a["plans"]:
+            n = p["steps_needed"]
+            out.append(f"  k={p['replicates']}, half-width {p['half_width']:.3%}: spread <= "
+                       + ("(the set's error alone is too large)" if p["spread_needed"] is None else
+                          f"{p['spread_needed']:.3%} -> " + (f"~{n:,.0f} steps" if n else "not reached: the spread "
+                                                            "does not fall with steps")))
+    elif len(a["rows"]) == 1:
+        out.append("one run length measured: how the spread falls with steps needs a second length "
+                   "(run the protocol with another --steps and pass both results)")
+    return "\n".join(out)

@@ -1,0 +1,314 @@
+"""The convergence protocol: a paired candidate, baseline replicates and both controls, judged on held-out
+validation loss, run in resumable pieces.
+
+Public: ``ProtocolPlan``, ``RunSpec``, ``DESIGNS``, ``VERDICTS``, ``open_protocol(plan, out)``, ``load_plan(out)``,
+``run_status(plan, out)``, ``run_piece(plan, spec, out, ...)``, ``judge(plan, out)``,
+``write_results(plan, out, verdicts, command, hardware)``.
+
+The runs (``ProtocolPlan.runs``), all from the same ``convergence.train.loop`` and the same token stream:
+
+=================  ===============  ==========================================================================
+run                recipe           initial weights / data order / batch row order
+=================  ===============  ==========================================================================
+``bf16``           bf16             seed / seed / as drawn: the paired baseline
+``<candidate>``    mxfp8            the same: differs from ``bf16`` only by its numerics
+``<control>``      mxfp8-head       the same: the positive control, known to train worse
+``bf16_<d>1..``    bf16             one benign change each (``design`` d): the replicates
+``bf16_<d>k``      bf16             one more, held out of the baselines: the negative control
+=================  ===============  ==========================================================================
+
+Designs (what a replicate changes; README "The convergence protocol" says which is used and why, with the
+measured spreads): ``init`` (seed + i, data order of ``seed``), ``data`` (data order seed + i), ``rounding``
+(rows of every batch permuted by i: the same sums in another order), ``seed`` (both, as runs at different
+seeds always did).
+
+Verdicts (``VERDICTS``), each ``python -m convergence compare --metric val_loss`` of one run against the
+baselines ``bf16`` + the replicates: ``verdict`` (the candidate), ``positive_control`` (must be
+``not_equivalent``), ``negative_control`` (the held-out replicate: must be ``equivalent``).
+
+Pieces: a run is continued from its checkpoint until it has ``steps`` steps (``convergence.train.pieces``
+schedules them, one per GPU); a checkpoint is written only when a piece stops and at the end, and deleted
+once the run is complete (a proxy checkpoint is ~11 GB).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shlex
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from convergence.train import data as data_mod
+from convergence.train.checkpoint import JsonlLog
+from convergence.train.loop import TrainConfig, defaults_for, train_recipe
+from numerics.errors import BadInput
+from numerics.layer.configs import CONFIGS
+from numerics.layer.recipes import RECIPES
+
+DESIGNS = ("init", "rounding", "data", "seed")
+VERDICTS = {  # name -> (role of the judged run, the verdict it must reach, what it shows)
+    "verdict": ("candidate", None, "the candidate against the BF16 baseline and its replicates"),
+    "positive_control": ("control", "not_equivalent", "a recipe known to be worse must be told apart"),
+    "negative_control": ("heldout", "equivalent", "one more BF16 replicate must be called equivalent"),
+}
+# validation: every ``val_every`` steps on the first ``val_batches`` batches of the held-out split
+# (README "The convergence protocol": the sampling error of the set, measured, is far below the margin)
+PROTOCOL_DEFAULTS = {
+    "tiny": dict(val_every=10, val_batches=32),
+    "proxy": dict(val_every=50, val_batches=22),  # all 22 batches of 4 x 2048 the held-out split holds
+    "16b": dict(val_every=50, val_batches=22),
+}
+TRAIN_OVERRIDES = ("batch", "seq", "lr", "warmup", "val_every", "val_batches", "probe_every")
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    name: str  # folder under OUT/runs/
+    role: str  # baseline | candidate | control | replicate | heldout
+    recipe: str
+    seed: int  # initial weights
+    data_seed: int  # order of the training windows
+    row_order: int | None = None  # rows of each batch permuted by this seed
+
+
+@dataclass(frozen=True)
+class ProtocolPlan:
+    model: str
+    steps: int
+    seed: int = 0
+    replicates: int = 4  # BF16 baselines, the paired one included: k - 1 degrees of freedom for the spread
+    design: str = "init"
+    candidate: str = "mxfp8"
+    control: str = "mxfp8-head"
+    device: str = "cpu"
+    mxfp8_kernel: str = "auto"
+    margin: float = 0.0025  # DeepSeek-V3's 0.25 % (numerics/tolerances.py, training/any/loss_curve)
+    name: str = ""  # prefix of the verdict files; "" -> "<model>_long"
+    data: str | None = None  # as convergence train --data (None: the standard-library corpus)
+    overrides: tuple[tuple[str, float], ...] = ()  # TRAIN_OVERRIDES given on the command line
+
+    def check(self) -> ProtocolPlan:
+        if self.model not in CONFIGS:
+            raise BadInput(f"unknown model {self.model!r}; choose from {', '.join(CONFIGS)}")
+        for what, r in (("--candidate", self.candidate), ("--control", self.control)):
+            if r not in RECIPES or r == "bf16":
+                raise BadInput(f"{what} {r!r}: choose a recipe other than bf16 from {', '.join(RECIPES)}")
+        if self.candidate == self.control:
+            raise BadInput("--candidate and --control name the same recipe")
+        if self.steps < 2:
+            raise BadInput(f"--steps must be >= 2, got {self.steps}")
+        if self.replicates < 2:
+            raise BadInput(f"--replicates must be >= 2 (their spread is the noise), got {self.replicates}")
+        if self.design not in DESIGNS:
+            raise BadInput(f"--design must be one of {', '.join(DESIGNS)}, got {self.design!r}")
+        if self.seed < 0:
+            raise BadInput(f"--seed must be >= 0, got {self.seed}")
+        if not 0 < self.margin < 1:
+            raise BadInput(f"--margin must be in (0, 1), got {self.margin}")
+        for key, value in self.overrides:
+            if key not in TRAIN_OVERRIDES or value < 0 or (value == 0 and key not in ("warmup", "probe_every")):
+                raise BadInput(f"--{key.replace('_', '-')} {value}: out of range")
+        if self.train_defaults()["val_every"] > self.steps:
+            raise BadInput(f"--val-every {self.train_defaults()['val_every']} is more than --steps {self.steps}: the "
+                           "verdict compares validation losses")
+        return self
+
+    @property
+    def prefix(self) -> str:
+        return self.name or f"{self.model}_long"
+
+    def train_defaults(self) -> dict:
+        d = defaults_for(self.model) | PROTOCOL_DEFAULTS.get(self.model, {}) | dict(self.overrides)
+        return d | {"ckpt_every": self.steps}  # a checkpoint only when a piece stops, and at the end
+
+    def _replicate(self, i: int, role: str) -> RunSpec:
+        s = self.seed
+        init, data, rows = {"init": (s + i, s, None), "data": (s, s + i, None), "rounding": (s, s, i),
+                            "seed": (s + i, s + i, None)}[self.design]
+        return RunSpec(f"bf16_{self.design}{i}", role, "bf16", init, data, rows)
+
+    def runs(self) -> list[RunSpec]:
+        """In the order pieces are scheduled: the paired pair first (side by side on two GPUs)."""
+        s = self.seed
+        return [RunSpec("bf16", "baseline", "bf16", s, s), RunSpec(self.candidate, "candidate", self.candidate, s, s),
+                RunSpec(self.control, "control", self.control, s, s),
+                *(self._replicate(i, "replicate") for i in range(1, self.replicates)),
+                self._replicate(self.replicates, "heldout")]
+
+    def run(self, role: str) -> RunSpec:
+        return next(r for r in self.runs() if r.role == role)
+
+    def train_config(self, spec: RunSpec) -> TrainConfig:
+        d = self.train_defaults()
+        if RECIPES[spec.recipe]().mxfp8 is False:
+            d["probe_every"] = 0  # probes compare MXFP8 against BF16 on the run's activations: MXFP8 runs only
+        ints = {k: (v if k == "lr" else int(v)) for k, v in d.items()}
+        return TrainConfig(model=self.model, recipes=(spec.recipe,), steps=self.steps, seed=spec.seed,
+                           device=self.device, mxfp8_kernel=self.mxfp8_kernel, data_seed=spec.data_seed,
+                           row_order=spec.row_order, data=data_mod.DataSpec(path=self.data), **ints)
+
+    def train_command(self, spec: RunSpec, out: str) -> str:
+        """The ``python -m convergence train`` command that makes this run on its own."""
+        cfg = self.train_config(spec)
+        argv = ["python", "-m", "convergence", "train", "--model", self.model, "--recipe", spec.recipe,
+                "--steps", str(self.steps), "--seed", str(spec.seed), "--data-seed", str(spec.data_seed)]
+        if spec.row_order is not None:
+            argv += ["--row-order", str(spec.row_order)]
+        argv += ["--device", self.device, "--out", out]
+        for key in ("batch", "seq", "lr", "warmup", "val_every", "val_batches", "probe_every", "ckpt_every"):
+            argv += [f"--{key.replace('_', '-')}", str(getattr(cfg, key))]
+        if self.mxfp8_kernel != "auto":
+            argv += ["--mxfp8-kernel", self.mxfp8_kernel]
+        if self.data:
+            argv += ["--data", self.data]
+        return shlex.join(argv)
+
+    def command(self, out: str, *, gpus: int = 0, stop_after_minutes: float | None = None) -> str:
+        """The ``python -m convergence protocol`` command of this plan (repeat it until it says complete)."""
+        argv = ["python", "-m", "convergence", "protocol", "--model", self.model, "--steps", str(self.steps),
+                "--out", out, "--seed", str(self.seed), "--replicates", str(self.replicates), "--design", self.design,
+                "--candidate", self.candidate, "--control", self.control, "--device", self.device,
+                "--margin", str(self.margin)]
+        for key, value in self.overrides:
+            argv += [f"--{key.replace('_', '-')}", str(value if key == "lr" else int(value))]
+        for flag, value in (("--mxfp8-kernel", self.mxfp8_kernel if self.mxfp8_kernel != "auto" else None),
+                            ("--data", self.data), ("--name", self.name or None), ("--gpus", gpus or None),
+                            ("--stop-after-minutes", stop_after_minutes)):
+            if value is not None:
+                argv += [flag, str(value)]
+        return shlex.join(argv)
+
+    def as_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["overrides"] = [list(kv) for kv in self.overrides]
+        return d
+
+
+def plan_from_dict(d: dict) -> ProtocolPlan:
+    return ProtocolPlan(**(d | {"overrides": tuple((k, v) for k, v in d.get("overrides", []))}))
+
+
+# ------------------------------------------------------------------ state of the runs
+def open_protocol(plan: ProtocolPlan, out: Path, *, force: bool = False) -> None:
+    """Make ``out`` hold ``plan`` (``out/protocol.json``): a new or empty folder gets it; a folder with the same
+    plan is continued; another plan, or a folder of something else, is refused (``force`` deletes this
+    protocol's own runs, logs and results first, nothing else)."""
+    out = Path(out)
+    state = out / "protocol.json"
+    if force and state.exists():
+        for sub in ("runs", "logs", "results"):
+            shutil.rmtree(out / sub, ignore_errors=True)
+        state.unlink()
+    if state.exists():
+        have = json.loads(state.read_text())
+        for key, value in plan.as_dict().items():
+            if have.get(key) != value:
+                raise BadInput(f"{out} holds a protocol run with {key}={have.get(key)!r}, the command line says "
+                               f"{key}={value!r}: repeat its command to continue it, or pass --force to start again")
+        return
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise BadInput(f"{out} is not empty and holds no protocol run; choose another --out")
+    out.mkdir(parents=True, exist_ok=True)
+    state.write_text(json.dumps(plan.as_dict(), indent=1) + "\n")
+
+
+def load_plan(out: Path) -> ProtocolPlan:
+    return plan_from_dict(json.loads((Path(out) / "protocol.json").read_text()))
+
+
+def metrics_path(out: Path, spec: RunSpec) -> Path:
+    return Path(out) / "runs" / spec.name / spec.recipe / "metrics.jsonl"
+
+
+def run_status(plan: ProtocolPlan, out: Path) -> dict[str, int | str]:
+    """name -> steps logged so far, or "done" (all steps, or a run that diverged and stopped)."""
+    status: dict[str, int | str] = {}
+    for spec in plan.runs():
+        recs = JsonlLog(metrics_path(out, spec)).records()
+        last = recs[-1] if recs else {}
+        status[spec.name] = "done" if last.get("step") == plan.steps or last.get("diverged") else len(recs)
+    return status
+
+
+def run_piece(plan: ProtocolPlan, spec: RunSpec, out: Path, *, stop_after_s: float | None,
+              tokens: data_mod.TokenData | None = None, progress: bool = True) -> bool:
+    """Continue one run from its checkpoint (or start it) for at most ``stop_after_s``; True when it is done.
+    The checkpoint of a finished run is deleted."""
+    cfg = plan.train_config(spec)
+    tokens = tokens or data_mod.load_tokens(cfg.data)
+    run_dir = Path(out) / "runs" / spec.name / spec.recipe
+    done = train_recipe(cfg, spec.recipe, run_dir, tokens, resume=True, progress=progress, stop_after_s=stop_after_s)
+    if done:
+        (run_dir / "checkpoint.pt").unlink(missing_ok=True)
+    return done
+
+
+# ------------------------------------------------------------------ verdicts
+def judge(plan: ProtocolPlan, out: Path) -> dict[str, dict]:
+    """The three comparisons (``VERDICTS``) on validation loss, from the finished runs."""
+    from convergence.curves.compare import compare_paths
+
+    baselines = [metrics_path(out, r) for r in plan.runs() if r.role in ("baseline", "replicate")]
+    result = {}
+    for name, (role, expected, shows) in VERDICTS.items():
+        r = compare_paths(baselines, metrics_path(out, plan.run(role)), margin=plan.margin, metric="val_loss")
+        r["protocol"] = {"verdict": name, "judged_run": plan.run(role).name, "expected": expected, "shows": shows,
+                         "as_expected": None if expected is None else r["verdict"] == expected,
+                         "plan": plan.as_dict(),
+                         "runs": [dataclasses.asdict(s) for s in plan.runs()]}
+        result[name] = r
+    return result
+
+
+def hardware_tag(device: str, gpus: int) -> str:
+    from numerics.environment import hardware_tag as tag
+
+    t = tag() if device == "cuda" else "cpu"
+    return f"{t}x{gpus}" if gpus > 1 else t
+
+
+def _note(name: str, r: dict) -> str:
+    sens = r.get("sensitivity") or {}
+    hw = f"; interval half-width {sens['half_width']:.3%}" if sens else ""
+    exp = r["protocol"]["expected"]
+    tail = "" if exp is None else f" (a control: expected {exp}, {'as' if r['verdict'] == exp else 'NOT as'} expected)"
+    return f"{name}: {r['verdict']}: {r['reason']}{hw}{tail}"
+
+
+def write_results(plan: ProtocolPlan, out: Path, verdicts: dict[str, dict], command: str, hardware: str) -> list[Path]:
+    """OUT/results/: the verdicts, their figures and every run's curve, each with a golden-style sidecar (sha256,
+    command, hardware, commit, versions, note) and record.sh, which lists them in golden/ once copied there."""
+    import hashlib
+
+    from convergence.curves.plots import plot_comparison
+
+    res = Path(out) / "results"
+    if res.exists():
+        shutil.rmtree(res)
+    res.mkdir(parents=True)
+    written = []
+    lines = ["#!/bin/sh", "# after: cp OUT/results/*.json* OUT/results/*.jsonl* golden/training/", "set -e"]
+
+    def emit(path: Path, text: str, cmd: str, note: str, versions: dict | None):
+        path.write_text(text)
+        meta = {"sha256": hashlib.sha256(path.read_bytes()).hexdigest(), "command": cmd, "hardware": hardware,
+                "commit": (versions or {}).get("mxval_commit") or "unknown", "versions": versions, "note": note}
+        path.with_name(path.name + ".meta.json").write_text(json.dumps(meta, indent=1) + "\n")
+        written.append(path)
+        lines.append(shlex.join(["python", "-m", "golden.recorded", "add", f"golden/training/{path.name}",
+                                 "--command", cmd, "--hardware", hardware, "--commit", meta["commit"],
+                                 "--note", note, "--versions-from", f"golden/training/{path.name}.meta.json"]))
+
+    env = next(iter(verdicts.values())).get("environment")
+    for name, r in verdicts.items():
+        path = res / f"{plan.prefix}_{name}__{hardware}.json"
+        emit(path, json.dumps(r, indent=1, default=str) + "\n", command, _note(name, r), env)
+        plot_comparison(r, path.with_suffix(".png"), force=True)
+    for spec in plan.runs():
+        src = metrics_path(out, spec)
+        emit(res / f"{plan.prefix}_{spec.name}__{hardware}.jsonl", src.read_text(),
+             plan.train_command(spec, "OUT"), f"{spec.role} run of {plan.prefix}: {spec}", env)
+    (res / "record.sh").write_text("\n".join(lines) + "\n")
+    return written

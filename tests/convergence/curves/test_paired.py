@@ -1,0 +1,159 @@
+"""compare --metric val_loss: a paired candidate against baseline replicates on held-out validation loss."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from convergence.curves.cli import main as compare_main
+from convergence.curves.compare import CompareOptions, compare_curves, compare_paths
+from convergence.curves.curve import Curve, CurveMeta
+from convergence.curves.paired import jackknife_se, range_statistic
+
+STEPS = np.arange(50, 1501, 50)
+OPTS = CompareOptions(metric="val_loss")
+
+
+def _curve(values, name: str) -> Curve:
+    return Curve(STEPS.copy(), np.asarray(values, dtype=np.float64),
+                 CurveMeta(source=f"{name}.jsonl", format="synthetic", run=name, tag="val_loss"))
+
+
+def _runs(rng, *, k: int, spread: float, offset: float, batches: int = 16, batch_sd: float = 0.0):
+    """Val curves f(t) (1 + e_run + small wander), e_run ~ N(0, spread); the candidate is offset by ``offset``.
+    Per-batch losses (when ``batch_sd``): batch b of every run is the run's mean times (1 + u_b + w_rb)."""
+    f = 1.2 + 2.0 * np.exp(-STEPS / 300)
+    levels = rng.normal(0, spread, k + 1)
+    levels[-1] += offset
+    curves = [f * (1 + lv + rng.normal(0, spread / 10, len(STEPS))) for lv in levels]
+    per_batch = None
+    if batch_sd:
+        u = rng.normal(0, 0.1, batches)  # batches differ a lot in difficulty, the same for every run
+        per_batch = []
+        for c in curves:
+            w = rng.normal(0, batch_sd, (len(STEPS), batches))
+            x = c[:, None] * (1 + u[None, :] + w)
+            x *= c[:, None] / x.mean(axis=1, keepdims=True)  # the logged mean is the curve
+            per_batch.append({int(s): list(row) for s, row in zip(STEPS, x)})
+    return [_curve(c, f"run{i}") for i, c in enumerate(curves)], per_batch
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_paired_no_difference_with_small_replicate_spread_is_equivalent(seed):
+    curves, _ = _runs(np.random.default_rng(seed), k=5, spread=2e-4, offset=0.0)
+    r = compare_curves(curves[:-1], curves[-1], OPTS)
+    assert r["verdict"] == "equivalent", r["reason"]
+    assert r["noise"]["model"] == "replicates" and r["overall"]["noise_source"] == "replicates"
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_paired_planted_offset_of_four_margins_is_not_equivalent(seed):
+    """The control of the test above: the same runs with the candidate 1 % worse."""
+    curves, _ = _runs(np.random.default_rng(seed), k=5, spread=2e-4, offset=0.01)
+    r = compare_curves(curves[:-1], curves[-1], OPTS)
+    assert r["verdict"] == "not_equivalent", r["reason"]
+    assert r["estimate"] == pytest.approx(0.01, abs=0.002)
+
+
+def test_paired_large_replicate_spread_is_inconclusive_and_says_what_it_resolves(capsys, tmp_path):
+    curves, _ = _runs(np.random.default_rng(0), k=4, spread=0.02, offset=0.0)
+    r = compare_curves(curves[:-1], curves[-1], OPTS)
+    assert r["verdict"] == "inconclusive"
+    assert r["sensitivity"]["half_width"] > r["margin"] and not r["sensitivity"]["equivalence_provable"]
+
+
+def test_paired_half_width_is_t_times_the_replicate_standard_error():
+    """The sensitivity by hand: three baselines whose levels are -1 %, 0, +1 % of their mean at every evaluation,
+    and the candidate on that mean: spread 1 %, standard error 1 % * sqrt(1 + 1/3), t with 2 degrees of freedom
+    at 1 - 0.05/4 (two ranges, two-sided)."""
+    f = 2.0 + 0 * STEPS
+    bases = [_curve(f * (1 + d), f"b{d}") for d in (-0.01, 0.0, 0.01)]
+    r = compare_curves(bases, _curve(f, "cand"), OPTS)
+    want = stats.t.ppf(1 - 0.05 / 4, 2) * 0.01 * math.sqrt(1 + 1 / 3)
+    assert r["overall"]["seed_spread"] == pytest.approx(0.01, rel=1e-9)
+    assert r["sensitivity"]["half_width"] == pytest.approx(want, rel=1e-9)
+    assert r["sensitivity"]["smallest_detectable_difference"] == pytest.approx(0.0025 + want, rel=1e-9)
+    assert r["overall"]["se_set"] is None and "not included" in r["noise"]["note"]
+
+
+def test_paired_one_baseline_measures_no_noise_and_is_inconclusive():
+    curves, _ = _runs(np.random.default_rng(1), k=1, spread=1e-4, offset=0.05)
+    r = compare_curves(curves[:-1], curves[-1], OPTS)
+    assert r["verdict"] == "inconclusive" and "run-to-run noise" in r["reason"]
+    assert r["sensitivity"] is None
+
+
+def test_jackknife_se_of_a_paired_ratio_matches_the_delta_method():
+    """One evaluation, one baseline: x_c = sum(C) / sum(B) - 1 with C_b = B_b (1 + d_b); the delta method gives
+    sd_b(C_b - (1 + x) B_b) / (sqrt(n) mean(B)); the jackknife agrees to O(1/n)."""
+    rng = np.random.default_rng(3)
+    n = 400
+    b = 2.0 * (1 + rng.normal(0, 0.1, n))
+    c = b * (1 + rng.normal(0.003, 0.01, n))
+    x = c.sum() / b.sum() - 1
+    delta = np.std(c - (1 + x) * b, ddof=1) / math.sqrt(n) / b.mean()
+    assert jackknife_se(c[None, :], b[None, None, :]) == pytest.approx(delta, rel=0.02)
+    assert range_statistic(c.mean()[None], b.mean()[None, None])[0] == pytest.approx(x, rel=1e-12)
+
+
+def test_paired_set_error_enters_the_interval_and_is_paired():
+    """Batches that differ in difficulty (10 %) but shift every run alike cancel in the paired difference: the
+    set's standard error is set by the per-run batch noise (0.2 %), not by the difficulty spread."""
+    curves, per_batch = _runs(np.random.default_rng(4), k=4, spread=1e-4, offset=0.0, batch_sd=0.002)
+    with_set = compare_curves(curves[:-1], curves[-1], OPTS, batches=per_batch)
+    without = compare_curves(curves[:-1], curves[-1], OPTS)
+    se = with_set["final_window"]["se_set"]
+    assert 0.002 / 4 / 8 < se < 0.002 / 4 * 2  # ~0.2 % * sqrt(2 runs' noise / 16 batches / ~6 evaluations)
+    assert with_set["final_window"]["half_width"] > without["final_window"]["half_width"]
+    assert "jackknife" in with_set["noise"]["note"]
+
+
+def _write(path, curve: Curve, per_batch: dict | None, *, nan_at: int | None = None):
+    with open(path, "w") as f:
+        for step in range(1, int(curve.steps[-1]) + 1):
+            rec = {"step": step, "loss": 2.0 + 1.0 / step}
+            if nan_at is not None and step >= nan_at:
+                rec["loss"] = float("nan")
+            i = np.searchsorted(curve.steps, step)
+            if i < len(curve.steps) and curve.steps[i] == step:
+                rec["val_loss"] = float(curve.values[i])
+                if per_batch:
+                    rec["val_batch_losses"] = per_batch[step]
+            f.write(json.dumps(rec) + "\n")
+            if nan_at is not None and step >= nan_at:
+                break
+
+
+def test_compare_paths_val_loss_reads_per_batch_losses_and_judges_divergence_on_training_loss(tmp_path):
+    curves, per_batch = _runs(np.random.default_rng(5), k=3, spread=1e-4, offset=0.0, batch_sd=0.002)
+    paths = []
+    for i, (c, pb) in enumerate(zip(curves, per_batch)):
+        paths.append(tmp_path / f"run{i}.jsonl")
+        _write(paths[-1], c, pb)
+    r = compare_paths(paths[:-1], paths[-1], metric="val_loss")
+    assert r["metric"] == "val_loss" and r["final_window"]["se_set"] > 0
+    _write(tmp_path / "nan.jsonl", curves[-1], per_batch[-1], nan_at=700)
+    d = compare_paths(paths[:-1], tmp_path / "nan.jsonl", metric="val_loss")
+    assert d["verdict"] == "diverged" and d["divergence"]["step"] == 700
+
+
+def test_compare_cli_val_loss_prints_the_resolution_on_the_verdict_line(tmp_path, capsys):
+    curves, _ = _runs(np.random.default_rng(6), k=3, spread=2e-4, offset=0.01)
+    paths = []
+    for i, c in enumerate(curves):
+        paths.append(tmp_path / f"run{i}.jsonl")
+        _write(paths[-1], c, None)
+    rc = compare_main([str(paths[0]), str(paths[-1]), "--baseline", str(paths[1]), "--baseline", str(paths[2]),
+                       "--metric", "val_loss", "--json", str(tmp_path / "v.json")])
+    first = capsys.readouterr().out.splitlines()[0]
+    assert rc == 1 and first.startswith("verdict: NOT_EQUIVALENT") and "resolves +-" in first
+    assert json.loads((tmp_path / "v.json").read_text())["metric"] == "val_loss"
+
+
+def test_compare_options_reject_an_unknown_metric():
+    with pytest.raises(Exception, match="--metric"):
+        CompareOptions(metric="accuracy").check()

@@ -1,0 +1,76 @@
+"""python -m convergence protocol: the plan of runs, the commands that reproduce them, the pieces, the verdicts."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shlex
+
+import pytest
+
+from convergence.__main__ import main as convergence_main
+from convergence.train import protocol as pr
+from convergence.train.cli import config_from_args, train_parser
+
+
+def test_protocol_pairs_the_candidate_and_the_control_and_varies_one_thing_per_replicate():
+    for design, varied in (("init", "seed"), ("data", "data_seed"), ("rounding", "row_order")):
+        plan = pr.ProtocolPlan(model="tiny", steps=20, seed=3, replicates=4, design=design).check()
+        runs = {r.role: [] for r in plan.runs()}
+        for r in plan.runs():
+            runs[r.role].append(r)
+        (base,), (cand,), (ctrl,), (held,) = runs["baseline"], runs["candidate"], runs["control"], runs["heldout"]
+        assert (base.recipe, cand.recipe, ctrl.recipe) == ("bf16", "mxfp8", "mxfp8-head")
+        same = (base.seed, base.data_seed, base.row_order)
+        assert (cand.seed, cand.data_seed, cand.row_order) == same == (ctrl.seed, ctrl.data_seed, ctrl.row_order)
+        reps = runs["replicate"] + [held]
+        assert len(runs["replicate"]) == 3 and all(r.recipe == "bf16" for r in reps)
+        for r in reps:  # exactly one field differs from the paired baseline, and differently for each replicate
+            diff = {f for f in ("seed", "data_seed", "row_order") if getattr(r, f) != getattr(base, f)}
+            assert diff == {varied}, (design, r)
+        assert len({getattr(r, varied) for r in reps}) == len(reps)
+
+
+def test_protocol_run_commands_reproduce_the_runs_it_makes():
+    """The command in each curve's sidecar, parsed by convergence train, is the configuration the piece ran."""
+    plan = pr.ProtocolPlan(model="tiny", steps=40, replicates=3, design="rounding", mxfp8_kernel="emulated",
+                           overrides=(("lr", 0.002), ("val_batches", 7))).check()
+    for spec in plan.runs():
+        argv = shlex.split(plan.train_command(spec, "OUT"))
+        assert argv[:4] == ["python", "-m", "convergence", "train"]
+        got = config_from_args(train_parser().parse_args(argv[4:]))
+        assert got == plan.train_config(spec), spec.name
+
+
+@pytest.mark.parametrize("bad, match", [
+    (dict(replicates=1), "--replicates"), (dict(design="weather"), "--design"), (dict(candidate="bf16"), "--candidate"),
+    (dict(control="mxfp8"), "same recipe"), (dict(model="huge"), "unknown model"), (dict(steps=1), "--steps"),
+    (dict(overrides=(("val_every", 50.0),)), "--val-every"), (dict(overrides=(("batch", 0.0),)), "--batch"),
+])
+def test_protocol_plan_refuses_nonsense(bad, match):
+    with pytest.raises(Exception, match=match):
+        dataclasses.replace(pr.ProtocolPlan(model="tiny", steps=20), **bad).check()
+
+
+def _bad(capsys, *argv) -> str:
+    assert convergence_main(["protocol", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    return err
+
+
+def test_protocol_cli_bad_input_is_one_line_and_touches_nothing(capsys, tmp_path):
+    assert "--model and --steps" in _bad(capsys, "--out", str(tmp_path / "p"))
+    (tmp_path / "mine.txt").write_text("a user's file")
+    assert "holds no protocol run" in _bad(capsys, "--model", "tiny", "--steps", "20", "--out", str(tmp_path))
+    assert (tmp_path / "mine.txt").read_text() == "a user's file"
+    out = tmp_path / "p"
+    out.mkdir()
+    (out / "protocol.json").write_text(json.dumps(pr.ProtocolPlan(model="tiny", steps=20).as_dict()))
+    err = _bad(capsys, "--model", "tiny", "--steps", "30", "--out", str(out))
+    assert "steps=20" in err and "steps=30" in err and "--force" in err
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the refusal on a machine without CUDA")
+def test_protocol_cli_cuda_without_a_gpu_is_one_line(capsys, tmp_path):
+    assert "no CUDA device" in _bad(capsys, "--model", "tiny", "--steps", "20", "--device", "cuda", "--out",
+                                    str(tmp_path))

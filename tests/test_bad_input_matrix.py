@@ -38,6 +38,7 @@ def files(tmp_path) -> dict[str, Path]:
         "existing": tmp_path / "existing.json",
         "unwritable": tmp_path / "blocker" / "out.json",  # under a file: no folder can be made there
         "good": tmp_path / "good.jsonl",
+        "verdict": ROOT / "golden" / "training" / "proxy_long_verdict__h200x2.json",  # read only
     }
     f["empty"].write_bytes(b"")
     f["truncated"].write_text("\n".join(good[:5]) + '\n{"step": 6, "lo')
@@ -93,6 +94,23 @@ CASES = [
     ("ep-identity-directory", "convergence", ["ep-identity", "{good}", "{directory}"], ""),
     ("ep-identity-json-existing", "convergence", ["ep-identity", "{good}", "{good}", "--json", "{existing}"],
      "exists"),
+    ("protocol-model", "convergence", ["protocol", "--model", "huge", "--steps", "10", "--out", "{tmp}/p"], "huge"),
+    ("protocol-steps-type", "convergence", ["protocol", "--model", "tiny", "--steps", "x", "--out", "{tmp}/p"],
+     "steps"),
+    ("protocol-replicates", "convergence", ["protocol", "--model", "tiny", "--steps", "20", "--replicates", "1",
+                                            "--out", "{tmp}/p"], "--replicates"),
+    ("protocol-design", "convergence", ["protocol", "--model", "tiny", "--steps", "20", "--design", "luck",
+                                        "--out", "{tmp}/p"], "--design"),
+    ("protocol-control", "convergence", ["protocol", "--model", "tiny", "--steps", "20", "--control", "bf16",
+                                         "--out", "{tmp}/p"], "--control"),
+    ("protocol-out-not-a-protocol", "convergence", ["protocol", "--model", "tiny", "--steps", "20", "--out",
+                                                    "{directory}/.."], "holds no protocol"),
+    ("power-missing", "convergence", ["power", "{missing}"], ""),
+    ("power-garbage", "convergence", ["power", "{garbage}"], ""),
+    ("power-not-a-verdict", "convergence", ["power", "{good}"], ""),
+    ("power-directory", "convergence", ["power", "{directory}"], "protocol"),
+    ("power-json-existing", "convergence", ["power", "{verdict}", "--json", "{existing}"], "exists"),
+    ("power-margin", "convergence", ["power", "{verdict}", "--margin", "2"], "--margin"),
     ("layers-json-existing", "numerics", ["layers", "--device", "cpu", "--json", "{existing}"], "--force"),
     ("layers-json-unwritable", "numerics", ["layers", "--device", "cpu", "--json", "{unwritable}"], ""),
     ("layers-config", "numerics", ["layers", "--config", "huge"], ""),

@@ -26,9 +26,8 @@ from convergence.train import protocol as pr
 
 # Seconds a piece spends outside its training clock. tiny: measured 5 s of CPU time (process start and
 # imports ~1.5 s, the standard-library corpus ~4 s; 15 s wall while four other processes shared 2 cores).
-# proxy / 16b: an estimate, not yet measured on a GPU (torch + torchao imports ~10 s, corpus 5 s, a 0.93B
-# model drawn on the CPU and moved ~15 s, an ~11 GB checkpoint written ~20 s); every piece's wall time is
-# printed, so the first GPU session can replace it with a measurement.
+# proxy: measured on an H200 (2026-11-30): a whole 1,500-step BF16 run took 237-241 s wall, 178 s of it in
+# training steps, so ~60 s went to start-up, 30 evaluations and the exit; 16b: an estimate, not yet measured.
 STARTUP_S = {"tiny": 10.0, "proxy": 60.0, "16b": 180.0}
 MIN_PIECE_S = 5.0  # below this a piece would spend more time starting than training
 

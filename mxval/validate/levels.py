@@ -326,19 +326,12 @@ VERDICT_STATUS = {"equivalent": "pass", "not_equivalent": "fail", "diverged": "f
 # few replicates), not that MXFP8 failed: its check is inconclusive, and so is the candidate's verdict.
 
 
-def run_curves(plan: Plan, out: Path, progress: Progress) -> LevelResult:
+def protocol_checks(verdicts: dict[str, dict], pp) -> list[Check]:
+    """The candidate's check and one per control; a control that misses makes the candidate inconclusive."""
     from convergence.curves.compare import resolution
-    from convergence.curves.plots import plot_comparison
     from convergence.train import protocol as pr
 
-    pp = protocol_plan(plan)
-    progress(f"validation loss: MXFP8 and both controls against {pp.replicates} BF16 runs")
-    verdicts = pr.judge(pp, out / "training")
-    (out / "curves").mkdir()
-    for name, r in verdicts.items():
-        (out / "curves" / f"{name}.json").write_text(json.dumps(r, indent=1, default=str) + "\n")
     r = verdicts["verdict"]
-    fig = plot_comparison(r, out / "figures" / "curves.png")
     controls, untrusted = [], []
     for name, (role, expected, shows) in pr.VERDICTS.items():
         if expected is None:
@@ -354,7 +347,23 @@ def run_curves(plan: Plan, out: Path, progress: Progress) -> LevelResult:
     if untrusted and status != "inconclusive":
         status, detail = "inconclusive", (f"{r['verdict']} not trusted: the {' and the '.join(untrusted)} did not "
                                           f"come out as expected at this size; {detail}")
-    checks = [Check("MXFP8 within the margin of BF16 (validation loss, paired)", status, detail), *controls]
+    return [Check("MXFP8 within the margin of BF16 (validation loss, paired)", status, detail), *controls]
+
+
+def run_curves(plan: Plan, out: Path, progress: Progress) -> LevelResult:
+    from convergence.curves.compare import resolution
+    from convergence.curves.plots import plot_comparison
+    from convergence.train import protocol as pr
+
+    pp = protocol_plan(plan)
+    progress(f"validation loss: MXFP8 and both controls against {pp.replicates} BF16 runs")
+    verdicts = pr.judge(pp, out / "training")
+    (out / "curves").mkdir()
+    for name, r in verdicts.items():
+        (out / "curves" / f"{name}.json").write_text(json.dumps(r, indent=1, default=str) + "\n")
+    r = verdicts["verdict"]
+    fig = plot_comparison(r, out / "figures" / "curves.png")
+    checks = protocol_checks(verdicts, pp)
     sens, noise = r.get("sensitivity") or {}, r.get("noise") or {}
     numbers = {"verdict": r["verdict"], "reason": r["reason"], "margin": r["margin"], "estimate": r["estimate"],
                "interval": r["interval"], "final_window_interval": (r["final_window"] or {}).get("interval"),

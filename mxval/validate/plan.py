@@ -59,10 +59,10 @@ def make_plan(*, gpus: int, deep_ep: bool, quick: bool = False, steps: int | Non
         from numerics.layer.mxfp8 import kernel_problem
 
         kernel = "fast" if kernel_problem("fast", "cuda") is None else "auto"
-        # the convergence protocol's 6 proxy runs (4 BF16 at 98 ms/step, 2 MXFP8 at ~136 ms/step with the fast
-        # kernel, H200: golden/training/bench_proxy__h200.json), one per GPU at a time, plus ~60 s of start-up
-        # and checkpoint per piece (convergence.train.pieces.STARTUP_S): ~0.38 s per step over two GPUs -> 1,000
-        # steps in ~9.5 min; one GPU runs all six in turn (0.77 s per step) -> 300 steps in ~10 min
+        # the convergence protocol's 6 proxy runs (4 BF16, 2 MXFP8 through the fast kernel), one per GPU at a time.
+        # Measured on 2 x H200 at 1,500 steps (golden/training/proxy_long_*): a BF16 run 240 s wall, an MXFP8 run
+        # 373 s, each ~60 s of it start-up and evaluations -> 1,000 steps: 4 x 180 s + 2 x 270 s over two GPUs,
+        # ~10.5 min; one GPU runs all six in turn -> 300 steps in ~10 min
         default_steps = 40 if quick else 1000 if gpus >= 2 else 300
     else:
         # tiny on 2 CPU cores, six protocol runs: ~0.05 s (bf16) + ~0.3 s (emulated mxfp8) per step -> ~4 min for

@@ -195,3 +195,27 @@ def test_validate_quick_on_gpu(tmp_path):
     summary = json.loads((tmp_path / "r" / "summary.json").read_text())
     assert summary["plan"]["device"] == "cuda"
     assert rc == 0, {k: v["summary"] for k, v in summary["levels"].items()}
+
+
+def _golden_protocol() -> dict[str, dict]:
+    root = Path(__file__).resolve().parents[2] / "golden" / "training"
+    return {n: json.loads((root / f"proxy_long_{n}__h200x2.json").read_text())
+            for n in ("verdict", "positive_control", "negative_control")}
+
+
+def test_protocol_checks_trust_the_verdict_only_when_both_controls_come_out_as_expected():
+    """On the golden 2 x H200 protocol the negative control is inconclusive, so the candidate's not_equivalent is
+    reported as not trusted (inconclusive), not as a failure of MXFP8; with both controls as expected it stands."""
+    from convergence.train.protocol import ProtocolPlan
+    from mxval.validate.levels import protocol_checks
+
+    pp = ProtocolPlan(model="proxy", steps=1500, design="rounding", replicates=4).check()
+    verdicts = _golden_protocol()
+    cand, pos, neg = protocol_checks(verdicts, pp)
+    assert (pos.status, neg.status) == ("pass", "inconclusive")
+    assert cand.status == "inconclusive" and "not trusted" in cand.detail and "negative control" in cand.detail
+    verdicts["negative_control"] = dict(verdicts["negative_control"], verdict="equivalent")
+    cand, pos, neg = protocol_checks(verdicts, pp)
+    assert (cand.status, pos.status, neg.status) == ("fail", "pass", "pass")  # a trusted not_equivalent fails
+    verdicts["positive_control"] = dict(verdicts["positive_control"], verdict="equivalent")  # the planted miss
+    assert [c.status for c in protocol_checks(verdicts, pp)] == ["inconclusive", "inconclusive", "pass"]

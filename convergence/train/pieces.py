@@ -86,40 +86,47 @@ def _parallel(plan, out: Path, slots: int, budget, worker_argv, progress) -> dic
     queue = _order(plan, pr.run_status(plan, out))
     running: dict[int, tuple[pr.RunSpec, subprocess.Popen, float, object]] = {}
     failures, last_report = [], time.monotonic()
-    while queue or running:
-        for slot in range(slots):
-            if slot in running or not queue or failures:
-                continue
-            left = budget()
-            if left is not None and left < MIN_PIECE_S:
-                queue = []
-                break
-            spec = queue.pop(0)
-            env = dict(os.environ)
-            if plan.device == "cuda":
-                env["CUDA_VISIBLE_DEVICES"] = visible[slot]
-            log = open(out / "logs" / f"{spec.name}.log", "ab")
-            minutes = 1e9 if left is None else left / 60
-            proc = subprocess.Popen(worker_argv(spec.name, minutes), env=env, stdout=log, stderr=log)
-            running[slot] = (spec, proc, time.monotonic(), log)
-            where = f"GPU {visible[slot]}" if plan.device == "cuda" else f"worker {slot}"
-            _line(progress, f"{spec.name}: piece started on {where}")
-        for slot, (spec, proc, t0, log) in list(running.items()):
-            if proc.poll() is None:
-                continue
+    try:
+        while running or (queue and not failures):  # after a failure: let the running pieces end, start no more
+            for slot in range(slots):
+                if slot in running or not queue or failures:
+                    continue
+                left = budget()
+                if left is not None and left < MIN_PIECE_S:
+                    queue = []
+                    break
+                spec = queue.pop(0)
+                env = dict(os.environ)
+                if plan.device == "cuda":
+                    env["CUDA_VISIBLE_DEVICES"] = visible[slot]
+                log = open(out / "logs" / f"{spec.name}.log", "ab")
+                minutes = 1e9 if left is None else left / 60
+                proc = subprocess.Popen(worker_argv(spec.name, minutes), env=env, stdout=log, stderr=log)
+                running[slot] = (spec, proc, time.monotonic(), log)
+                where = f"GPU {visible[slot]}" if plan.device == "cuda" else f"worker {slot}"
+                _line(progress, f"{spec.name}: piece started on {where}")
+            for slot, (spec, proc, t0, log) in list(running.items()):
+                if proc.poll() is None:
+                    continue
+                log.close()
+                del running[slot]
+                state = pr.run_status(plan, out)[spec.name]
+                _line(progress, f"{spec.name}: piece ended ({'finished' if state == 'done' else f'at step {state}'}, "
+                                f"{time.monotonic() - t0:.0f} s wall, exit {proc.returncode})")
+                if proc.returncode != 0:
+                    log_path = out / "logs" / f"{spec.name}.log"
+                    failures.append(f"{spec.name} exited {proc.returncode} (log: {log_path})")
+            if running and time.monotonic() - last_report >= 30:
+                status = pr.run_status(plan, out)
+                _line(progress, "  running: " + ", ".join(f"{s.name} {status[s.name]}/{plan.steps}"
+                                                          for s, *_ in running.values()))
+                last_report = time.monotonic()
+            time.sleep(0.2)
+    finally:  # left running only by an exception or Ctrl-C: no worker outlives this process
+        for _spec, proc, _t0, log in running.values():
+            proc.terminate()
+            proc.wait()
             log.close()
-            del running[slot]
-            state = pr.run_status(plan, out)[spec.name]
-            _line(progress, f"{spec.name}: piece ended ({'finished' if state == 'done' else f'at step {state}'}, "
-                            f"{time.monotonic() - t0:.0f} s wall, exit {proc.returncode})")
-            if proc.returncode != 0:
-                failures.append(f"{spec.name} exited {proc.returncode} (log: {out / 'logs' / (spec.name + '.log')})")
-        if running and time.monotonic() - last_report >= 30:
-            status = pr.run_status(plan, out)
-            _line(progress, "  running: " + ", ".join(f"{s.name} {status[s.name]}/{plan.steps}"
-                                                      for s, *_ in running.values()))
-            last_report = time.monotonic()
-        time.sleep(0.2)
     if failures:
         raise RunFailed("; ".join(failures))
     return pr.run_status(plan, out)

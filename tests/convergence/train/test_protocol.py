@@ -74,3 +74,57 @@ def test_protocol_cli_bad_input_is_one_line_and_touches_nothing(capsys, tmp_path
 def test_protocol_cli_cuda_without_a_gpu_is_one_line(capsys, tmp_path):
     assert "no CUDA device" in _bad(capsys, "--model", "tiny", "--steps", "20", "--device", "cuda", "--out",
                                     str(tmp_path))
+
+
+def _small_plan(**kw) -> pr.ProtocolPlan:
+    """Seven tiny runs of 4 steps on a small batch: seconds each on 2 CPU cores."""
+    over = (("batch", 4.0), ("seq", 32.0), ("val_every", 2.0), ("val_batches", 3.0), ("probe_every", 0.0))
+    return pr.ProtocolPlan(model="tiny", steps=4, replicates=3, design="rounding", mxfp8_kernel="emulated",
+                           overrides=over, **kw).check()
+
+
+@pytest.mark.timeout(120)
+def test_pieces_stop_starting_runs_after_a_worker_fails_and_never_hang(tmp_path):
+    """A failed worker (here: every worker exits 3) ends the schedule with RunFailed once the running pieces
+    end; before the fix the scheduler waited forever on a queue it would no longer serve (seen on 2 x H200 when
+    a worker could not import torchao)."""
+    import sys
+
+    from convergence.train import pieces
+
+    plan = _small_plan()
+    pr.open_protocol(plan, tmp_path)
+    started = []
+
+    def worker(name: str, minutes: float) -> list[str]:
+        started.append(name)
+        return [sys.executable, "-c", "import sys; sys.exit(3)"]
+
+    with pytest.raises(pieces.RunFailed, match="exited 3"):
+        pieces.execute(plan, tmp_path, slots=2, worker_argv=worker, progress=False)
+    assert 1 <= len(started) <= 2  # the two first slots at most; no run starts after a failure
+    assert (tmp_path / "logs" / f"{started[0]}.log").exists()
+
+
+def test_pieces_resume_a_stopped_run_bit_identically(tmp_path):
+    """A protocol stopped by its deadline and continued by the same call ends with the curves of one that ran
+    through: the pieces are checkpoints, not restarts."""
+    from convergence.train import pieces
+
+    plan = _small_plan()
+    whole, split = tmp_path / "whole", tmp_path / "split"
+    pr.open_protocol(plan, whole)
+    assert set(pieces.execute(plan, whole, progress=False).values()) == {"done"}
+    pr.open_protocol(plan, split)
+    spec = plan.runs()[0]
+    assert pr.run_piece(plan, spec, split, stop_after_s=0.0, progress=False) is False  # stops after its first step
+    assert 0 < pr.run_status(plan, split)[spec.name] < plan.steps
+    assert set(pieces.execute(plan, split, progress=False).values()) == {"done"}
+
+    def curve(root, s):
+        return [{k: v for k, v in r.items() if k != "tokens_per_s"}
+                for r in map(json.loads, pr.metrics_path(root, s).read_text().splitlines())]
+
+    for s in plan.runs():
+        assert curve(split, s) == curve(whole, s), s.name
+    assert not list(split.rglob("checkpoint.pt"))  # a finished run's checkpoint is deleted

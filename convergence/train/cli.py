@@ -278,7 +278,10 @@ def _protocol_parser() -> ArgumentParser:
 
 
 def protocol_main(argv: Sequence[str] | None = None) -> int:
-    """python -m convergence protocol: see convergence.train.protocol (the runs) and README."""
+    """python -m convergence protocol: see convergence.train.protocol (the runs) and README.
+
+    Exit code: 4 while runs are unfinished (repeat the command), 1 when a run failed; once complete, the
+    candidate's verdict as ``compare`` exits (0 equivalent, 1 not_equivalent or diverged, 3 inconclusive)."""
     import sys
 
     from convergence.train import pieces
@@ -346,4 +349,6 @@ def protocol_main(argv: Sequence[str] | None = None) -> int:
         check = "" if exp is None else f" [control: expected {exp}: {'OK' if r['verdict'] == exp else 'FAILED'}]"
         print(f"{name:<17} {r['verdict'].upper()}{check}: {r['reason']}; {resolution(r)}")
     print(f"protocol complete: {len(files)} result files in {args.out / 'results'} (record.sh lists them in golden/)")
-    return 0
+    from convergence.curves.compare import EXIT_CODES
+
+    return EXIT_CODES[verdicts["verdict"]["verdict"]]  # the candidate's verdict, as compare exits

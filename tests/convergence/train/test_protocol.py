@@ -128,3 +128,23 @@ def test_pieces_resume_a_stopped_run_bit_identically(tmp_path):
     for s in plan.runs():
         assert curve(split, s) == curve(whole, s), s.name
     assert not list(split.rglob("checkpoint.pt"))  # a finished run's checkpoint is deleted
+
+
+def test_protocol_cli_runs_to_the_end_and_exits_with_the_candidates_verdict(tmp_path, capsys):
+    from convergence.curves.compare import EXIT_CODES
+
+    out = tmp_path / "p"
+    argv = ["protocol", "--model", "tiny", "--steps", "4", "--replicates", "3", "--batch", "4", "--seq", "32",
+            "--val-every", "2", "--val-batches", "3", "--probe-every", "0", "--mxfp8-kernel", "emulated",
+            "--out", str(out)]
+    rc = convergence_main(argv)
+    verdict = json.loads((out / "results" / "tiny_long_verdict__cpu.json").read_text())
+    assert rc == EXIT_CODES[verdict["verdict"]]
+    printed = capsys.readouterr().out
+    assert "protocol complete" in printed and "positive_control" in printed and "resolves +-" in printed
+    names = {p.name for p in (out / "results").iterdir()}
+    assert {"record.sh"} | {f"tiny_long_{v}__cpu.json" for v in pr.VERDICTS} <= names
+    assert sum(n.endswith(".jsonl") for n in names) == len(pr.ProtocolPlan(model="tiny", steps=4, replicates=3).runs())
+    assert all((out / "results" / f"{n}.meta.json").exists() for n in names if n.endswith((".json", ".jsonl"))
+               and not n.endswith(".meta.json"))
+    assert convergence_main(argv) == rc  # repeating a finished protocol judges it again, runs nothing

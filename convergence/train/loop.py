@@ -39,6 +39,7 @@ import math
 import shutil
 import sys
 import time
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -384,11 +385,28 @@ def run(cfg: TrainConfig, out: Path, *, resume: bool = False, force: bool = Fals
     return _run_recipes(cfg, out, Single(torch.device(cfg.device)), resume, progress, stop_after_s)
 
 
+def check_memory(cfg: TrainConfig, vocab_size: int, place: Single) -> None:
+    """Before the first step on a GPU: one line (BadInput) when the run cannot fit its memory
+    (``convergence.train.memory``); an estimate that itself fails only warns, it never stops a run."""
+    from convergence.train import memory
+
+    mcfg = dataclasses.replace(get_config(cfg.model), vocab_size=vocab_size)
+    try:
+        need = memory.estimate(mcfg, batch=cfg.batch, seq=cfg.seq, ranks=place.world, ep=cfg.ep or 1,
+                               device=place.device)
+    except Exception as exc:  # noqa: BLE001 - the estimate is advice; training decides
+        warnings.warn(f"memory estimate failed ({type(exc).__name__}: {exc}); starting anyway", stacklevel=2)
+        return
+    memory.check_fits(need, torch.cuda.get_device_properties(place.device).total_memory, model=f"--model {cfg.model}")
+
+
 def _run_recipes(cfg: TrainConfig, out: Path, place: Single, resume: bool, progress: bool,
                  stop_after_s: float | None) -> dict | None:
     tokens = data_mod.load_tokens(cfg.data)
     data_mod.Batches(tokens.train, batch=cfg.batch, seq=cfg.seq, seed=cfg.order_seed)  # fail early: too few
     data_mod.Batches(tokens.val, batch=cfg.batch, seq=cfg.seq, seed=cfg.seed)
+    if place.device.type == "cuda":
+        check_memory(cfg, tokens.vocab_size, place)
     t0 = time.monotonic()
     for i, name in enumerate(cfg.recipes):
         left = None if stop_after_s is None else stop_after_s - (time.monotonic() - t0)

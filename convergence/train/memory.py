@@ -1,0 +1,167 @@
+"""How much GPU memory a training run needs, known before its first step: one clear line when it cannot fit.
+
+Public: ``MemoryNeed``, ``state_bytes(model_cfg, ranks, ep)``, ``activation_bytes_per_token(model_cfg, seq,
+device)``, ``estimate(model_cfg, *, batch, seq, ranks, ep, device)``, ``check_fits(need, gpu_bytes)``.
+
+* **Model states, exact.** FP32 master weights (4 bytes), their FP32 gradients (4) and AdamW's two moments
+  (8): 16 bytes per parameter (``convergence.train.loop``'s mixed precision). Dense parameters are sharded
+  over the FSDP2 ranks, routed experts over the expert-parallel ranks (``convergence.train.distributed``).
+  FSDP2 also gathers one block's dense weights (FP32) at a time, two with prefetching.
+* **Activations, measured.** What autograd saves for backward, counted with ``saved_tensors_hooks`` on
+  the model's own blocks (``numerics.layer.modules``) at the run's widths and sequence length, on the run's
+  device (the attention kernel decides what attention saves), for one and two sequences: the difference is
+  the cost of one more sequence, weights and their casts cancel out. Routed experts are reduced to
+  ``2 * top_k`` for the measurement: the expert rows a token adds (``top_k`` of them) do not depend on how
+  many experts there are.
+
+What is not counted: the allocator's fragmentation, NCCL / DeepEP buffers, the CUDA context, and the
+transient peak of the output head's cross-entropy beyond its saved tensors; ``check_fits`` keeps a
+``HEADROOM`` for them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from numerics.errors import BadInput
+from numerics.layer.configs import ModelConfig
+
+GIB = 2**30
+STATE_BYTES_PER_PARAM = 4 + 4 + 8  # FP32 weight, FP32 gradient, AdamW exp_avg and exp_avg_sq
+HEADROOM = 0.10  # of the GPU kept free for what is not counted (module docstring); a guess, to be measured
+
+
+@dataclass(frozen=True)
+class MemoryNeed:
+    params_dense: int
+    params_experts: int
+    ranks: int
+    ep: int
+    tokens_per_rank: int
+    states: float  # bytes per GPU
+    gathered: float  # FSDP2's gathered block weights, bytes per GPU
+    activations: float  # bytes per GPU
+    activation_per_token: float
+
+    @property
+    def total(self) -> float:
+        return self.states + self.gathered + self.activations
+
+
+def _param_split(cfg: ModelConfig) -> tuple[int, int, int]:
+    """(dense parameters, routed-expert parameters, the largest block's dense parameters)."""
+    from convergence.train.model import build_on_meta
+
+    model = build_on_meta(cfg)
+    experts = sum(p.numel() for n, p in model.named_parameters() if ".experts." in n)
+    dense = sum(p.numel() for p in model.parameters()) - experts
+    block = max(sum(p.numel() for n, p in blk.named_parameters() if ".experts." not in f".{n}")
+                for blk in model.layers)
+    return dense, experts, block
+
+
+def state_bytes(cfg: ModelConfig, ranks: int = 1, ep: int = 1) -> tuple[float, float, int, int]:
+    """(model-state bytes per GPU, gathered-weights bytes per GPU, dense params, expert params)."""
+    dense, experts, block = _param_split(cfg)
+    states = STATE_BYTES_PER_PARAM * (dense / ranks + experts / ep)
+    gathered = 0.0 if ranks == 1 else 2 * 4 * block
+    return states, gathered, dense, experts
+
+
+def _saved_bytes(fn, *args) -> int:
+    """Bytes of the distinct non-parameter tensors autograd saves while ``fn(*args)`` runs (the graph, hence
+    every saved storage, stays alive until it returns: no address is reused while counting)."""
+    seen: dict[tuple[int, int], int] = {}
+
+    def pack(t: torch.Tensor):
+        if not isinstance(t, torch.nn.Parameter):
+            s = t.untyped_storage()
+            seen[(s.data_ptr(), s.nbytes())] = s.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = fn(*args)
+    del out
+    return sum(seen.values())
+
+
+def activation_bytes_per_token(cfg: ModelConfig, seq: int, device: torch.device | str = "cpu") -> dict[str, float]:
+    """Saved bytes per token of one dense block, one MoE block and the head + loss, measured (module doc)."""
+    from convergence.train.model import Block
+    from numerics.layer.modules import Linear, RMSNorm, rope_frequencies
+
+    dev = torch.device(device)
+    small = dataclasses.replace(cfg, n_routed_experts=min(cfg.n_routed_experts, max(2 * cfg.top_k, 8)))
+    cos, sin = (t.to(dev) for t in rope_frequencies(small, seq))
+    torch.manual_seed(0)
+    parts = {}
+    with torch.device(dev):
+        dense = Block(small, 0) if cfg.n_dense_layers else None
+        moe = Block(dataclasses.replace(small, n_dense_layers=0), 0) if cfg.n_moe_layers else None
+        head = torch.nn.ModuleDict({"norm": RMSNorm(cfg.dim, cfg.norm_eps),
+                                    "output": Linear(cfg.dim, cfg.vocab_size)})
+    for m in (dense, moe, head):
+        if m is not None:
+            for p in m.parameters():
+                torch.nn.init.normal_(p, std=0.02)
+
+    def block(m):
+        return lambda x, _t: m(x, cos, sin)
+
+    def loss(x, t):
+        logits = head["output"](head["norm"](x))
+        return F.cross_entropy(logits.float().flatten(0, 1), t.flatten())
+
+    runs = [("dense_block", block(dense) if dense else None), ("moe_block", block(moe) if moe else None),
+            ("head", loss)]
+    for name, f in runs:
+        if f is None:
+            continue
+        sizes = []
+        for b in (1, 2):
+            x = torch.randn(b, seq, cfg.dim, device=dev, requires_grad=True)
+            t = torch.randint(0, cfg.vocab_size, (b, seq), device=dev)
+            with torch.autocast(dev.type, dtype=torch.bfloat16):
+                sizes.append(_saved_bytes(f, x, t))
+        parts[name] = max(0.0, (sizes[1] - sizes[0]) / seq)
+    return parts
+
+
+def estimate(cfg: ModelConfig, *, batch: int, seq: int, ranks: int = 1, ep: int = 1,
+             device: torch.device | str = "cpu") -> MemoryNeed:
+    """Per-GPU bytes of a run whose ``batch`` sequences are split over ``ranks``."""
+    states, gathered, dense, experts = state_bytes(cfg, ranks, ep)
+    per = activation_bytes_per_token(cfg, seq, device)
+    per_token = (cfg.n_dense_layers * per.get("dense_block", 0.0) + cfg.n_moe_layers * per.get("moe_block", 0.0)
+                 + per["head"])
+    tokens = -(-batch // ranks) * seq
+    return MemoryNeed(dense, experts, ranks, ep, tokens, states, gathered, per_token * tokens, per_token)
+
+
+def check_fits(need: MemoryNeed, gpu_bytes: float, *, model: str = "the model") -> None:
+    """BadInput with one line (how much is needed, what the GPU has, what would fit) when ``need`` does not fit
+    in ``gpu_bytes`` less ``HEADROOM``."""
+    usable = gpu_bytes * (1 - HEADROOM)
+    if need.total <= usable:
+        return
+    params = (need.params_dense + need.params_experts) / 1e9
+    what = (f"{model} needs about {need.total / GIB:.0f} GiB per GPU ({need.states / GIB:.0f} GiB of FP32 weights, "
+            f"gradients and AdamW state for {params:.2f}B parameters over {need.ranks} rank(s), expert-parallel "
+            f"{need.ep}; {need.activations / GIB:.0f} GiB of activations for {need.tokens_per_rank} tokens), "
+            f"the GPU has {gpu_bytes / GIB:.0f} GiB")
+    fixed = need.states + need.gathered
+    if fixed <= usable and need.activation_per_token > 0:
+        fit = int((usable - fixed) // need.activation_per_token)
+        hint = (f"about {fit} tokens per GPU fit: lower --batch or --seq" if fit else
+                "its model states fit but no activations do")
+    else:
+        gpus = 1
+        while STATE_BYTES_PER_PARAM * (need.params_dense + need.params_experts) / gpus > usable and gpus < 4096:
+            gpus *= 2
+        hint = (f"its model states alone need {gpus} GPUs or more (torchrun --nproc-per-node N with --ep N), or "
+                "optimizer state in host memory")
+    raise BadInput(f"{what}: {hint}")

@@ -1,0 +1,61 @@
+"""convergence.train.memory: model states counted exactly, activations measured, one line when a run cannot fit."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from convergence.train import memory
+from numerics.errors import BadInput
+from numerics.layer.configs import get_config, param_count
+
+GIB = memory.GIB
+
+
+def test_model_states_are_16_bytes_per_parameter_sharded_by_fsdp_and_ep():
+    cfg = get_config("16b")
+    states, gathered, dense, experts = memory.state_bytes(cfg)
+    counted = param_count(cfg)  # from the shapes alone, independently of the meta-device model
+    assert dense + experts == counted["total"] and experts == counted["routed_experts"]
+    assert states == 16 * counted["total"] and gathered == 0
+    two, gathered2, *_ = memory.state_bytes(cfg, ranks=2, ep=2)
+    assert two == states / 2 and 0 < gathered2 < 0.05 * two  # one block's FP32 weights, twice
+    assert states / GIB == pytest.approx(234.0, abs=1.0)  # the issue's "about 250 GB" before activations
+
+
+def test_activations_are_measured_per_token_and_scale_with_the_batch():
+    cfg = get_config("tiny")
+    per = memory.activation_bytes_per_token(cfg, 64)
+    assert set(per) == {"dense_block", "moe_block", "head"} and all(v > 0 for v in per.values())
+    # a MoE block saves at least its top_k expert rows of the SwiGLU hidden (w1, w3 outputs, bf16) per token
+    assert per["moe_block"] >= cfg.top_k * 2 * cfg.moe_hidden * 2
+    a, b = (memory.estimate(cfg, batch=n, seq=64) for n in (4, 8))
+    assert b.activations == pytest.approx(2 * a.activations) and b.states == a.states
+    wider = memory.activation_bytes_per_token(dataclasses.replace(cfg, moe_hidden=2 * cfg.moe_hidden), 64)
+    assert wider["moe_block"] > per["moe_block"] and wider["dense_block"] == per["dense_block"]
+
+
+def _need(states_gib: float, act_per_token: float, tokens: int = 8192) -> memory.MemoryNeed:
+    return memory.MemoryNeed(params_dense=int(1e9), params_experts=int(14.7e9), ranks=2, ep=2,
+                             tokens_per_rank=tokens, states=states_gib * GIB, gathered=0.0,
+                             activations=act_per_token * tokens, activation_per_token=act_per_token)
+
+
+def test_a_run_that_cannot_fit_is_one_line_that_says_how_much_and_what_would_fit():
+    gpu = 139 * GIB
+    memory.check_fits(_need(100, 2e6 * 0.1), gpu)  # 100 + 1.5 GiB: fits
+    with pytest.raises(BadInput) as e:  # states fit, activations do not: the tokens that would
+        memory.check_fits(_need(117, 4e6), gpu, model="--model 16b")
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith("--model 16b needs about 148 GiB per GPU") and "--batch" in msg
+    with pytest.raises(BadInput, match=r"model states alone need 2 GPUs"):  # 16 B x 15.7B on one 139 GiB GPU
+        memory.check_fits(dataclasses.replace(_need(234, 1e5), ranks=1, ep=1), gpu)
+
+
+def test_the_check_fails_just_above_the_usable_memory_and_passes_just_below():
+    need = _need(60, 1e5)
+    usable = need.total / (1 - memory.HEADROOM)
+    memory.check_fits(need, usable * 1.001)
+    with pytest.raises(BadInput):
+        memory.check_fits(need, usable * 0.999)

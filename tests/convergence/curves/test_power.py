@@ -1,0 +1,46 @@
+"""convergence.curves.power: the replicates and run length a margin needs, from measured spreads."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from convergence.curves import power
+
+GOLDEN = Path(__file__).resolve().parents[3] / "golden" / "training"
+
+
+def test_half_width_is_the_verdicts_and_falls_to_its_floor():
+    """The same t quantile and standard error as convergence.curves.paired (k baselines, k - 1 dof, two ranges)."""
+    r = json.loads((GOLDEN / "proxy_long_verdict__h200x2.json").read_text())
+    fw = r["final_window"]
+    k = len(fw["replicate_levels"])
+    assert power.half_width(k, fw["seed_spread"], fw["se_set"]) == pytest.approx(fw["half_width"], rel=1e-12)
+    widths = [power.half_width(k, 0.004, 0.001) for k in range(2, 65)]
+    assert all(a > b for a, b in zip(widths, widths[1:]))
+    # at k = 64 the t quantile (63 dof) and sqrt(1 + 1/k) leave the half-width ~3 % above the normal floor
+    assert widths[-1] > power.floor_half_width(0.004, 0.001) > widths[-1] * 0.95
+
+
+def test_replicates_needed_is_the_fewest_that_reach_the_target_or_none():
+    k = power.replicates_needed(0.0005, 0.0025)
+    assert k is not None and power.half_width(k, 0.0005) <= 0.0025 < power.half_width(k - 1, 0.0005)
+    assert power.replicates_needed(0.01, 0.0025) is None  # the floor (2.5 x 1 %) is above the target
+
+
+def test_spread_power_law_is_recovered_and_solved_for_steps():
+    a, b = power.fit_spread([(n, 0.3 * n ** -0.5) for n in (500, 1500, 4500)])
+    assert (a, b) == (pytest.approx(0.3), pytest.approx(-0.5))
+    assert power.steps_needed((a, b), 0.003) == pytest.approx(10_000)
+    assert power.steps_needed((0.1, 0.2), 0.001) is None  # a spread that grows with steps is never small enough
+    assert power.fit_spread([(1500, 0.004)]) is None
+
+
+def test_golden_protocol_says_the_margin_is_out_of_reach_at_1500_steps():
+    m = power.measured(json.loads((GOLDEN / "proxy_long_verdict__h200x2.json").read_text()), source="golden")
+    a = power.analyse([m])
+    row = a["rows"][0]
+    assert row["replicates_for_margin"] is None and row["floor"] > 0.0025
+    assert "no number of replicates reaches the margin" in power.report(a)

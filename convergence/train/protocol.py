@@ -278,8 +278,9 @@ def _note(name: str, r: dict) -> str:
 
 
 def write_results(plan: ProtocolPlan, out: Path, verdicts: dict[str, dict], command: str, hardware: str) -> list[Path]:
-    """OUT/results/: the verdicts, their figures and every run's curve, each with a golden-style sidecar (sha256,
-    command, hardware, commit, versions, note) and record.sh, which lists them in golden/ once copied there."""
+    """OUT/results/: the verdicts, their figures, every run's curve and the MXFP8 runs' probes, each with a
+    golden-style sidecar (sha256, command, hardware, commit, versions, note), and record.sh, which lists them in
+    golden/ once copied there."""
     import hashlib
 
     from convergence.curves.plots import plot_comparison
@@ -310,5 +311,9 @@ def write_results(plan: ProtocolPlan, out: Path, verdicts: dict[str, dict], comm
         src = metrics_path(out, spec)
         emit(res / f"{plan.prefix}_{spec.name}__{hardware}.jsonl", src.read_text(),
              plan.train_command(spec, "OUT"), f"{spec.role} run of {plan.prefix}: {spec}", env)
+        probes = src.with_name("probes.jsonl")  # MXFP8 runs: per-layer MXFP8-vs-BF16 SQNR on the run's activations
+        if probes.exists():
+            emit(res / f"{plan.prefix}_{spec.name}_probes__{hardware}.jsonl", probes.read_text(),
+                 plan.train_command(spec, "OUT"), f"layer probes of the {spec.role} run of {plan.prefix}", env)
     (res / "record.sh").write_text("\n".join(lines) + "\n")
     return written

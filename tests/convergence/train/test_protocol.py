@@ -135,7 +135,7 @@ def test_protocol_cli_runs_to_the_end_and_exits_with_the_candidates_verdict(tmp_
 
     out = tmp_path / "p"
     argv = ["protocol", "--model", "tiny", "--steps", "4", "--replicates", "3", "--batch", "4", "--seq", "32",
-            "--val-every", "2", "--val-batches", "3", "--probe-every", "0", "--mxfp8-kernel", "emulated",
+            "--val-every", "2", "--val-batches", "3", "--probe-every", "2", "--mxfp8-kernel", "emulated",
             "--out", str(out)]
     rc = convergence_main(argv)
     verdict = json.loads((out / "results" / "tiny_long_verdict__cpu.json").read_text())
@@ -144,7 +144,11 @@ def test_protocol_cli_runs_to_the_end_and_exits_with_the_candidates_verdict(tmp_
     assert "protocol complete" in printed and "positive_control" in printed and "resolves +-" in printed
     names = {p.name for p in (out / "results").iterdir()}
     assert {"record.sh"} | {f"tiny_long_{v}__cpu.json" for v in pr.VERDICTS} <= names
-    assert sum(n.endswith(".jsonl") for n in names) == len(pr.ProtocolPlan(model="tiny", steps=4, replicates=3).runs())
+    runs = pr.ProtocolPlan(model="tiny", steps=4, replicates=3).runs()
+    assert sum(n.endswith(".jsonl") and "_probes__" not in n for n in names) == len(runs)
+    probed = {s.name for s in runs if s.recipe != "bf16"}  # probes compare MXFP8 with BF16: MXFP8 runs only
+    assert {n.split("_probes__")[0].removeprefix("tiny_long_") for n in names if "_probes__" in n
+            and not n.endswith(".meta.json")} == probed
     assert all((out / "results" / f"{n}.meta.json").exists() for n in names if n.endswith((".json", ".jsonl"))
                and not n.endswith(".meta.json"))
     assert convergence_main(argv) == rc  # repeating a finished protocol judges it again, runs nothing

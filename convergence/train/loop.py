@@ -114,9 +114,13 @@ def lr_at(cfg: TrainConfig, step: int) -> float:
     return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
 
 
+def model_config(cfg: TrainConfig, vocab_size: int):
+    """The run's ``ModelConfig``: its model's shapes with the tokenizer's vocabulary."""
+    return dataclasses.replace(get_config(cfg.model), vocab_size=vocab_size)
+
+
 def build_model(cfg: TrainConfig, vocab_size: int) -> Transformer:
-    mcfg = dataclasses.replace(get_config(cfg.model), vocab_size=vocab_size)
-    model = Transformer(mcfg)
+    model = Transformer(model_config(cfg, vocab_size))
     model.init_weights(torch.Generator().manual_seed(cfg.seed))
     return model
 
@@ -390,10 +394,9 @@ def check_memory(cfg: TrainConfig, vocab_size: int, place: Single) -> None:
     (``convergence.train.memory``); an estimate that itself fails only warns, it never stops a run."""
     from convergence.train import memory
 
-    mcfg = dataclasses.replace(get_config(cfg.model), vocab_size=vocab_size)
     try:
-        need = memory.estimate(mcfg, batch=cfg.batch, seq=cfg.seq, ranks=place.world, ep=cfg.ep or 1,
-                               device=place.device)
+        need = memory.estimate(model_config(cfg, vocab_size), batch=cfg.batch, seq=cfg.seq, ranks=place.world,
+                               ep=cfg.ep or 1, device=place.device)
     except Exception as exc:  # noqa: BLE001 - the estimate is advice; training decides
         warnings.warn(f"memory estimate failed ({type(exc).__name__}: {exc}); starting anyway", stacklevel=2)
         return

@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from numerics.errors import BadInput
-from numerics.layer.configs import ModelConfig
+from numerics.layer.configs import ModelConfig, param_count
 
 GIB = 2**30
 STATE_BYTES_PER_PARAM = 4 + 4 + 8  # FP32 weight, FP32 gradient, AdamW exp_avg and exp_avg_sq
@@ -53,15 +53,15 @@ class MemoryNeed:
 
 
 def _param_split(cfg: ModelConfig) -> tuple[int, int, int]:
-    """(dense parameters, routed-expert parameters, the largest block's dense parameters)."""
-    from convergence.train.model import build_on_meta
-
-    model = build_on_meta(cfg)
-    experts = sum(p.numel() for n, p in model.named_parameters() if ".experts." in n)
-    dense = sum(p.numel() for p in model.parameters()) - experts
-    block = max(sum(p.numel() for n, p in blk.named_parameters() if ".experts." not in f".{n}")
-                for blk in model.layers)
-    return dense, experts, block
+    """(dense parameters, routed-expert parameters, the largest block's dense parameters), from
+    ``numerics.layer.configs.param_count``: what FSDP2 shards, what expert parallelism shards, and what
+    FSDP2 gathers for one block (its attention, its two norms, and its dense FFN or shared experts + router)."""
+    parts = param_count(cfg)
+    experts = parts["routed_experts"]
+    per_layer = parts["attention"] // cfg.n_layers + 2 * cfg.dim
+    dense_ffn = parts["dense_ffn"] // cfg.n_dense_layers if cfg.n_dense_layers else 0
+    moe = (parts["shared_experts"] + parts["router"]) // cfg.n_moe_layers if cfg.n_moe_layers else 0
+    return parts["total"] - experts, experts, per_layer + max(dense_ffn, moe)
 
 
 def state_bytes(cfg: ModelConfig, ranks: int = 1, ep: int = 1) -> tuple[float, float, int, int]:

@@ -322,13 +322,10 @@ def protocol_main(argv: Sequence[str] | None = None) -> int:
           f"{sum(v == 'done' for v in before.values())}", flush=True)
     threads = args.threads or max(1, (os.cpu_count() or 1) // max(slots, 1))
 
-    def worker(name: str, minutes: float) -> list[str]:
-        return [sys.executable, "-m", "convergence", "protocol", "--out", str(args.out), "--piece", name,
-                "--stop-after-minutes", f"{minutes:.4f}", "--threads", str(threads)]
-
     stop = None if args.stop_after_minutes is None else 60 * args.stop_after_minutes
     try:
-        status = pieces.execute(plan, args.out, slots=slots, stop_after_s=stop, worker_argv=worker)
+        status = pieces.execute(plan, args.out, slots=slots, stop_after_s=stop,
+                                worker_argv=pieces.protocol_worker(args.out, threads))
     except pieces.RunFailed as exc:
         print(f"error: a run failed: {exc}", file=sys.stderr)
         return 1

@@ -1,12 +1,12 @@
 """Run a protocol's runs in resumable pieces: at most ``slots`` at a time, each stopping by one deadline.
 
 Public: ``execute(plan, out, *, slots, stop_after_s, worker_argv, progress) -> dict`` (name -> "done" or steps
-logged), ``RunFailed``, ``STARTUP_S``.
+logged), ``protocol_worker(out, threads)``, ``RunFailed``, ``STARTUP_S``.
 
 * One slot: the pieces run in this process, one after another, on the token stream loaded once.
-* Several slots: one worker process per slot (``worker_argv(name, minutes)``: ``python -m convergence protocol
-  --out OUT --piece NAME ...``), pinned to one GPU each through ``CUDA_VISIBLE_DEVICES`` on a CUDA plan; each
-  writes its output to ``OUT/logs/NAME.log``.
+* Several slots: one worker process per slot (``worker_argv(name, minutes)``, by default
+  ``protocol_worker(out)``: ``python -m convergence protocol --out OUT --piece NAME ...``), pinned to one
+  GPU each through ``CUDA_VISIBLE_DEVICES`` on a CUDA plan; each writes its output to ``OUT/logs/NAME.log``.
 * Order: the plan's, runs already started first, so at most ``slots`` checkpoints exist at any time.
 * Time: a piece is told to stop ``STARTUP_S`` before the deadline (what it spends outside its training clock:
   starting, loading, building the model, writing its checkpoint); none starts with less than ``MIN_PIECE_S``
@@ -47,8 +47,21 @@ def _line(progress, text: str) -> None:
         sys.stderr.flush()
 
 
+def protocol_worker(out: Path, threads: int | None = None) -> Callable[[str, float | None], list[str]]:
+    """The command of one worker piece: ``python -m convergence protocol --out OUT --piece NAME``, stopping after
+    ``minutes`` (None: when its run is done) with ``threads`` torch CPU threads (None: torch's default)."""
+
+    def argv(name: str, minutes: float | None) -> list[str]:
+        cmd = [sys.executable, "-m", "convergence", "protocol", "--out", str(out), "--piece", name]
+        if minutes is not None:
+            cmd += ["--stop-after-minutes", f"{minutes:.4f}"]
+        return cmd + ([] if threads is None else ["--threads", str(threads)])
+
+    return argv
+
+
 def execute(plan: pr.ProtocolPlan, out: Path, *, slots: int = 1, stop_after_s: float | None = None,
-            worker_argv: Callable[[str, float], list[str]] | None = None, progress: bool = True) -> dict:
+            worker_argv: Callable[[str, float | None], list[str]] | None = None, progress: bool = True) -> dict:
     out = Path(out)
     start = time.monotonic()
     deadline = None if stop_after_s is None else start + stop_after_s
@@ -75,12 +88,10 @@ def execute(plan: pr.ProtocolPlan, out: Path, *, slots: int = 1, stop_after_s: f
             if not done:
                 break
         return pr.run_status(plan, out)
-    return _parallel(plan, out, slots, budget, worker_argv, progress)
+    return _parallel(plan, out, slots, budget, worker_argv or protocol_worker(out), progress)
 
 
 def _parallel(plan, out: Path, slots: int, budget, worker_argv, progress) -> dict:
-    if worker_argv is None:
-        raise ValueError("several slots need worker_argv")
     (out / "logs").mkdir(parents=True, exist_ok=True)
     visible = os.environ.get("CUDA_VISIBLE_DEVICES", ",".join(str(i) for i in range(slots))).split(",")
     queue = _order(plan, pr.run_status(plan, out))
@@ -100,7 +111,7 @@ def _parallel(plan, out: Path, slots: int, budget, worker_argv, progress) -> dic
                 if plan.device == "cuda":
                     env["CUDA_VISIBLE_DEVICES"] = visible[slot]
                 log = open(out / "logs" / f"{spec.name}.log", "ab")
-                minutes = 1e9 if left is None else left / 60
+                minutes = None if left is None else left / 60
                 proc = subprocess.Popen(worker_argv(spec.name, minutes), env=env, stdout=log, stderr=log)
                 running[slot] = (spec, proc, time.monotonic(), log)
                 where = f"GPU {visible[slot]}" if plan.device == "cuda" else f"worker {slot}"

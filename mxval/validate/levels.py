@@ -255,8 +255,6 @@ def protocol_plan(plan: Plan):
 
 
 def run_training(plan: Plan, out: Path, progress: Progress) -> LevelResult:
-    import sys
-
     from convergence.train import pieces
     from convergence.train import protocol as pr
 
@@ -267,10 +265,7 @@ def run_training(plan: Plan, out: Path, progress: Progress) -> LevelResult:
     progress(f"convergence protocol: {len(pp.runs())} {plan.train_model} runs of {plan.train_steps} steps, "
              f"{slots} at a time")
 
-    def worker(name: str, minutes: float) -> list[str]:  # no deadline here: every piece runs to the end
-        return [sys.executable, "-m", "convergence", "protocol", "--out", str(root), "--piece", name]
-
-    pieces.execute(pp, root, slots=slots, worker_argv=worker)
+    pieces.execute(pp, root, slots=slots)  # no deadline here: every piece runs to the end
     checks, numbers = [], {"model": plan.train_model, "steps": plan.train_steps, "replicates": pp.replicates,
                            "design": pp.design, "runs": {}}
     table = [("run", "role", "recipe", "init / data / rows", "steps", "first loss", "final loss (last 10%)",

@@ -152,3 +152,33 @@ def test_protocol_cli_runs_to_the_end_and_exits_with_the_candidates_verdict(tmp_
     assert all((out / "results" / f"{n}.meta.json").exists() for n in names if n.endswith((".json", ".jsonl"))
                and not n.endswith(".meta.json"))
     assert convergence_main(argv) == rc  # repeating a finished protocol judges it again, runs nothing
+
+
+def test_protocol_worker_command_is_the_piece_entry_point(tmp_path):
+    import sys
+
+    from convergence.train import pieces
+
+    argv = pieces.protocol_worker(tmp_path, threads=3)
+    assert argv("bf16", None) == [sys.executable, "-m", "convergence", "protocol", "--out", str(tmp_path),
+                                  "--piece", "bf16", "--threads", "3"]
+    assert argv("mxfp8", 1.5)[-4:] == ["--stop-after-minutes", "1.5000", "--threads", "3"]
+    assert "--threads" not in pieces.protocol_worker(tmp_path)("bf16", None)
+
+
+@pytest.mark.timeout(300)
+def test_protocol_in_worker_processes_matches_one_process(tmp_path):
+    """--parallel 2 runs the pieces as `convergence protocol --piece` workers (the path a GPU machine takes,
+    one per GPU): the same curves as running them in this process."""
+    from convergence.train import pieces
+
+    plan = _small_plan()
+    one, two = tmp_path / "one", tmp_path / "two"
+    pr.open_protocol(plan, one)
+    pieces.execute(plan, one, progress=False)
+    pr.open_protocol(plan, two)
+    assert set(pieces.execute(plan, two, slots=2, progress=False).values()) == {"done"}
+    for s in plan.runs():
+        a, b = (pr.metrics_path(root, s).read_text().splitlines() for root in (one, two))
+        strip = [{k: v for k, v in json.loads(line).items() if k != "tokens_per_s"} for line in a]
+        assert strip == [{k: v for k, v in json.loads(line).items() if k != "tokens_per_s"} for line in b], s.name

@@ -343,7 +343,8 @@ def protocol_main(argv: Sequence[str] | None = None) -> int:
                              plan.command("OUT", gpus=gpus, stop_after_minutes=args.stop_after_minutes), hardware)
     for name, r in verdicts.items():
         exp = r["protocol"]["expected"]
-        check = "" if exp is None else f" [control: expected {exp}: {'OK' if r['verdict'] == exp else 'FAILED'}]"
+        ok = r["protocol"]["as_expected"]
+        check = "" if exp is None else f" [control: expected {exp}: {'OK' if ok else 'FAILED'}]"
         print(f"{name:<17} {r['verdict'].upper()}{check}: {r['reason']}; {resolution(r)}")
     print(f"protocol complete: {len(files)} result files in {args.out / 'results'} (record.sh lists them in golden/)")
     from convergence.curves.compare import EXIT_CODES

@@ -2,7 +2,7 @@
 validation loss, run in resumable pieces.
 
 Public: ``ProtocolPlan``, ``RunSpec``, ``DESIGNS``, ``VERDICTS``, ``open_protocol(plan, out)``, ``load_plan(out)``,
-``run_status(plan, out)``, ``run_piece(plan, spec, out, ...)``, ``judge(plan, out)``,
+``run_status(plan, out)``, ``run_piece(plan, spec, out, ...)``, ``judge(plan, out)``, ``as_expected``,
 ``write_results(plan, out, verdicts, command, hardware)``.
 
 The runs (``ProtocolPlan.runs``), all from the same ``convergence.train.loop`` and the same token stream:
@@ -246,6 +246,14 @@ def run_piece(plan: ProtocolPlan, spec: RunSpec, out: Path, *, stop_after_s: flo
 
 
 # ------------------------------------------------------------------ verdicts
+def as_expected(verdict: str, expected: str | None) -> bool | None:
+    """Whether a control came out as it must (None for the candidate): a diverged positive control was told
+    apart from BF16 as surely as a not_equivalent one."""
+    if expected is None:
+        return None
+    return verdict == expected or (expected == "not_equivalent" and verdict == "diverged")
+
+
 def judge(plan: ProtocolPlan, out: Path) -> dict[str, dict]:
     """The three comparisons (``VERDICTS``) on validation loss, from the finished runs."""
     from convergence.curves.compare import compare_paths
@@ -255,7 +263,7 @@ def judge(plan: ProtocolPlan, out: Path) -> dict[str, dict]:
     for name, (role, expected, shows) in VERDICTS.items():
         r = compare_paths(baselines, metrics_path(out, plan.run(role)), margin=plan.margin, metric="val_loss")
         r["protocol"] = {"verdict": name, "judged_run": plan.run(role).name, "expected": expected, "shows": shows,
-                         "as_expected": None if expected is None else r["verdict"] == expected,
+                         "as_expected": as_expected(r["verdict"], expected),
                          "plan": plan.as_dict(),
                          "runs": [dataclasses.asdict(s) for s in plan.runs()]}
         result[name] = r
@@ -273,7 +281,8 @@ def _note(name: str, r: dict) -> str:
     sens = r.get("sensitivity") or {}
     hw = f"; interval half-width {sens['half_width']:.3%}" if sens else ""
     exp = r["protocol"]["expected"]
-    tail = "" if exp is None else f" (a control: expected {exp}, {'as' if r['verdict'] == exp else 'NOT as'} expected)"
+    ok = r["protocol"]["as_expected"]
+    tail = "" if exp is None else f" (a control: expected {exp}, {'as' if ok else 'NOT as'} expected)"
     return f"{name}: {r['verdict']}: {r['reason']}{hw}{tail}"
 
 

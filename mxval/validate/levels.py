@@ -332,7 +332,7 @@ def protocol_checks(verdicts: dict[str, dict], pp) -> list[Check]:
         if expected is None:
             continue
         c = verdicts[name]
-        ok = c["verdict"] == expected or (expected == "not_equivalent" and c["verdict"] == "diverged")
+        ok = pr.as_expected(c["verdict"], expected)
         if not ok:
             untrusted.append(name.replace("_", " "))
         controls.append(Check(f"{name.replace('_', ' ')} ({pp.run(role).name}) is {expected}",

@@ -257,6 +257,7 @@ def protocol_plan(plan: Plan):
 def run_training(plan: Plan, out: Path, progress: Progress) -> LevelResult:
     from convergence.train import pieces
     from convergence.train import protocol as pr
+    from convergence.train.checkpoint import JsonlLog
 
     pp = protocol_plan(plan)
     root = out / "training"
@@ -274,7 +275,7 @@ def run_training(plan: Plan, out: Path, progress: Progress) -> LevelResult:
     for spec in pp.runs():
         path = pr.metrics_path(root, spec)
         dirs[spec.name] = path.parent
-        recs = [json.loads(line) for line in path.read_text().splitlines()]
+        recs = JsonlLog(path).records()
         losses = [r["loss"] for r in recs]
         tail = losses[-max(1, len(losses) // 10):]
         final = sum(tail) / len(tail)
@@ -294,7 +295,7 @@ def run_training(plan: Plan, out: Path, progress: Progress) -> LevelResult:
                             f"{len(losses)}/{plan.train_steps} steps, loss {losses[0]:.3f} -> {final:.3f}"
                             if finite else f"non-finite loss or stopped early after {len(losses)} steps"))
     probe_path = pr.metrics_path(root, pp.run("candidate")).with_name("probes.jsonl")
-    probes = [json.loads(line) for line in probe_path.read_text().splitlines()] if probe_path.exists() else []
+    probes = JsonlLog(probe_path).records()  # none for a run without probes
     if probes:
         last = probes[-1]["layers"]
         worst = min(((v, f"{layer} {k.removesuffix('_sqnr_db')}") for layer, d in last.items() for k, v in d.items()),

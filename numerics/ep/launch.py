@@ -78,6 +78,17 @@ def _error_text(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
+def _teardown(channel: CaseChannel | None) -> None:
+    """Close the case channel (if it was made), settle its control group, and leave the process group: the
+    end of every rank, leading or serving, spawned or under torchrun."""
+    if channel is not None:
+        try:
+            channel.close()
+        finally:
+            _settle(channel.control)
+    dist.destroy_process_group()
+
+
 def lead_under_torchrun(factory: str, kwargs: dict, timeout_s: float,
                         lead: Callable[[Callable[[Any], list[Any]], int, torch.device], Any]) -> Any:
     """Under torchrun: join the group, build ``factory(**kwargs)`` on every rank, and let rank 0 call
@@ -97,12 +108,7 @@ def lead_under_torchrun(factory: str, kwargs: dict, timeout_s: float,
         finally:
             channel.stop()
     finally:
-        if channel is not None:
-            try:
-                channel.close()
-            finally:
-                _settle(channel.control)
-        dist.destroy_process_group()
+        _teardown(channel)
 
 
 class CaseChannel:
@@ -182,12 +188,7 @@ def _child(rank: int, world: int, store_path: str, backend: str, timeout_s: floa
         code = 1
     finally:
         try:
-            if channel is not None:
-                try:
-                    channel.close()
-                finally:
-                    _settle(channel.control)
-            dist.destroy_process_group()
+            _teardown(channel)
         finally:
             # A spawned rank ends here, without the interpreter's finalization: torch's C++ destructors
             # running after the group is gone aborted a child now and then under load ("terminate called

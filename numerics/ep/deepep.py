@@ -98,13 +98,13 @@ def no_uninitialized_fill(enabled: bool = True):
         fill.fill_uninitialized_memory = True
 
 
-class DeepEPBackend(EPBackend):
-    """DeepEP V1 intranode dispatch / combine behind the ``EPBackend`` interface."""
+class DeepEPBase(EPBackend):
+    """What DeepEP's V1 and V2 backends share: the group, timeouts, checks and device they run with."""
 
-    def __init__(self, group: Any = None, *, max_hidden: int = 7168, num_sms: int | None = None,
-                 timeout: datetime.timedelta = DEFAULT_TIMEOUT, guard_uninitialized_fill: bool = True,
-                 validate: bool = True, device: torch.device | str | None = None):
-        deep_ep = import_deep_ep("Buffer")
+    def _bind(self, api: str, group: Any, timeout: datetime.timedelta, guard_uninitialized_fill: bool,
+              validate: bool, device: torch.device | str | None):
+        """Import DeepEP's ``api``, set the shared attributes, and return the ``deep_ep`` module."""
+        deep_ep = import_deep_ep(api)
         self.group = group if group is not None else dist.group.WORLD
         self.timeout = timeout
         self.guard = guard_uninitialized_fill
@@ -112,6 +112,16 @@ class DeepEPBackend(EPBackend):
         self.index_dtype = topk_idx_dtype(deep_ep)
         # DeepEP runs on the current CUDA device; ``device`` exists for the CPU tests' stand-in deep_ep
         self.device = torch.device(device) if device is not None else torch.device("cuda", torch.cuda.current_device())
+        return deep_ep
+
+
+class DeepEPBackend(DeepEPBase):
+    """DeepEP V1 intranode dispatch / combine behind the ``EPBackend`` interface."""
+
+    def __init__(self, group: Any = None, *, max_hidden: int = 7168, num_sms: int | None = None,
+                 timeout: datetime.timedelta = DEFAULT_TIMEOUT, guard_uninitialized_fill: bool = True,
+                 validate: bool = True, device: torch.device | str | None = None):
+        deep_ep = self._bind("Buffer", group, timeout, guard_uninitialized_fill, validate, device)
         self._deep_ep = deep_ep
         if num_sms is not None:
             deep_ep.Buffer.set_num_sms(num_sms)  # class-wide in DeepEP; must be even

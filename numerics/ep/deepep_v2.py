@@ -42,7 +42,6 @@ from numerics.ep.backend import (
     DEFAULT_TIMEOUT,
     MAX_TOKENS,
     Dispatched,
-    EPBackend,
     Layout,
     Limits,
     finish,
@@ -50,12 +49,12 @@ from numerics.ep.backend import (
     validate_dispatch,
     validate_payload,
 )
-from numerics.ep.deepep import import_deep_ep, no_uninitialized_fill, topk_idx_dtype
+from numerics.ep.deepep import DeepEPBase, no_uninitialized_fill
 
 MAX_TOPK = 8  # DeepSeek-V3 routes top-8; V2 itself allows up to 32
 
 
-class DeepEPV2Backend(EPBackend):
+class DeepEPV2Backend(DeepEPBase):
     """DeepEP V2 (``ElasticBuffer``) intranode dispatch / combine behind the ``EPBackend`` interface."""
 
     has_layout = False
@@ -64,14 +63,7 @@ class DeepEPV2Backend(EPBackend):
                  max_topk: int = MAX_TOPK, num_sms: int | None = None, deterministic: bool = True,
                  timeout: datetime.timedelta = DEFAULT_TIMEOUT, guard_uninitialized_fill: bool = True,
                  validate: bool = True, device: torch.device | str | None = None):
-        deep_ep = import_deep_ep("ElasticBuffer")
-        self.group = group if group is not None else dist.group.WORLD
-        self.timeout = timeout
-        self.guard = guard_uninitialized_fill
-        self.validate = validate
-        self.index_dtype = topk_idx_dtype(deep_ep)
-        # DeepEP runs on the current CUDA device; ``device`` exists for the CPU tests' stand-in deep_ep
-        self.device = torch.device(device) if device is not None else torch.device("cuda", torch.cuda.current_device())
+        deep_ep = self._bind("ElasticBuffer", group, timeout, guard_uninitialized_fill, validate, device)
         self.max_tokens = max_tokens
         self.limits = Limits(max_tokens=max_tokens, max_hidden=max_hidden, max_topk=max_topk)
         self.num_sms = 0 if num_sms is None else num_sms  # 0: V2's own estimate (get_theoretical_num_sms)

@@ -2,7 +2,9 @@
 command line, on one process or under ``torchrun --nproc-per-node N ... --ep N``.
 
 Bad input is one line on stderr and exit code 2 (on rank 0 only, under torchrun); the verdict line says
-what the comparison of the recipes' curves concluded.
+what the comparison of the recipes' curves concluded, and on one process the exit code is ``compare``'s.
+Under torchrun a finished run exits 0 whatever the verdict: torchrun reports any other exit as a failed
+rank, with a traceback that would read as a crash.
 """
 
 from __future__ import annotations
@@ -131,6 +133,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                 return EXIT_BAD_INPUT
             raise
         if rank != "0":
+            return 0
+        if result is not None:  # torchrun calls any non-zero exit a failed rank: the verdict is in words only
+            report_verdict(result, args.out)
+            if result.get("candidates"):
+                first = next(iter(result["candidates"]))
+                pair = " ".join(str(args.out / r / "metrics.jsonl") for r in (result["baseline"], first))
+                print(f"exit 0: the run finished (under torchrun the exit code is not the verdict; "
+                      f"python -m convergence compare {pair} exits with it)")
             return 0
     else:
         cfg = config_from_args(args)

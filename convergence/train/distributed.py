@@ -24,9 +24,8 @@ One process per rank, ``N = --ep = WORLD_SIZE`` (1, 2, 4, 8; gloo on CPUs, NCCL 
   calls: CUDA events on GPUs) so ``python -m convergence compare`` reads the runs unchanged;
 * checkpoints: ``DIR/<recipe>/checkpoint/``, sharded with torch.distributed.checkpoint
   (``dist_checkpoint``), resumable with ``--resume`` on the same N;
-* ``--deterministic``: ``torch.use_deterministic_algorithms(True)`` (``CUBLAS_WORKSPACE_CONFIG`` set
-  before CUDA starts), cuDNN benchmarking off, seeds fixed; DeepEP's calls run with
-  ``fill_uninitialized_memory`` off (DeepEP issue #589, see numerics.ep.deepep).
+* ``--deterministic``: ``placement.deterministic_mode`` (as on one process), seeds fixed; DeepEP's calls run
+  with ``fill_uninitialized_memory`` off (DeepEP issue #589, see numerics.ep.deepep).
 Probes (per-layer BF16 vs MXFP8 side runs) are single-process only.
 """
 
@@ -80,14 +79,6 @@ def check_request(cfg, world: int) -> None:
         require(cfg.ep_backend)
     except BadInput as exc:
         raise BadInput(f"--ep-backend: {exc}") from None
-
-
-def set_deterministic(device: str) -> None:
-    if device == "cuda":
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # before cuBLAS starts
-    torch.use_deterministic_algorithms(True)
-    torch.backends.cudnn.benchmark = False
-    torch.backends.cudnn.deterministic = True
 
 
 def init_group(cfg, timeout: datetime.timedelta) -> tuple[int, int, torch.device]:
@@ -246,8 +237,6 @@ def open_group(cfg, timeout_s: float, check: Callable[[], None]):
     and ``check()`` (the run directory) on rank 0, agree on any error (``PeerFailed`` everywhere, rank 0
     having printed it), and yield the ``Distributed`` placement; the backend and the group are torn down
     on the way out, whatever happened."""
-    if cfg.deterministic:
-        set_deterministic(cfg.device)
     torch.manual_seed(cfg.seed)
     timeout = datetime.timedelta(seconds=timeout_s)
     rank, world, device = init_group(cfg, timeout)

@@ -50,7 +50,7 @@ import torch.nn.functional as F
 from convergence.train import data as data_mod
 from convergence.train.checkpoint import JsonlLog
 from convergence.train.model import Transformer
-from convergence.train.placement import Single
+from convergence.train.placement import Single, deterministic_mode
 from numerics.errors import BadInput
 from numerics.files import atomic_write, writable_dir
 from numerics.layer.configs import get_config
@@ -380,13 +380,14 @@ def run(cfg: TrainConfig, out: Path, *, resume: bool = False, force: bool = Fals
 
     ``cfg.ep`` >= 1 runs on the torchrun group (``convergence.train.distributed``); 0 on one process."""
     out = Path(out)
-    if cfg.ep:
-        from convergence.train.distributed import open_group
+    with deterministic_mode(cfg.deterministic, cfg.device):
+        if cfg.ep:
+            from convergence.train.distributed import open_group
 
-        with open_group(cfg, timeout_s, lambda: check_run_dir(cfg, out, resume, force)) as place:
-            return _run_recipes(cfg, out, place, resume, progress, stop_after_s)
-    check_run_dir(cfg, out, resume, force)
-    return _run_recipes(cfg, out, Single(torch.device(cfg.device)), resume, progress, stop_after_s)
+            with open_group(cfg, timeout_s, lambda: check_run_dir(cfg, out, resume, force)) as place:
+                return _run_recipes(cfg, out, place, resume, progress, stop_after_s)
+        check_run_dir(cfg, out, resume, force)
+        return _run_recipes(cfg, out, Single(torch.device(cfg.device)), resume, progress, stop_after_s)
 
 
 def check_memory(cfg: TrainConfig, vocab_size: int, place: Single) -> None:

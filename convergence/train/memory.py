@@ -91,13 +91,21 @@ def _saved_bytes(fn, *args) -> int:
 
 def activation_bytes_per_token(cfg: ModelConfig, seq: int, device: torch.device | str = "cpu") -> dict[str, float]:
     """Saved bytes per token of one dense block, one MoE block and the head + loss, measured (module doc)."""
-    from convergence.train.model import Block
-    from numerics.layer.modules import Linear, RMSNorm, rope_frequencies
+    from numerics.layer.modules import rope_frequencies
 
     dev = torch.device(device)
     small = dataclasses.replace(cfg, n_routed_experts=min(cfg.n_routed_experts, max(2 * cfg.top_k, 8)))
     cos, sin = (t.to(dev) for t in rope_frequencies(small, seq))
-    torch.manual_seed(0)
+    # the measurement draws its own weights and inputs on a forked RNG: the run that asked keeps its stream
+    with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []):
+        torch.manual_seed(0)
+        return _measure(cfg, small, seq, dev, cos, sin)
+
+
+def _measure(cfg: ModelConfig, small: ModelConfig, seq: int, dev: torch.device, cos, sin) -> dict[str, float]:
+    from convergence.train.model import Block
+    from numerics.layer.modules import Linear, RMSNorm
+
     parts = {}
     with torch.device(dev):
         dense = Block(small, 0) if cfg.n_dense_layers else None

@@ -8,10 +8,16 @@ expert counts are reduced over ranks, and how checkpoints are written.
 
 ``Single``: the whole model on ``device``; ``torch.nn.utils.clip_grad_norm_``; ``DIR/checkpoint.pt``
 (weights, AdamW, scheduler, RNG, data position), written atomically by ``checkpoint.save_checkpoint``.
+
+``deterministic_mode(enabled, device)``: what ``--deterministic`` means on either placement, for the
+duration of a run.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -19,6 +25,28 @@ from torch import nn
 
 from convergence.train.checkpoint import load_checkpoint, save_checkpoint
 from numerics.errors import BadInput
+
+
+@contextlib.contextmanager
+def deterministic_mode(enabled: bool, device: str) -> Iterator[None]:
+    """``torch.use_deterministic_algorithms(True)`` with cuDNN benchmarking off while a ``--deterministic``
+    run trains, the previous settings restored after it, so a run repeats bit for bit and nothing else in
+    the process (a test, validate's other levels) changes mode. ``CUBLAS_WORKSPACE_CONFIG`` is set (unless
+    the user set it) for cuBLAS's deterministic workspace; it takes effect where cuBLAS has not started."""
+    if not enabled:
+        yield
+        return
+    if device == "cuda":
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    saved = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
+             torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic)
+    torch.use_deterministic_algorithms(True)
+    torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic = False, True
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(saved[0], warn_only=saved[1])
+        torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic = saved[2], saved[3]
 
 
 class Single:

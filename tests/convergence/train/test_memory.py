@@ -59,3 +59,14 @@ def test_the_check_fails_just_above_the_usable_memory_and_passes_just_below():
     memory.check_fits(need, usable * 1.001)
     with pytest.raises(BadInput):
         memory.check_fits(need, usable * 0.999)
+
+
+def test_the_measurement_leaves_the_callers_random_stream_alone():
+    """The estimate runs before a run's first step: it must not reseed the generator the run draws from."""
+    import torch
+
+    torch.manual_seed(5)
+    expected = torch.rand(4)
+    torch.manual_seed(5)
+    memory.activation_bytes_per_token(get_config("tiny"), 32)
+    assert torch.equal(torch.rand(4), expected)

@@ -352,3 +352,23 @@ def test_emulated_mxfp8_is_identical_in_two_fresh_processes(tmp_path):
               for out, _ in runs]
     assert len(curves[0]) == 4 and "val_loss" in curves[0][-1]
     assert curves[0] == curves[1]
+
+
+def test_deterministic_flag_holds_for_the_run_on_one_process_and_is_restored(tmp_path, monkeypatch):
+    """--deterministic on one process: PyTorch's deterministic algorithms are on while the run trains and
+    as before afterwards. (From c8cd00f until the fix the flag was applied only under torchrun: proxy runs
+    on an H200 with --deterministic differed between processes after 4-17 steps.)"""
+    from convergence.train import loop
+
+    seen = []
+    real_loss_of = loop.loss_of
+    monkeypatch.setattr(loop, "loss_of", lambda *a: seen.append(torch.are_deterministic_algorithms_enabled())
+                        or real_loss_of(*a))
+    d = defaults_for("tiny") | dict(batch=2, seq=32, val_every=0, val_batches=1, probe_every=0, ckpt_every=0)
+    before = torch.are_deterministic_algorithms_enabled()
+    for flag in (True, False):
+        seen.clear()
+        run(TrainConfig(model="tiny", recipes=("bf16",), steps=1, deterministic=flag, **d), tmp_path / str(flag),
+            progress=False)
+        assert seen and all(s == (flag or before) for s in seen), (flag, seen)
+        assert torch.are_deterministic_algorithms_enabled() == before

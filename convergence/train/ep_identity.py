@@ -1,7 +1,9 @@
 """Are two training runs the same, step for step? (``python -m convergence ep-identity RUN_A RUN_B``)
 
-The distributed level's claim that DeepEP changes
-speed, not results: the same run with ``--ep-backend reference`` and ``--ep-backend deepep``.
+Two claims of the suite are checked with it: DeepEP changes speed, not results (the same run with
+``--ep-backend reference`` and ``--ep-backend deepep``), and so do the fast MXFP8 casts (``--mxfp8-kernel
+emulated`` and ``fast``). Both need ``--deterministic`` runs; the report shows each side's backend, kernel
+and whether it was deterministic.
 
 Public: ``TIMING_FIELDS``, ``compare_runs(a, b, recipes=None) -> dict``, ``report(result) -> str``.
 
@@ -63,12 +65,16 @@ def _runs(path: Path, recipes: Sequence[str] | None) -> dict[str, Path]:
     return found
 
 
-def _backend(metrics: Path) -> dict:
+def _settings(metrics: Path) -> dict:
+    """From the run's config.json: what two runs may differ in on purpose (the EP backend, the MXFP8 kernel)
+    and whether the run asked for --deterministic (without it, identity is not expected)."""
     cfg = metrics.parent / "config.json"
     if not cfg.exists():
         return {}
     d = json.loads(cfg.read_text())
-    return {k: d.get("distributed", {}).get(k) for k in ("ep", "ep_backend", "backend_class", "deterministic")}
+    dist, train, recipe = d.get("distributed", {}), d.get("train", {}), d.get("recipe", {})
+    return {"ep": dist.get("ep"), "ep_backend": dist.get("ep_backend"), "backend_class": dist.get("backend_class"),
+            "mxfp8_kernel": recipe.get("kernel"), "deterministic": train.get("deterministic", dist.get("deterministic"))}
 
 
 def _speed(recs: list[dict]) -> dict:
@@ -111,8 +117,8 @@ def compare_runs(a: Path, b: Path, recipes: Sequence[str] | None = None) -> dict
         diff = first_difference(ra, rb)
         result["recipes"][name] = {
             "steps": [len(ra), len(rb)], "identical": diff is None, "first_difference": diff,
-            "a": {"metrics": str(pa), **_backend(pa), **_speed(ra)},
-            "b": {"metrics": str(pb), **_backend(pb), **_speed(rb)},
+            "a": {"metrics": str(pa), **_settings(pa), **_speed(ra)},
+            "b": {"metrics": str(pb), **_settings(pb), **_speed(rb)},
         }
     result["compared_fields"] = sorted(fields)
     result["identical"] = all(r["identical"] for r in result["recipes"].values())
@@ -133,9 +139,10 @@ def report(r: dict) -> str:
         lines.append(f"{name}: {rec['steps'][0]} vs {rec['steps'][1]} steps, {verdict}")
         sa, sb = rec["a"], rec["b"]
         ratio = (sb["tokens_per_s"] / sa["tokens_per_s"]) if sa["tokens_per_s"] and sb["tokens_per_s"] else None
-        lines.append(f"  {'side':<4} {'backend':<10} {'tokens/s':>12} {'dispatch+combine':>17}")
+        lines.append(f"  {'side':<4} {'backend':<10} {'kernel':<9} {'determ.':<8} {'tokens/s':>12} {'dispatch+combine':>17}")
         for side, s in (("A", sa), ("B", sb)):
-            lines.append(f"  {side:<4} {s.get('ep_backend')!s:<10} {_fmt(s['tokens_per_s'], ',.0f'):>12} "
+            lines.append(f"  {side:<4} {s.get('ep_backend')!s:<10} {s.get('mxfp8_kernel')!s:<9} "
+                         f"{s.get('deterministic')!s:<8} {_fmt(s['tokens_per_s'], ',.0f'):>12} "
                          f"{_fmt(s['dispatch_combine_share'], '.1%'):>17}")
         lines.append(f"  tokens/s B / A: {_fmt(ratio, '.3f')} (medians after step {WARMUP}, one session)")
     lines.append("verdict: " + ("IDENTICAL" if r["identical"] else "DIFFERENT"))

@@ -26,7 +26,18 @@ from numerics.files import atomic_write, check_writable
 from numerics.layer.configs import CONFIGS
 from numerics.layer.mxfp8 import KERNELS as MXFP8_KERNELS
 from numerics.layer.mxfp8 import kernel_problem as mxfp8_problem
+from numerics.layer.mxfp8 import recipe_kernel_problem
 from numerics.layer.recipes import RECIPES
+
+
+def check_recipe_kernels(recipes: Sequence[str], kernel: str) -> None:
+    """One line when a recipe cannot run on the chosen kernel (``auto`` picks one that can)."""
+    if kernel == "auto":
+        return
+    for r in recipes:
+        problem = recipe_kernel_problem(RECIPES[r]().op_recipe, kernel) if RECIPES[r]().mxfp8 else None
+        if problem:
+            raise CLIError(f"--mxfp8-kernel {kernel}: {problem}")
 
 
 def config_from_args(args) -> TrainConfig:
@@ -44,6 +55,7 @@ def config_from_args(args) -> TrainConfig:
         problem = mxfp8_problem(args.mxfp8_kernel, args.device)
         if problem:
             raise CLIError(f"--mxfp8-kernel: {problem}")
+    check_recipe_kernels(recipes, args.mxfp8_kernel)
     d = defaults_for(args.model)
     for key in d:
         v = getattr(args, key, None)
@@ -325,6 +337,7 @@ def protocol_main(argv: Sequence[str] | None = None) -> int:
         problem = mxfp8_problem(k, args.device)
         if problem:
             raise CLIError(f"--mxfp8-kernel: {problem}")
+    check_recipe_kernels((plan.candidate, plan.control), plan.mxfp8_kernel)
     slots = gpus if args.device == "cuda" else args.parallel
     pr.open_protocol(plan, args.out, force=args.force)
     before = pr.run_status(plan, args.out)

@@ -74,7 +74,8 @@ def _settings(metrics: Path) -> dict:
     d = json.loads(cfg.read_text())
     dist, train, recipe = d.get("distributed", {}), d.get("train", {}), d.get("recipe", {})
     return {"ep": dist.get("ep"), "ep_backend": dist.get("ep_backend"), "backend_class": dist.get("backend_class"),
-            "mxfp8_kernel": recipe.get("kernel"), "deterministic": train.get("deterministic", dist.get("deterministic"))}
+            "mxfp8_kernel": recipe.get("kernel"),
+            "deterministic": train.get("deterministic", dist.get("deterministic"))}
 
 
 def _speed(recs: list[dict]) -> dict:
@@ -139,7 +140,8 @@ def report(r: dict) -> str:
         lines.append(f"{name}: {rec['steps'][0]} vs {rec['steps'][1]} steps, {verdict}")
         sa, sb = rec["a"], rec["b"]
         ratio = (sb["tokens_per_s"] / sa["tokens_per_s"]) if sa["tokens_per_s"] and sb["tokens_per_s"] else None
-        lines.append(f"  {'side':<4} {'backend':<10} {'kernel':<9} {'determ.':<8} {'tokens/s':>12} {'dispatch+combine':>17}")
+        lines.append(f"  {'side':<4} {'backend':<10} {'kernel':<9} {'determ.':<8} {'tokens/s':>12} "
+                     f"{'dispatch+combine':>17}")
         for side, s in (("A", sa), ("B", sb)):
             lines.append(f"  {side:<4} {s.get('ep_backend')!s:<10} {s.get('mxfp8_kernel')!s:<9} "
                          f"{s.get('deterministic')!s:<8} {_fmt(s['tokens_per_s'], ',.0f'):>12} "

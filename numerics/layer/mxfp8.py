@@ -1,6 +1,7 @@
 """The one MXFP8 seam: the op a converted ``Linear`` / ``GroupedLinear`` runs, with a kernel choice.
 
-Public: ``KERNELS``, ``default_kernel(device)``, ``kernel_problem(kernel, device)``, ``linear_op`` /
+Public: ``KERNELS``, ``default_kernel(device)``, ``kernel_problem(kernel, device)``,
+``recipe_kernel_problem(recipe, kernel)``, ``FAST_ONLY``, ``linear_op`` /
 ``grouped_mm_op`` (the callables ``numerics.layer.recipes.apply_recipe`` puts into a module's ``mxfp8_op``),
 ``torchao_linear`` / ``torchao_grouped_mm`` (the subject, called as the model calls it), ``op_config``,
 ``check_mx_gemm``, ``quantize_api_refusal``, ``BLOCK``.
@@ -36,6 +37,7 @@ from torch import nn
 BLOCK = 32  # the MX block: torchao 0.18 supports only 32 for MXFP8 training
 KERNELS = ("emulated", "fast", "real")
 TORCHAO_RECIPE = {"mxfp8": "MXFP8_RCEIL", "mxfp8-wgrad-hp": "MXFP8_RCEIL_WGRAD_WITH_HP"}
+FAST_ONLY = {"mxfp8-e5m2": "e5m2"}  # op recipes torchao has no training ops for: element format, kernel fast
 TORCHAO_OPS = {  # what a converted module runs, recorded in config.json
     "linear": "torchao.prototype.moe_training.mxfp8_linear._to_mxfp8_then_scaled_mm",
     "grouped": "torchao.prototype.moe_training._to_mxfp8_then_scaled_grouped_mm",
@@ -134,7 +136,8 @@ def _fast_linear(x, weight, *, recipe: str):
 
     check_mx_gemm(x.reshape(-1, x.shape[-1]).shape[0], weight.shape[1], weight.shape[0], what="linear",
                   dtype=x.dtype, tokens_blocked=recipe != "mxfp8-wgrad-hp")
-    return fast.linear(x, weight, wgrad_with_hp=recipe == "mxfp8-wgrad-hp", scale_mode="rceil")
+    return fast.linear(x, weight, wgrad_with_hp=recipe == "mxfp8-wgrad-hp", scale_mode="rceil",
+                       elem=FAST_ONLY.get(recipe, "e4m3"))
 
 
 def _fast_grouped_mm(x, w_t, offs, *, recipe: str):
@@ -142,11 +145,26 @@ def _fast_grouped_mm(x, w_t, offs, *, recipe: str):
 
     check_mx_gemm(x.shape[0], w_t.shape[-2], w_t.shape[-1], what="grouped_mm", dtype=x.dtype, tokens_blocked=False)
     return fast.grouped_mm(x, w_t, offs, wgrad_with_hp=recipe == "mxfp8-wgrad-hp", scale_mode="rceil",
-                           pad_groups=True)
+                           pad_groups=True, elem=FAST_ONLY.get(recipe, "e4m3"))
+
+
+def recipe_kernel_problem(recipe: str, kernel: str) -> str | None:
+    """None if the op recipe runs on ``kernel``, else one line: the ``FAST_ONLY`` recipes have no torchao ops."""
+    if recipe in FAST_ONLY and kernel != "fast":
+        return (f"{recipe} has {FAST_ONLY[recipe].upper()} elements, which torchao's MXFP8 training ops do not "
+                f"take: it runs on kernel 'fast' only, not {kernel!r}")
+    return None
+
+
+def _require(recipe: str, kernel: str) -> None:
+    problem = recipe_kernel_problem(recipe, kernel)
+    if problem:
+        raise ValueError(problem)
 
 
 def linear_op(recipe: str, kernel: str) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
     """The callable a converted ``Linear`` runs: ``op(x, w) -> x @ w.T``."""
+    _require(recipe, kernel)
     if kernel == "fast":
         return functools.partial(_fast_linear, recipe=recipe)
     return functools.partial(torchao_linear, recipe=recipe, kernel=kernel)
@@ -154,6 +172,7 @@ def linear_op(recipe: str, kernel: str) -> Callable[[torch.Tensor, torch.Tensor]
 
 def grouped_mm_op(recipe: str, kernel: str) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]:
     """The callable a converted ``GroupedLinear`` runs: ``op(x, w_t, offs)``, groups padded to 32."""
+    _require(recipe, kernel)
     if kernel == "fast":
         return functools.partial(_fast_grouped_mm, recipe=recipe)
     return functools.partial(torchao_grouped_mm, recipe=recipe, kernel=kernel, pad_groups=True)

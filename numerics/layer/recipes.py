@@ -4,9 +4,11 @@ Public: ``Recipe``, ``RECIPES``, ``MX_RECIPES`` (the MXFP8 candidates), ``CONTRO
 ``get_recipe(name)``, ``apply_recipe(model, recipe, ...)``, ``set_op(module, recipe, kernel)``,
 ``quantized_fqns(model, recipe)``.
 
-A positive control (``mxfp8-head``) is a recipe known to train worse: the same MXFP8 ops on more modules
-(the output head, which every FP8 recipe keeps in high precision). The convergence protocol must call it
-``not_equivalent``; the layer level leaves it out (per GEMM it is ``mxfp8``).
+Positive controls are recipes meant to train worse, which the convergence protocol must call
+``not_equivalent``: ``mxfp8-head``, the same MXFP8 ops on more modules (the output head, which every FP8
+recipe keeps in high precision; on the proxy at lr 6e-4 it trained *better*, so it is no proof), and
+``mxfp8-e5m2``, worse by construction: the same modules and ops with one element mantissa bit fewer. The
+layer level leaves controls out.
 
 The MXFP8 module selection is torchtitan's DeepSeek-V3 MXFP8 recipe
 (``torchtitan/models/deepseek_v3/config_registry.py::deepseek_v3_debugmodel_mxfp8``, read at commit
@@ -43,6 +45,7 @@ class Recipe:
     grouped_experts: bool = False  # every GroupedLinear (the routed experts' grouped GEMMs) -> MXFP8
     wgrad_with_hp: bool = False  # weight gradients computed in high precision (BF16) instead of MXFP8
     scale_calculation_mode: str = "RCEIL"  # E8M0 scale rounding (torchao ScaleCalculationMode)
+    elements: str = "e4m3"  # MX element format of every converted GEMM operand; e5m2 runs on kernel fast only
     description: str = ""
     control: bool = False  # a positive control of the convergence protocol (known worse), not a candidate
 
@@ -53,6 +56,8 @@ class Recipe:
     def op_recipe(self) -> str:
         """The name ``numerics.layer.mxfp8`` configures torchao's ops by: what each converted GEMM computes
         (which modules are converted is ``linear_fqns`` / ``grouped_experts``)."""
+        if self.elements != "e4m3":
+            return f"mxfp8-{self.elements}"
         return "mxfp8-wgrad-hp" if self.wgrad_with_hp else "mxfp8"
 
 
@@ -91,7 +96,20 @@ def _mxfp8_head() -> Recipe:
     )
 
 
-RECIPES = {"bf16": _bf16, "mxfp8": _mxfp8, "mxfp8-wgrad-hp": _mxfp8_wgrad_hp, "mxfp8-head": _mxfp8_head}
+def _mxfp8_e5m2() -> Recipe:
+    return dataclasses.replace(
+        _mxfp8(), name="mxfp8-e5m2",
+        # deviation from mxfp8: E5M2 elements (2 mantissa bits, not 3) in every operand, forward included
+        elements="e5m2",
+        control=True,
+        description="positive control, worse by construction: mxfp8's modules and ops with E5M2 elements in "
+        "every operand (one mantissa bit fewer than E4M3: twice the rounding step, about 6 dB less SQNR per "
+        "cast); FP8 recipes keep E5M2 for gradients at most. Kernel fast only (torchao has no such recipe)",
+    )
+
+
+RECIPES = {"bf16": _bf16, "mxfp8": _mxfp8, "mxfp8-wgrad-hp": _mxfp8_wgrad_hp, "mxfp8-head": _mxfp8_head,
+           "mxfp8-e5m2": _mxfp8_e5m2}
 MX_RECIPES = tuple(name for name, make in RECIPES.items() if make().mxfp8 and not make().control)
 CONTROLS = tuple(name for name, make in RECIPES.items() if make().control)  # same ops, more modules: not layer cases
 
@@ -144,10 +162,10 @@ def apply_recipe(model: nn.Module, recipe: Recipe, device: torch.device | str = 
     """
     if not recipe.mxfp8:
         return {"quantized": [], "kernel": None, "torchao_config": None}
-    kernel = kernel or mxfp8.default_kernel(device)
-    problem = mxfp8.kernel_problem(kernel, device)
+    kernel = kernel or ("fast" if recipe.op_recipe in mxfp8.FAST_ONLY else mxfp8.default_kernel(device))
+    problem = mxfp8.recipe_kernel_problem(recipe.op_recipe, kernel) or mxfp8.kernel_problem(kernel, device)
     if problem:
-        raise ValueError(problem)
+        raise ValueError(f"recipe {recipe.name!r}: {problem}" if recipe.op_recipe in mxfp8.FAST_ONLY else problem)
     if recipe.scale_calculation_mode != "RCEIL":
         raise ValueError(f"recipe {recipe.name!r}: scale_calculation_mode {recipe.scale_calculation_mode} is not "
                          "RCEIL, which torchao's MXFP8 training recipes fix")
@@ -157,6 +175,9 @@ def apply_recipe(model: nn.Module, recipe: Recipe, device: torch.device | str = 
         _check_block_dims(modules[fqn], fqn)
     for fqn in fqns:
         set_op(modules[fqn], recipe, kernel)
+    if recipe.op_recipe in mxfp8.FAST_ONLY:  # no torchao op computes it: the fast ops' own settings
+        return {"quantized": fqns, "kernel": kernel, "elements": recipe.elements, "torchao_config": None,
+                "ops": "numerics.layer.fast.ops (linear, grouped_mm) with E5M2 elements, RCEIL scales"}
     cfg = mxfp8.op_config(recipe.op_recipe, kernel)
     return {
         "quantized": fqns,

@@ -233,3 +233,47 @@ def test_fast_ops_under_torch_compile_give_the_eager_bits(device, backend):
 
     _assert_same(_fwd_bwd(model, x, w, grad), _fwd_bwd(torch.compile(model, backend=backend, fullgraph=True),
                                                       x, w, grad), f"torch.compile({backend})")
+
+
+def _torchao_mx(t: torch.Tensor, elem) -> torch.Tensor:
+    """torchao's own cast (to_mx, RCEIL) and dequantize along the last dim: the reference for E5M2 operands."""
+    from torchao.prototype.mx_formats.config import ScaleCalculationMode
+    from torchao.prototype.mx_formats.mx_tensor import MXTensor
+
+    return MXTensor.to_mx(t.contiguous(), elem, 32, ScaleCalculationMode.RCEIL, _emulated()).dequantize(t.dtype)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_fast_linear_with_e5m2_elements_is_the_gemms_of_torchaos_e5m2_casts(device):
+    """The positive control's op (recipe mxfp8-e5m2, which torchao's training ops do not offer): output, dX and
+    dW are the GEMMs of operands cast by torchao's own to_mx with E5M2 elements, each along the dim torchao's
+    MXFP8 linear blocks it, in the same layouts -- bit for bit."""
+    e5m2 = torch.float8_e5m2
+    g = torch.Generator().manual_seed(3)
+    x, w, grad = (_rand(s, g, "spread", device) for s in ((64, 96), (32, 96), (64, 32)))
+    got = _fwd_bwd(lambda a, b: ops.linear(a, b, wgrad_with_hp=False, elem="e5m2"), x, w, grad)
+    along_tokens = {name: _torchao_mx(t.t(), e5m2).t() for name, t in (("x", x), ("grad", grad))}
+    expected = {
+        "output": torch.mm(_torchao_mx(x, e5m2), _torchao_mx(w, e5m2).t()),
+        "dX": torch.mm(_torchao_mx(grad, e5m2), _torchao_mx(w.t(), e5m2).t()),
+        "dW": torch.mm(along_tokens["grad"].t(), along_tokens["x"]),
+    }
+    _assert_same(expected, got, "linear e5m2")
+
+
+def test_e5m2_control_loses_about_6_db_per_gemm_against_e4m3():
+    """What makes mxfp8-e5m2 worse by construction, measured: with one element mantissa bit fewer every
+    operand's rounding step doubles, so output, dX and dW each lose about 20*log10(2) = 6.0 dB of SQNR
+    against an FP32 GEMM. The window (4.5-7.5 dB) leaves room for saturation and the sample; an op that
+    ignored ``elem`` would lose 0 dB and fail."""
+    from numerics.metrics import sqnr_db
+
+    g = torch.Generator().manual_seed(0)
+    x, w, grad = (torch.randn(s, generator=g).bfloat16() for s in ((512, 256), (384, 256), (512, 384)))
+    exact = _fwd_bwd(lambda a, b: torch.mm(a.float(), b.float().t()), x, w, grad.float())
+    loss = {}
+    for elem in ops.ELEMS:
+        got = _fwd_bwd(lambda a, b, e=elem: ops.linear(a, b, wgrad_with_hp=False, elem=e), x, w, grad)
+        loss[elem] = {k: sqnr_db(exact[k].float(), got[k].float()) for k in exact}
+    drop = {k: loss["e4m3"][k] - loss["e5m2"][k] for k in exact}
+    assert all(4.5 < d < 7.5 for d in drop.values()), (drop, loss)

@@ -36,6 +36,7 @@ import dataclasses
 import hashlib
 import json
 import math
+import os
 import shutil
 import sys
 import time
@@ -82,6 +83,7 @@ class TrainConfig:
     mxfp8_kernel: str = "auto"  # numerics.layer.mxfp8.KERNELS, or auto: real on SM100, emulated elsewhere
     data_seed: int | None = None  # order of the training windows; None: ``seed`` (what every run did before)
     row_order: int | None = None  # None: batch rows as drawn; N: permuted by (N, step), a benign reduction order
+    activation_checkpointing: bool = False  # blocks recomputed in backward (the CLI turns it on for 16b)
 
     @property
     def order_seed(self) -> int:
@@ -114,9 +116,17 @@ def lr_at(cfg: TrainConfig, step: int) -> float:
     return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
 
 
+REAL_VOCAB_MODELS = ("16b",)  # models that keep their own vocabulary size whatever the tokenizer
+
+
 def model_config(cfg: TrainConfig, vocab_size: int):
-    """The run's ``ModelConfig``: its model's shapes with the tokenizer's vocabulary."""
-    return dataclasses.replace(get_config(cfg.model), vocab_size=vocab_size)
+    """The run's ``ModelConfig``: its model's shapes with the tokenizer's vocabulary, except that the 16b keeps
+    the real model's 102,400 rows when the tokenizer has fewer ids (issue #19: the embedding and the output
+    head, 0.4B parameters, at their real size; the rows no token uses are still trained by the softmax)."""
+    base = get_config(cfg.model)
+    if cfg.model in REAL_VOCAB_MODELS:
+        vocab_size = max(vocab_size, base.vocab_size)
+    return dataclasses.replace(base, vocab_size=vocab_size)
 
 
 def build_model(cfg: TrainConfig, vocab_size: int) -> Transformer:
@@ -214,6 +224,7 @@ def train_recipe(cfg: TrainConfig, recipe_name: str, run_dir: Path, tokens: data
     device = place.device
     recipe = get_recipe(recipe_name)
     model = build_model(cfg, tokens.vocab_size)
+    model.activation_checkpointing = cfg.activation_checkpointing
     init_fp = fingerprint(model)
     experts = place.place(model)
     applied = apply_recipe(model, recipe, device, kernel=None if cfg.mxfp8_kernel == "auto" else cfg.mxfp8_kernel)
@@ -391,17 +402,24 @@ def run(cfg: TrainConfig, out: Path, *, resume: bool = False, force: bool = Fals
 
 
 def check_memory(cfg: TrainConfig, vocab_size: int, place: Single) -> None:
-    """Before the first step on a GPU: one line (BadInput) when the run cannot fit its memory
-    (``convergence.train.memory``); an estimate that itself fails only warns, it never stops a run."""
+    """Before the first step: one line (BadInput) when the run cannot fit its GPU's memory, or on CPU its
+    share of the host's (``convergence.train.memory``); an estimate that itself fails only warns, it never
+    stops a run."""
     from convergence.train import memory
 
-    try:
-        need = memory.estimate(model_config(cfg, vocab_size), batch=cfg.batch, seq=cfg.seq, ranks=place.world,
-                               ep=cfg.ep or 1, device=place.device)
-    except Exception as exc:  # noqa: BLE001 - the estimate is advice; training decides
-        warnings.warn(f"memory estimate failed ({type(exc).__name__}: {exc}); starting anyway", stacklevel=2)
-        return
-    memory.check_fits(need, torch.cuda.get_device_properties(place.device).total_memory, model=f"--model {cfg.model}")
+    if place.device.type == "cuda":
+        capacity, where = torch.cuda.get_device_properties(place.device).total_memory, "GPU"
+    else:
+        capacity, where = memory.host_bytes() / int(os.environ.get("LOCAL_WORLD_SIZE", "1")), "CPU process"
+    for measure in (False, True):  # the exact model states first: a model that cannot fit stops in a second
+        try:
+            need = memory.estimate(model_config(cfg, vocab_size), batch=cfg.batch, seq=cfg.seq, ranks=place.world,
+                                   ep=cfg.ep or 1, device=place.device, checkpointing=cfg.activation_checkpointing,
+                                   activations=measure)
+        except Exception as exc:  # noqa: BLE001 - the estimate is advice; training decides
+            warnings.warn(f"memory estimate failed ({type(exc).__name__}: {exc}); starting anyway", stacklevel=2)
+            return
+        memory.check_fits(need, capacity, model=f"--model {cfg.model}", where=where)
 
 
 def _run_recipes(cfg: TrainConfig, out: Path, place: Single, resume: bool, progress: bool,
@@ -409,8 +427,7 @@ def _run_recipes(cfg: TrainConfig, out: Path, place: Single, resume: bool, progr
     tokens = data_mod.load_tokens(cfg.data)
     data_mod.Batches(tokens.train, batch=cfg.batch, seq=cfg.seq, seed=cfg.order_seed)  # fail early: too few
     data_mod.Batches(tokens.val, batch=cfg.batch, seq=cfg.seq, seed=cfg.seed)
-    if place.device.type == "cuda":
-        check_memory(cfg, tokens.vocab_size, place)
+    check_memory(cfg, tokens.vocab_size, place)
     t0 = time.monotonic()
     for i, name in enumerate(cfg.recipes):
         left = None if stop_after_s is None else stop_after_s - (time.monotonic() - t0)

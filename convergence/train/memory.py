@@ -1,7 +1,8 @@
 """How much GPU memory a training run needs, known before its first step: one clear line when it cannot fit.
 
 Public: ``MemoryNeed``, ``state_bytes(model_cfg, ranks, ep)``, ``activation_bytes_per_token(model_cfg, seq,
-device)``, ``estimate(model_cfg, *, batch, seq, ranks, ep, device)``, ``check_fits(need, gpu_bytes)``.
+device)``, ``estimate(model_cfg, *, batch, seq, ranks, ep, device, checkpointing, activations)``,
+``check_fits(need, gpu_bytes, where)``, ``host_bytes()``.
 
 * **Model states, exact.** FP32 master weights (4 bytes), their FP32 gradients (4) and AdamW's two moments
   (8): 16 bytes per parameter (``convergence.train.loop``'s mixed precision). Dense parameters are sharded
@@ -22,6 +23,7 @@ transient peak of the output head's cross-entropy beyond its saved tensors; ``ch
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass
 
 import torch
@@ -33,6 +35,7 @@ from numerics.layer.configs import ModelConfig, param_count
 GIB = 2**30
 STATE_BYTES_PER_PARAM = 4 + 4 + 8  # FP32 weight, FP32 gradient, AdamW exp_avg and exp_avg_sq
 HEADROOM = 0.10  # of the GPU kept free for what is not counted (module docstring); a guess, to be measured
+RESIDUAL_BYTES = 4  # the residual stream between blocks is FP32 (FP32 embedding plus BF16 block outputs)
 
 
 @dataclass(frozen=True)
@@ -46,6 +49,8 @@ class MemoryNeed:
     gathered: float  # FSDP2's gathered block weights, bytes per GPU
     activations: float  # bytes per GPU
     activation_per_token: float
+    checkpointing: bool = False
+    measured: bool = True  # False: activations not measured (estimate(activations=False)), counted as 0
 
     @property
     def total(self) -> float:
@@ -140,32 +145,53 @@ def _measure(cfg: ModelConfig, small: ModelConfig, seq: int, dev: torch.device, 
 
 
 def estimate(cfg: ModelConfig, *, batch: int, seq: int, ranks: int = 1, ep: int = 1,
-             device: torch.device | str = "cpu") -> MemoryNeed:
-    """Per-GPU bytes of a run whose ``batch`` sequences are split over ``ranks``."""
+             device: torch.device | str = "cpu", checkpointing: bool = False, activations: bool = True) -> MemoryNeed:
+    """Per-GPU bytes of a run whose ``batch`` sequences are split over ``ranks``. With activation checkpointing
+    a block keeps only its input (the FP32 residual stream: ``RESIDUAL_BYTES`` per width) until backward runs
+    it again, when one block's activations live at a time: the largest one's. ``activations=False``: the
+    model states only, exact and instant (the measurement takes half a minute at 16B widths on a CPU)."""
     states, gathered, dense, experts = state_bytes(cfg, ranks, ep)
-    per = activation_bytes_per_token(cfg, seq, device)
-    per_token = (cfg.n_dense_layers * per.get("dense_block", 0.0) + cfg.n_moe_layers * per.get("moe_block", 0.0)
-                 + per["head"])
     tokens = -(-batch // ranks) * seq
-    return MemoryNeed(dense, experts, ranks, ep, tokens, states, gathered, per_token * tokens, per_token)
+    if not activations:
+        return MemoryNeed(dense, experts, ranks, ep, tokens, states, gathered, 0.0, 0.0, checkpointing, False)
+    per = activation_bytes_per_token(cfg, seq, device)
+    blocks = {"dense_block": cfg.n_dense_layers, "moe_block": cfg.n_moe_layers}
+    if checkpointing:
+        per_token = (cfg.n_layers * RESIDUAL_BYTES * cfg.dim
+                     + max(per.get(b, 0.0) for b, n in blocks.items() if n) + per["head"])
+    else:
+        per_token = sum(n * per.get(b, 0.0) for b, n in blocks.items()) + per["head"]
+    return MemoryNeed(dense, experts, ranks, ep, tokens, states, gathered, per_token * tokens, per_token,
+                      checkpointing)
 
 
-def check_fits(need: MemoryNeed, gpu_bytes: float, *, model: str = "the model") -> None:
+def host_bytes() -> int:
+    """The machine's physical memory (what a CPU run's processes share)."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def check_fits(need: MemoryNeed, gpu_bytes: float, *, model: str = "the model", where: str = "GPU") -> None:
     """BadInput with one line (how much is needed, what the GPU has, what would fit) when ``need`` does not fit
-    in ``gpu_bytes`` less ``HEADROOM``."""
+    in ``gpu_bytes`` less ``HEADROOM``. ``where="CPU process"``: ``gpu_bytes`` is a process's share of the
+    host's memory, and a model whose states do not fit is sent to GPUs."""
     usable = gpu_bytes * (1 - HEADROOM)
     if need.total <= usable:
         return
     params = (need.params_dense + need.params_experts) / 1e9
-    what = (f"{model} needs about {need.total / GIB:.0f} GiB per GPU ({need.states / GIB:.0f} GiB of FP32 weights, "
-            f"gradients and AdamW state for {params:.2f}B parameters over {need.ranks} rank(s), expert-parallel "
-            f"{need.ep}; {need.activations / GIB:.0f} GiB of activations for {need.tokens_per_rank} tokens), "
-            f"the GPU has {gpu_bytes / GIB:.0f} GiB")
+    what = (f"{model} needs about {need.total / GIB:.0f} GiB per {where} ({need.states / GIB:.0f} GiB of FP32 "
+            f"weights, gradients and AdamW state for {params:.2f}B parameters over {need.ranks} rank(s), "
+            f"expert-parallel {need.ep}; " + (f"{need.activations / GIB:.0f} GiB of activations for "
+            f"{need.tokens_per_rank} tokens" if need.measured else "activations not counted")
+            + f"), the {where} has {gpu_bytes / GIB:.0f} GiB")
     fixed = need.states + need.gathered
     if fixed <= usable and need.activation_per_token > 0:
         fit = int((usable - fixed) // need.activation_per_token)
         hint = (f"about {fit} tokens per GPU fit: lower --batch or --seq" if fit else
                 "its model states fit but no activations do")
+        if not need.checkpointing:
+            hint += ", or pass --activation-checkpointing"
+    elif where != "GPU":
+        hint = "its model states alone do not fit: train it on GPUs (--device cuda, torchrun with --ep N)"
     else:
         gpus = 1
         while STATE_BYTES_PER_PARAM * (need.params_dense + need.params_experts) / gpus > usable and gpus < 4096:

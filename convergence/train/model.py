@@ -4,6 +4,9 @@ Public: ``Block``, ``Transformer``, ``build_on_meta``. The configs (``ModelConfi
 ``deepseek_v3_16b``, ``get_config``, ``param_count``) live in ``numerics.layer.configs`` and the layers in
 ``numerics.layer.modules``: the layer level measures exactly the modules this model trains.
 
+Activation checkpointing (``Transformer.activation_checkpointing``): each block keeps only its input for
+backward and runs again there, with the same bits (deterministic ops) and without counting its tokens twice.
+
 Mixed precision: parameters are FP32 masters; every matmul runs in the compute dtype (the module
 docstring of ``numerics.layer.modules`` says how and why); a recipe's MXFP8 op goes into a module's
 ``mxfp8_op`` seam (``numerics.layer.recipes.apply_recipe``).
@@ -11,10 +14,12 @@ docstring of ``numerics.layer.modules`` says how and why); a recipe's MXFP8 op g
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from numerics.layer.configs import ModelConfig
 from numerics.layer.modules import Attention, FeedForward, Linear, MoE, RMSNorm, rope_frequencies
@@ -47,6 +52,8 @@ class Transformer(nn.Module):
         self.layers = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
         self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.output = Linear(cfg.dim, cfg.vocab_size)
+        # keep only each block's input for backward and run the block again there (activation checkpointing)
+        self.activation_checkpointing = False
 
     @torch.no_grad()
     def init_weights(self, generator: torch.Generator) -> None:
@@ -75,8 +82,27 @@ class Transformer(nn.Module):
         cos, sin = cos.to(tokens.device), sin.to(tokens.device)
         h = self.tok_embeddings(tokens)
         for layer in self.layers:
-            h = layer(h, cos, sin)
+            if self.activation_checkpointing and torch.is_grad_enabled():
+                h = checkpoint(layer, h, cos, sin, use_reentrant=False,
+                               context_fn=lambda layer=layer: (contextlib.nullcontext(), _recomputing(layer)))
+            else:
+                h = layer(h, cos, sin)
         return self.output(self.norm(h))
+
+
+@contextlib.contextmanager
+def _recomputing(block: Block):
+    """While backward runs a checkpointed block's forward again: the MoE must not count its tokens twice
+    (the expert-load metric and the bias update read the counts of the step's forward passes)."""
+    moe = block.moe
+    if moe is None:
+        yield
+        return
+    moe.count_tokens = False
+    try:
+        yield
+    finally:
+        moe.count_tokens = True
 
 
 def build_on_meta(cfg: ModelConfig) -> Transformer:

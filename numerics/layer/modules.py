@@ -270,8 +270,10 @@ class MoE(nn.Module):
         self.dispatcher = LocalDispatch()
         # auxiliary-loss-free balancing: a per-expert bias added to the scores for selection only
         self.register_buffer("expert_bias", torch.zeros(cfg.n_routed_experts))
-        # tokens routed to each expert since the last optimizer step (metrics and bias update)
+        # tokens routed to each expert since the last optimizer step (metrics and bias update); not counted
+        # while ``count_tokens`` is False (activation checkpointing's recompute of a forward already counted)
         self.register_buffer("tokens_per_expert", torch.zeros(cfg.n_routed_experts), persistent=False)
+        self.count_tokens = True
 
     @torch.no_grad()
     def route(self, x: torch.Tensor) -> torch.Tensor:
@@ -293,8 +295,9 @@ class MoE(nn.Module):
             topk_w = topk_w / (topk_w.sum(-1, keepdim=True) + 1e-20)
         topk_w = topk_w * self.route_scale
         out, counts = self.dispatcher.run(xf, topk_idx, topk_w, self.experts, self.n_experts)
-        with torch.no_grad():
-            self.tokens_per_expert.add_(counts.to(self.tokens_per_expert.dtype))
+        if self.count_tokens:
+            with torch.no_grad():
+                self.tokens_per_expert.add_(counts.to(self.tokens_per_expert.dtype))
         if self.shared_experts is not None:
             out = out + self.shared_experts(xf)
         return out.reshape(shape)

@@ -104,6 +104,16 @@ def test_ep2_rerun_is_bit_identical(ep2_run, common, tmp_path):
     assert {"loss", "grad_norm", "val_loss", "expert_load_max_share"} <= set(result["compared_fields"])
 
 
+def test_ep2_with_activation_checkpointing_is_bit_identical(ep2_run, common, tmp_path):
+    """FSDP2 + EP with every block recomputed in backward (the 16B's default, issue #19): the same bits in
+    every metric, expert load included (the recompute's dispatch must not count tokens twice)."""
+    r = torchrun(2, [*common, "--out", str(tmp_path), "--ep", "2", "--deterministic", "--activation-checkpointing"])
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert json.loads((tmp_path / "bf16" / "config.json").read_text())["train"]["activation_checkpointing"]
+    result = compare_runs(ep2_run, tmp_path)
+    assert result["identical"], result["recipes"]["bf16"]["first_difference"]
+
+
 def test_ep2_matches_single_process_within_tolerance(ep2_run, single_run):
     config = json.loads((ep2_run / "bf16" / "config.json").read_text())
     assert config["distributed"]["world_size"] == 2 and config["distributed"]["backend_class"] == "AllToAllReference"

@@ -70,3 +70,37 @@ def test_the_measurement_leaves_the_callers_random_stream_alone():
     torch.manual_seed(5)
     memory.activation_bytes_per_token(get_config("tiny"), 32)
     assert torch.equal(torch.rand(4), expected)
+
+
+def test_activation_checkpointing_keeps_one_residual_per_block_and_one_block_live():
+    """With checkpointing, the activations are each block's FP32 input plus the largest block's own (the one
+    being recomputed) plus the head: far less than every block's, and no less than the inputs alone."""
+    cfg = get_config("proxy")
+    full = memory.estimate(cfg, batch=1, seq=256)
+    ac = memory.estimate(cfg, batch=1, seq=256, checkpointing=True)
+    inputs = cfg.n_layers * memory.RESIDUAL_BYTES * cfg.dim
+    assert inputs < ac.activation_per_token < full.activation_per_token / 2
+    assert ac.states == full.states and ac.checkpointing and not full.checkpointing
+
+
+def test_a_run_whose_activations_do_not_fit_is_told_about_checkpointing():
+    need = memory.estimate(get_config("tiny"), batch=64, seq=128)
+    with pytest.raises(BadInput, match="--activation-checkpointing"):
+        memory.check_fits(need, need.states + need.gathered + need.activations / 4, model="--model tiny")
+
+
+def test_a_cpu_run_is_checked_against_its_share_of_host_memory_and_fails_in_seconds(monkeypatch):
+    """Issue #19's bad input on a CPU: --model 16b on a 64 GiB host stops before building anything, from the
+    exact model states alone (no half-minute activation measurement), and says to use GPUs."""
+    import time
+
+    from convergence.train.loop import TrainConfig, check_memory
+    from convergence.train.placement import Single
+
+    monkeypatch.setattr(memory, "host_bytes", lambda: 64 * memory.GIB)
+    monkeypatch.setattr(memory, "activation_bytes_per_token", lambda *a, **k: pytest.fail("measured activations"))
+    t0 = time.monotonic()
+    with pytest.raises(BadInput, match=r"16b needs about 234 GiB per CPU process .*activations not counted.*"
+                                       r"has 64 GiB: .*train it on GPUs"):
+        check_memory(TrainConfig(model="16b", recipes=("bf16",), steps=1, batch=4, seq=2048), 256, Single("cpu"))
+    assert time.monotonic() - t0 < 5

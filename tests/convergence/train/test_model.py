@@ -122,3 +122,48 @@ def test_rope_is_plain_without_yarn_and_interpolated_with_it():
     yinv = torch.asin(ysin[1].double().clamp(-1, 1))
     assert yinv[0] == pytest.approx(float(inv[0]), rel=1e-6)  # highest frequency kept
     assert yinv[-1] == pytest.approx(float(inv[-1]) / tiny().rope_factor, rel=1e-4)  # lowest divided
+
+
+@pytest.mark.parametrize("recipe", ["bf16", "mxfp8"])
+def test_activation_checkpointing_changes_no_bit_and_counts_each_token_once(recipe):
+    """Issue #19: the 16B fits two GPUs only with activation checkpointing, so it must be free of numerics:
+    one forward and backward of the tiny model with and without it give the same loss and gradients bit for
+    bit, and the MoE's token counts (the expert-load metric and the bias update) are not doubled by the
+    recompute. A control: a forward run twice without the guard does double them."""
+    from numerics.layer.recipes import apply_recipe, get_recipe
+
+    cfg = dataclasses.replace(tiny(), vocab_size=256)
+    tokens = torch.randint(0, 256, (2, 33), generator=torch.Generator().manual_seed(1))
+    runs = {}
+    for ac in (False, True):
+        model = Transformer(cfg)
+        model.init_weights(torch.Generator().manual_seed(0))
+        apply_recipe(model, get_recipe(recipe), "cpu", kernel="emulated" if recipe != "bf16" else None)
+        model.activation_checkpointing = ac
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            logits = model(tokens[:, :-1])
+        loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), tokens[:, 1:].flatten())
+        loss.backward()
+        runs[ac] = (loss.detach(), {n: p.grad for n, p in model.named_parameters() if p.grad is not None},
+                    [m.tokens_per_expert.clone() for _, m in model.moe_layers()])
+    (loss0, grads0, counts0), (loss1, grads1, counts1) = runs[False], runs[True]
+    assert torch.equal(loss0, loss1)
+    assert grads0.keys() == grads1.keys() and all(torch.equal(grads0[n], grads1[n]) for n in grads0)
+    assert all(torch.equal(a, b) for a, b in zip(counts0, counts1)) and counts0[0].sum() > 0
+    moe = model.moe_layers()[0][1]
+    before = moe.tokens_per_expert.clone()
+    with torch.no_grad():
+        model(tokens[:, :-1])
+    assert torch.equal(moe.tokens_per_expert, 2 * before)  # the counter does count every forward it is not told to skip
+
+
+def test_the_16b_keeps_its_real_vocabulary_with_a_small_tokenizer():
+    """Issue #19: the 16B's embedding and output head at their real 102,400 rows (0.4B parameters) even with
+    the byte tokenizer; the smaller models take the tokenizer's vocabulary."""
+    from convergence.train.loop import TrainConfig, model_config
+
+    assert model_config(TrainConfig(model="16b", recipes=("bf16",), steps=1), 256).vocab_size == 102400
+    assert model_config(TrainConfig(model="16b", recipes=("bf16",), steps=1), 120000).vocab_size == 120000
+    assert model_config(TrainConfig(model="proxy", recipes=("bf16",), steps=1), 256).vocab_size == 256
+    assert param_count(model_config(TrainConfig(model="16b", recipes=("bf16",), steps=1), 256))["total"] \
+        == param_count(deepseek_v3_16b())["total"]

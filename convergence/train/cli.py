@@ -34,8 +34,8 @@ def check_recipe_kernels(recipes: Sequence[str], kernel: str) -> None:
     """One line when a recipe cannot run on the chosen kernel (``auto`` picks one that can)."""
     if kernel == "auto":
         return
-    for r in recipes:
-        problem = recipe_kernel_problem(RECIPES[r]().op_recipe, kernel) if RECIPES[r]().mxfp8 else None
+    for recipe in (RECIPES[r]() for r in recipes):
+        problem = recipe_kernel_problem(recipe.op_recipe, kernel) if recipe.mxfp8 else None
         if problem:
             raise CLIError(f"--mxfp8-kernel {kernel}: {problem}")
 

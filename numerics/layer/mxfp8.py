@@ -1,6 +1,6 @@
 """The one MXFP8 seam: the op a converted ``Linear`` / ``GroupedLinear`` runs, with a kernel choice.
 
-Public: ``KERNELS``, ``default_kernel(device)``, ``kernel_problem(kernel, device)``,
+Public: ``KERNELS``, ``default_kernel(device, recipe)``, ``kernel_problem(kernel, device)``,
 ``recipe_kernel_problem(recipe, kernel)``, ``FAST_ONLY``, ``linear_op`` /
 ``grouped_mm_op`` (the callables ``numerics.layer.recipes.apply_recipe`` puts into a module's ``mxfp8_op``),
 ``torchao_linear`` / ``torchao_grouped_mm`` (the subject, called as the model calls it), ``op_config``,
@@ -49,8 +49,11 @@ def _is_sm100(device: torch.device | str) -> bool:
     return dev.type == "cuda" and torch.cuda.is_available() and torch.cuda.get_device_capability(dev)[0] == 10
 
 
-def default_kernel(device: torch.device | str) -> str:
-    """``real`` on compute capability 10.x (MX tensor cores), ``emulated`` anywhere else."""
+def default_kernel(device: torch.device | str, recipe: str = "mxfp8") -> str:
+    """``real`` on compute capability 10.x (MX tensor cores), ``emulated`` anywhere else; ``fast`` for an op
+    recipe only the fast kernel computes (``FAST_ONLY``)."""
+    if recipe in FAST_ONLY:
+        return "fast"
     return "real" if _is_sm100(device) else "emulated"
 
 

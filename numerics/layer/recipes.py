@@ -155,17 +155,17 @@ def set_op(module: nn.Module, recipe: Recipe, kernel: str) -> None:
 def apply_recipe(model: nn.Module, recipe: Recipe, device: torch.device | str = "cpu", *,
                  kernel: str | None = None) -> dict:
     """Convert ``model`` in place for ``recipe``: each selected module gets the MXFP8 op with ``kernel``
-    (default: ``mxfp8.default_kernel(device)``). Returns what was done, for config.json.
+    (default: ``mxfp8.default_kernel(device, recipe.op_recipe)``). Returns what was done, for config.json.
 
     Raises ValueError when a selected weight has a dimension that is not a multiple of 32 or ``kernel``
     cannot run on ``device`` (the message names the kernels that can).
     """
     if not recipe.mxfp8:
         return {"quantized": [], "kernel": None, "torchao_config": None}
-    kernel = kernel or ("fast" if recipe.op_recipe in mxfp8.FAST_ONLY else mxfp8.default_kernel(device))
+    kernel = kernel or mxfp8.default_kernel(device, recipe.op_recipe)
     problem = mxfp8.recipe_kernel_problem(recipe.op_recipe, kernel) or mxfp8.kernel_problem(kernel, device)
     if problem:
-        raise ValueError(f"recipe {recipe.name!r}: {problem}" if recipe.op_recipe in mxfp8.FAST_ONLY else problem)
+        raise ValueError(problem)
     if recipe.scale_calculation_mode != "RCEIL":
         raise ValueError(f"recipe {recipe.name!r}: scale_calculation_mode {recipe.scale_calculation_mode} is not "
                          "RCEIL, which torchao's MXFP8 training recipes fix")

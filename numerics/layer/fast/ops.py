@@ -22,7 +22,8 @@ Linear dequantizes to the operand's dtype (``MXTensor.dequantize``), the grouped
 taken as they are (FINDINGS L1), and a dim that must hold whole blocks but does not raises ``BadInput``.
 
 Public: ``linear(x, weight, *, wgrad_with_hp, scale_mode="rceil", elem="e4m3")``,
-``grouped_mm(x, w_t, offs, *, wgrad_with_hp, scale_mode="rceil", pad_groups, elem="e4m3")``, ``ELEMS``.
+``grouped_mm(x, w_t, offs, *, wgrad_with_hp, scale_mode="rceil", pad_groups, elem="e4m3")``; ``elem`` is one of
+``numerics.tensor.elements.ELEMENTS``.
 """
 
 from __future__ import annotations
@@ -31,9 +32,9 @@ import torch
 
 from numerics.errors import BadInput
 from numerics.layer.fast.cast import MODES, mx_dequantize
+from numerics.tensor.elements import ELEMENTS
 
 BLOCK = 32
-ELEMS = ("e4m3", "e5m2")  # e4m3: torchao's training recipes; e5m2: the protocol's worse-by-construction control
 
 
 def _cast(t: torch.Tensor, dim: int, mode: str, out_dtype: torch.dtype, elem: str) -> torch.Tensor:
@@ -70,8 +71,8 @@ class _Linear(torch.autograd.Function):
 def _check_mode(scale_mode: str, elem: str) -> None:
     if scale_mode not in MODES:
         raise BadInput(f"scale_mode={scale_mode!r} is not supported; choose one of {', '.join(MODES)}")
-    if elem not in ELEMS:
-        raise BadInput(f"elem={elem!r} is not supported; choose one of {', '.join(ELEMS)}")
+    if elem not in ELEMENTS:
+        raise BadInput(f"elem={elem!r} is not supported; choose one of {', '.join(ELEMENTS)}")
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, *, wgrad_with_hp: bool, scale_mode: str = "rceil",

@@ -294,13 +294,16 @@ def _protocol_parser() -> ArgumentParser:
     for key in ("batch", "seq", "lr", "warmup", "val_every", "val_batches", "probe_every"):
         p.add_argument(f"--{key.replace('_', '-')}", type=float if key == "lr" else int, default=None)
     p.add_argument("--gpus", type=int, default=None, help="runs at once, one per GPU (default: every visible GPU)")
-    p.add_argument("--parallel", type=int, default=1, help="on the CPU: runs at once (worker processes)")
+    p.add_argument("--parallel", type=int, default=1,
+                   help="runs at once: on the CPU, worker processes; on CUDA, runs per GPU (each held to 1/N of its "
+                        "memory; a small model leaves a GPU idle between its kernels)")
     p.add_argument("--stop-after-minutes", type=float, default=None,
                    help="stop every run at a checkpoint by then; the same command continues")
     p.add_argument("--hardware", default=None, help="hardware tag in the result names (default: detected, e.g. h200x2)")
     p.add_argument("--force", action="store_true", help="delete this protocol's runs in --out and start again")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads per process")
     p.add_argument("--piece", help=argparse.SUPPRESS)  # internal: one worker piece of the run NAME
+    p.add_argument("--gpu-share", type=int, default=1, help=argparse.SUPPRESS)  # internal: runs sharing its GPU
     return p
 
 
@@ -320,6 +323,8 @@ def protocol_main(argv: Sequence[str] | None = None) -> int:
     if args.piece is not None:  # a worker: one piece of one run of the plan in --out
         plan = pr.load_plan(args.out)
         spec = next(s for s in plan.runs() if s.name == args.piece)
+        if args.gpu_share > 1 and plan.device == "cuda":  # the memory check then sees this run's share
+            torch.cuda.set_per_process_memory_fraction(1 / args.gpu_share)
         stop = None if args.stop_after_minutes is None else 60 * args.stop_after_minutes
         pr.run_piece(plan, spec, args.out, stop_after_s=stop)
         return 0
@@ -343,17 +348,19 @@ def protocol_main(argv: Sequence[str] | None = None) -> int:
         if problem:
             raise CLIError(f"--mxfp8-kernel: {problem}")
     check_recipe_kernels((plan.candidate, plan.control), plan.mxfp8_kernel)
-    slots = gpus if args.device == "cuda" else args.parallel
+    slots = gpus * args.parallel if args.device == "cuda" else args.parallel
+    per_gpu = args.parallel if args.device == "cuda" else 1
     pr.open_protocol(plan, args.out, force=args.force)
     before = pr.run_status(plan, args.out)
-    print(f"protocol {plan.prefix}: {len(before)} runs of {plan.steps} steps, {slots or 1} at a time; done: "
+    print(f"protocol {plan.prefix}: {len(before)} runs of {plan.steps} steps, {slots or 1} at a time"
+          f"{f' ({per_gpu} per GPU)' if per_gpu > 1 else ''}; done: "
           f"{sum(v == 'done' for v in before.values())}", flush=True)
     threads = args.threads or max(1, (os.cpu_count() or 1) // max(slots, 1))
 
     stop = None if args.stop_after_minutes is None else 60 * args.stop_after_minutes
     try:
-        status = pieces.execute(plan, args.out, slots=slots, stop_after_s=stop,
-                                worker_argv=pieces.protocol_worker(args.out, threads))
+        status = pieces.execute(plan, args.out, slots=slots, per_gpu=per_gpu, stop_after_s=stop,
+                                worker_argv=pieces.protocol_worker(args.out, threads, gpu_share=per_gpu))
     except pieces.RunFailed as exc:
         print(f"error: a run failed: {exc}", file=sys.stderr)
         return 1
@@ -367,8 +374,8 @@ def protocol_main(argv: Sequence[str] | None = None) -> int:
 
     verdicts = pr.judge(plan, args.out)
     hardware = args.hardware or pr.hardware_tag(args.device, gpus)
-    files = pr.write_results(plan, args.out, verdicts,
-                             plan.command("OUT", gpus=gpus, stop_after_minutes=args.stop_after_minutes), hardware)
+    command = plan.command("OUT", gpus=gpus, per_gpu=per_gpu, stop_after_minutes=args.stop_after_minutes)
+    files = pr.write_results(plan, args.out, verdicts, command, hardware)
     for name, r in verdicts.items():
         exp = r["protocol"]["expected"]
         ok = r["protocol"]["as_expected"]

@@ -407,8 +407,10 @@ def check_memory(cfg: TrainConfig, vocab_size: int, place: Single) -> None:
     stops a run."""
     from convergence.train import memory
 
+    share = 1.0
     if place.device.type == "cuda":
-        capacity, where = torch.cuda.get_device_properties(place.device).total_memory, "GPU"
+        share = getattr(torch.cuda, "get_per_process_memory_fraction", lambda _d: 1.0)(place.device)
+        capacity, where = torch.cuda.get_device_properties(place.device).total_memory * share, "GPU"
     else:
         capacity, where = memory.host_bytes() / int(os.environ.get("LOCAL_WORLD_SIZE", "1")), "CPU process"
     for measure in (False, True):  # the exact model states first: a model that cannot fit stops in a second
@@ -419,7 +421,8 @@ def check_memory(cfg: TrainConfig, vocab_size: int, place: Single) -> None:
         except Exception as exc:  # noqa: BLE001 - the estimate is advice; training decides
             warnings.warn(f"memory estimate failed ({type(exc).__name__}: {exc}); starting anyway", stacklevel=2)
             return
-        memory.check_fits(need, capacity, model=f"--model {cfg.model}", where=where)
+        shared = f" (held to {share:.0%} of the GPU: protocol --parallel)" if share < 1 else ""
+        memory.check_fits(need, capacity, model=f"--model {cfg.model}{shared}", where=where)
 
 
 def _run_recipes(cfg: TrainConfig, out: Path, place: Single, resume: bool, progress: bool,

@@ -1,12 +1,14 @@
 """Run a protocol's runs in resumable pieces: at most ``slots`` at a time, each stopping by one deadline.
 
-Public: ``execute(plan, out, *, slots, stop_after_s, worker_argv, progress) -> dict`` (name -> "done" or steps
-logged), ``protocol_worker(out, threads)``, ``RunFailed``, ``STARTUP_S``.
+Public: ``execute(plan, out, *, slots, per_gpu, stop_after_s, worker_argv, progress) -> dict`` (name -> "done" or
+steps logged), ``protocol_worker(out, threads, gpu_share)``, ``gpus_of_slots(slots, per_gpu)``, ``RunFailed``,
+``STARTUP_S``.
 
 * One slot: the pieces run in this process, one after another, on the token stream loaded once.
 * Several slots: one worker process per slot (``worker_argv(name, minutes)``, by default
   ``protocol_worker(out)``: ``python -m convergence protocol --out OUT --piece NAME ...``), pinned to one
-  GPU each through ``CUDA_VISIBLE_DEVICES`` on a CUDA plan; each writes its output to ``OUT/logs/NAME.log``.
+  GPU each through ``CUDA_VISIBLE_DEVICES`` on a CUDA plan, ``per_gpu`` of them to a GPU (slot i on GPU
+  i mod the number of GPUs); each writes its output to ``OUT/logs/NAME.log``.
 * Order: the plan's, runs already started first, so at most ``slots`` checkpoints exist at any time.
 * Time: a piece is told to stop ``STARTUP_S`` before the deadline (what it spends outside its training clock:
   starting, loading, building the model, writing its checkpoint); none starts with less than ``MIN_PIECE_S``
@@ -47,20 +49,24 @@ def _line(progress, text: str) -> None:
         sys.stderr.flush()
 
 
-def protocol_worker(out: Path, threads: int | None = None) -> Callable[[str, float | None], list[str]]:
+def protocol_worker(out: Path, threads: int | None = None,
+                    gpu_share: int = 1) -> Callable[[str, float | None], list[str]]:
     """The command of one worker piece: ``python -m convergence protocol --out OUT --piece NAME``, stopping after
-    ``minutes`` (None: when its run is done) with ``threads`` torch CPU threads (None: torch's default)."""
+    ``minutes`` (None: when its run is done) with ``threads`` torch CPU threads (None: torch's default) and, when
+    ``gpu_share`` runs share a GPU, at most 1/``gpu_share`` of its memory."""
 
     def argv(name: str, minutes: float | None) -> list[str]:
         cmd = [sys.executable, "-m", "convergence", "protocol", "--out", str(out), "--piece", name]
         if minutes is not None:
             cmd += ["--stop-after-minutes", f"{minutes:.4f}"]
+        if gpu_share > 1:
+            cmd += ["--gpu-share", str(gpu_share)]
         return cmd + ([] if threads is None else ["--threads", str(threads)])
 
     return argv
 
 
-def execute(plan: pr.ProtocolPlan, out: Path, *, slots: int = 1, stop_after_s: float | None = None,
+def execute(plan: pr.ProtocolPlan, out: Path, *, slots: int = 1, per_gpu: int = 1, stop_after_s: float | None = None,
             worker_argv: Callable[[str, float | None], list[str]] | None = None, progress: bool = True) -> dict:
     out = Path(out)
     start = time.monotonic()
@@ -88,12 +94,20 @@ def execute(plan: pr.ProtocolPlan, out: Path, *, slots: int = 1, stop_after_s: f
             if not done:
                 break
         return pr.run_status(plan, out)
-    return _parallel(plan, out, slots, budget, worker_argv or protocol_worker(out), progress)
+    return _parallel(plan, out, slots, budget, worker_argv or protocol_worker(out), progress,
+                     gpus=gpus_of_slots(slots, per_gpu))
 
 
-def _parallel(plan, out: Path, slots: int, budget, worker_argv, progress) -> dict:
+def gpus_of_slots(slots: int, per_gpu: int = 1) -> list[str]:
+    """The ``CUDA_VISIBLE_DEVICES`` value of each slot: ``slots / per_gpu`` GPUs (the visible ones, in order),
+    filled round-robin so that the first pieces spread over every GPU."""
+    n = max(1, slots // max(per_gpu, 1))
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", ",".join(str(i) for i in range(n))).split(",")[:n]
+    return [visible[i % len(visible)] for i in range(slots)]
+
+
+def _parallel(plan, out: Path, slots: int, budget, worker_argv, progress, *, gpus: list[str]) -> dict:
     (out / "logs").mkdir(parents=True, exist_ok=True)
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES", ",".join(str(i) for i in range(slots))).split(",")
     queue = _order(plan, pr.run_status(plan, out))
     running: dict[int, tuple[pr.RunSpec, subprocess.Popen, float, object]] = {}
     failures, last_report = [], time.monotonic()
@@ -109,12 +123,12 @@ def _parallel(plan, out: Path, slots: int, budget, worker_argv, progress) -> dic
                 spec = queue.pop(0)
                 env = dict(os.environ)
                 if plan.device == "cuda":
-                    env["CUDA_VISIBLE_DEVICES"] = visible[slot]
+                    env["CUDA_VISIBLE_DEVICES"] = gpus[slot]
                 log = open(out / "logs" / f"{spec.name}.log", "ab")
                 minutes = None if left is None else left / 60
                 proc = subprocess.Popen(worker_argv(spec.name, minutes), env=env, stdout=log, stderr=log)
                 running[slot] = (spec, proc, time.monotonic(), log)
-                where = f"GPU {visible[slot]}" if plan.device == "cuda" else f"worker {slot}"
+                where = f"GPU {gpus[slot]}" if plan.device == "cuda" else f"worker {slot}"
                 _line(progress, f"{spec.name}: piece started on {where}")
             for slot, (spec, proc, t0, log) in list(running.items()):
                 if proc.poll() is None:

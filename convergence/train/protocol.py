@@ -27,7 +27,7 @@ baselines ``bf16`` + the replicates: ``verdict`` (the candidate), ``positive_con
 ``not_equivalent``), ``negative_control`` (the held-out replicate: must be ``equivalent``).
 
 Pieces: a run is continued from its checkpoint until it has ``steps`` steps (``convergence.train.pieces``
-schedules them, one per GPU); a checkpoint is written only when a piece stops and at the end, and deleted
+schedules them, one per GPU or ``--parallel`` per GPU); a checkpoint is written only when a piece stops and at the end, and deleted
 once the run is complete (a proxy checkpoint is ~11 GB).
 """
 
@@ -165,7 +165,7 @@ class ProtocolPlan:
             argv += ["--data", self.data]
         return shlex.join(argv)
 
-    def command(self, out: str, *, gpus: int = 0, stop_after_minutes: float | None = None) -> str:
+    def command(self, out: str, *, gpus: int = 0, per_gpu: int = 1, stop_after_minutes: float | None = None) -> str:
         """The ``python -m convergence protocol`` command of this plan (repeat it until it says complete)."""
         argv = ["python", "-m", "convergence", "protocol", "--model", self.model, "--steps", str(self.steps),
                 "--out", out, "--seed", str(self.seed), "--replicates", str(self.replicates), "--design", self.design,
@@ -175,6 +175,7 @@ class ProtocolPlan:
             argv += [f"--{key.replace('_', '-')}", str(value if key == "lr" else int(value))]
         for flag, value in (("--mxfp8-kernel", self.mxfp8_kernel if self.mxfp8_kernel != "auto" else None),
                             ("--data", self.data), ("--name", self.name or None), ("--gpus", gpus or None),
+                            ("--parallel", per_gpu if per_gpu > 1 else None),
                             ("--stop-after-minutes", stop_after_minutes)):
             if value is not None:
                 argv += [flag, str(value)]

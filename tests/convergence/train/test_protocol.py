@@ -164,6 +164,23 @@ def test_protocol_worker_command_is_the_piece_entry_point(tmp_path):
                                   "--piece", "bf16", "--threads", "3"]
     assert argv("mxfp8", 1.5)[-4:] == ["--stop-after-minutes", "1.5000", "--threads", "3"]
     assert "--threads" not in pieces.protocol_worker(tmp_path)("bf16", None)
+    assert argv("bf16", None)[-2:] == ["--threads", "3"] and "--gpu-share" not in argv("bf16", None)
+    assert pieces.protocol_worker(tmp_path, gpu_share=3)("bf16", None)[-2:] == ["--gpu-share", "3"]
+
+
+def test_runs_per_gpu_spread_over_the_visible_gpus_first(monkeypatch):
+    """--parallel N on CUDA: N runs per GPU, the first pieces on different GPUs, only visible GPUs used."""
+    from convergence.train import pieces
+
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert pieces.gpus_of_slots(2) == ["0", "1"]
+    assert pieces.gpus_of_slots(6, per_gpu=3) == ["0", "1", "0", "1", "0", "1"]
+    assert pieces.gpus_of_slots(3, per_gpu=3) == ["0", "0", "0"]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5,7")
+    assert pieces.gpus_of_slots(4, per_gpu=2) == ["5", "7", "5", "7"]
+    plan = _small_plan(device="cuda")
+    assert plan.command("OUT", gpus=1, per_gpu=3).endswith("--gpus 1 --parallel 3")
+    assert "--parallel" not in plan.command("OUT", gpus=2)
 
 
 @pytest.mark.timeout(300)

@@ -32,6 +32,9 @@ def _parser() -> ArgumentParser:
     p.add_argument("candidate", help="candidate run (e.g. the MXFP8 one), same formats")
     p.add_argument("--baseline", dest="more", action="append", default=[], metavar="MORE",
                    help="another baseline seed (repeatable); their spread sets 'training randomness'")
+    p.add_argument("--candidate-replicate", dest="cand_more", action="append", default=[], metavar="MORE",
+                   help="another run of the candidate recipe, perturbed as the baselines are (repeatable; "
+                   "--metric val_loss): the estimate is the mean of the candidate runs")
     p.add_argument("--margin", type=float, default=d.margin,
                    help=f"relative equivalence margin (default {d.margin}: DeepSeek-V3's 0.25%%)")
     p.add_argument("--confidence", type=float, default=d.confidence, help="family confidence of the two intervals")
@@ -81,8 +84,10 @@ def report(r: dict) -> str:
         if part:
             iv = part["interval"]
             iv_s = f"[{_pct(iv[0])}, {_pct(iv[1])}]" if iv else "n/a"
-            size = (f"{part['points']} evaluations; replicate spread {_pct(part.get('seed_spread'))}, held-out set "
-                    f"s.e. {_pct(part.get('se_set'))}" if val else
+            cands = part.get("candidate_runs") or 1
+            size = (f"{part['points']} evaluations; replicate spread {_pct(part.get('seed_spread'))}"
+                    + (f", {cands} candidate runs, their spread {_pct(part.get('candidate_spread'))}" if cands > 1
+                       else "") + f", held-out set s.e. {_pct(part.get('se_set'))}" if val else
                     f"{part['windows']} windows of {part['window_points']} points")
             lines.append(f"{name:<12} steps {part['start_step']}..{part['end_step']}: estimate "
                          f"{_pct(part['estimate'])}, interval {iv_s} ({size}) -> {part['decision']}")
@@ -97,7 +102,7 @@ def report(r: dict) -> str:
         lines.append(f"divergence: step {d['step']} ({d['kind']}): "
                      + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
                                  for k, v in d.items() if k not in ("step", "kind")))
-    for src in (*r["inputs"]["baselines"], r["inputs"]["candidate"]):
+    for src in (*r["inputs"]["baselines"], r["inputs"]["candidate"], *r["inputs"].get("candidate_replicates", [])):
         for rs in src["restarts"]:
             lines.append(f"restart in {src['source']}: step {rs['from_step']} -> {rs['to_step']}, "
                          f"{rs['dropped']} earlier point(s) replaced by the later run")
@@ -121,7 +126,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             if getattr(args, k) is not None}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # NaN arithmetic in a diverged run is reported, not warned
-        result = compare_paths([args.baseline, *args.more], args.candidate, margin=args.margin, **opts)
+        result = compare_paths([args.baseline, *args.more], args.candidate, margin=args.margin,
+                               candidate_replicates=args.cand_more, **opts)
     print(report(result))
     if args.json:
         atomic_write(args.json, json.dumps(result, indent=1, allow_nan=True) + "\n", force=args.force)

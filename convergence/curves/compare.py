@@ -183,9 +183,9 @@ def _divergence(c: Curve, o: CompareOptions) -> dict | None:
                              recovery_fraction=o.recovery_fraction, final_rise=o.final_rise)
 
 
-def _coverage(baselines: list[Curve], candidate: Curve, lo: int, hi: int, o: CompareOptions) -> dict:
+def _coverage(baselines: list[Curve], candidates: list[Curve], lo: int, hi: int, o: CompareOptions) -> dict:
     """How much of each run the compared steps ``lo..hi`` cover, and whether that is all of it."""
-    runs = [("baseline", b) for b in baselines] + [("candidate", candidate)]
+    runs = [("baseline", b) for b in baselines] + [("candidate", c) for c in candidates]
     span = max(int(c.steps[-1]) for _, c in runs) - min(int(c.steps[0]) for _, c in runs)
     interval = max(int(np.median(np.diff(c.steps.astype(np.float64)))) if len(c) > 1 else 0 for _, c in runs)
     tol = max(math.ceil(o.coverage_fraction * span), interval)
@@ -223,9 +223,10 @@ def resolution(r: dict) -> str:
             "are called not_equivalent")
 
 
-def _batch_arrays(batches: list[dict] | None, steps: np.ndarray):
-    """(candidate [t, n], baselines [k, t, n]) of per-batch validation losses at ``steps``, or None unless every
-    run logged the same number (>= 2) of them at every one of those steps."""
+def _batch_arrays(batches: list[dict] | None, steps: np.ndarray, k: int):
+    """(candidate [t, n] or candidates [m, t, n], baselines [k, t, n]) of per-batch validation losses at
+    ``steps`` (``batches``: the k baselines' first), or None unless every run logged the same number (>= 2) of
+    them at every one of those steps."""
     if batches is None or any(b is None for b in batches):
         return None
     try:
@@ -235,25 +236,33 @@ def _batch_arrays(batches: list[dict] | None, steps: np.ndarray):
         return None
     if arr.ndim != 3 or arr.shape[-1] < 2:
         return None
-    return arr[-1], arr[:-1]
+    return (arr[k] if len(arr) == k + 1 else arr[k:]), arr[:k]
 
 
 def compare_curves(baselines: list[Curve], candidate: Curve, options: CompareOptions | None = None, *,
-                   divergence_runs: tuple[list[Curve], Curve] | None = None,
+                   candidate_replicates: list[Curve] | tuple = (),
+                   divergence_runs: tuple[list[Curve], list[Curve]] | None = None,
                    batches: list[dict] | None = None) -> dict:
-    """``divergence_runs``: (baselines, candidate) curves divergence is judged on, when those are not the
-    compared ones (the training loss of val_loss runs); ``batches``: per run (baselines, then candidate) a
-    dict step -> per-batch validation losses, for the held-out set's sampling error (metric val_loss)."""
+    """``candidate_replicates``: more runs of the candidate recipe, perturbed as the baselines are (metric
+    val_loss only: the estimate is then the mean of all candidate runs); ``divergence_runs``: (baselines,
+    candidate runs) divergence is judged on, when those are not the compared ones (the training loss of
+    val_loss runs); ``batches``: per run (baselines, then the candidate runs) a dict step -> per-batch
+    validation losses, for the held-out set's sampling error (metric val_loss)."""
     o = (options or CompareOptions()).check()
-    div_bases, div_cand = divergence_runs or (baselines, candidate)
-    div = _divergence(div_cand, o)
+    reps = list(candidate_replicates)
+    if reps and o.metric != "val_loss":
+        raise BadInput("candidate replicates are judged on validation loss only (--metric val_loss)")
+    div_bases, div_cands = divergence_runs or (baselines, [candidate, *reps])
+    div = next((d for c in div_cands if (d := _divergence(c, o))), None)
     base_div = [{"source": b.meta.source, **d} for b in div_bases if (d := _divergence(b, o))]
-    al = align(baselines, candidate)
-    steps, cand, bases = al.steps, al.candidate, al.baselines
+    k = len(baselines)
+    al = align([*baselines, *reps], candidate)
+    steps, bases = al.steps, al.baselines[:k]
+    cand = np.vstack([al.candidate[None], al.baselines[k:]]) if reps else al.candidate
     cut_steps = [d["step"] for d in ([div] if div else []) + base_div]
     if cut_steps:  # statistics on the healthy part only
         keep = steps < min(cut_steps)
-        steps, cand, bases = steps[keep], cand[keep], bases[:, keep]
+        steps, cand, bases = steps[keep], cand[..., keep], bases[:, keep]
     result = {
         "verdict": None, "reason": None, "metric": o.metric, "margin": o.margin, "confidence": o.confidence,
         "interval": None, "estimate": None, "final_window": None, "overall": None,
@@ -261,16 +270,18 @@ def compare_curves(baselines: list[Curve], candidate: Curve, options: CompareOpt
         "noise": None, "options": asdict(o),
         "alignment": {"method": al.method, "points": len(al.steps),
                       "step_range": [int(al.steps[0]), int(al.steps[-1])], "not_compared": al.dropped},
-        "coverage": _coverage(baselines, candidate, int(al.steps[0]), int(al.steps[-1]), o), "sensitivity": None,
-        "inputs": {"baselines": [_meta(b) for b in baselines], "candidate": _meta(candidate)},
+        "coverage": _coverage(baselines, [candidate, *reps], int(al.steps[0]), int(al.steps[-1]), o),
+        "sensitivity": None,
+        "inputs": {"baselines": [_meta(b) for b in baselines], "candidate": _meta(candidate)}
+        | ({"candidate_replicates": [_meta(c) for c in reps]} if reps else {}),
     }
     first = int(np.searchsorted(steps, al.steps[0] + o.start_fraction * (al.steps[-1] - al.steps[0])))
-    steps, cand, bases = steps[first:], cand[first:], bases[:, first:]
+    steps, cand, bases = steps[first:], cand[..., first:], bases[:, first:]
     if o.metric == "val_loss" and len(steps):
         from convergence.curves import paired
 
         fstart = int(np.searchsorted(steps, steps[-1] - o.final_fraction * (al.steps[-1] - al.steps[0])))
-        result.update(paired.statistics(steps, cand, bases, _batch_arrays(batches, steps), o,
+        result.update(paired.statistics(steps, cand, bases, _batch_arrays(batches, steps, k), o,
                                         final_from=min(fstart, len(steps) - 1)))
         result["series"] |= {"baseline_names": [b.name for b in baselines], "candidate_name": candidate.name}
         result.update(interval=result["overall"]["interval"], estimate=result["overall"]["estimate"])
@@ -339,24 +350,30 @@ def _statistics_verdict(r: dict) -> tuple[str, str]:
     return "inconclusive", f"{name}: {part['why']}"
 
 
-def compare_paths(baselines, candidate, *, margin: float = CompareOptions.margin, **opts) -> dict:
+def compare_paths(baselines, candidate, *, margin: float = CompareOptions.margin, candidate_replicates=(),
+                  **opts) -> dict:
     """Load and compare; ``opts``: CompareOptions fields and loader keys (format, loss_key, step_key, tag).
 
     ``metric="val_loss"`` compares the ``val_loss`` series (``loss_key`` names another), judges divergence on
-    the training loss where the files have one, and reads JSONL runs' ``val_batch_losses``."""
+    the training loss where the files have one, and reads JSONL runs' ``val_batch_losses``;
+    ``candidate_replicates`` (val_loss only) are more runs of the candidate recipe."""
     load_keys = {k: opts.pop(k) for k in ("format", "loss_key", "step_key", "tag") if k in opts}
     options = replace(CompareOptions(), margin=margin, **opts).check()
-    paths = [*baselines, candidate]
+    k = len(baselines)
+    paths = [*baselines, candidate, *candidate_replicates]
+    if candidate_replicates and options.metric != "val_loss":
+        raise BadInput("candidate replicates are judged on validation loss only (--metric val_loss)")
     if options.metric == "val_loss":
-        *base, cand = load_curves(paths, **(load_keys | {"loss_key": load_keys.get("loss_key") or "val_loss"}))
+        curves = load_curves(paths, **(load_keys | {"loss_key": load_keys.get("loss_key") or "val_loss"}))
         try:
-            *train_base, train_cand = load_curves(paths, **{k: v for k, v in load_keys.items() if k != "loss_key"})
-            div_runs = (train_base, train_cand)
+            train = load_curves(paths, **{k: v for k, v in load_keys.items() if k != "loss_key"})
+            div_runs = (train[:k], train[k:])
         except BadInput:  # no training loss in these files: divergence is judged on the validation curves
             div_runs = None
         batches = [load_field(p, "val_batch_losses") if c.meta.format == "jsonl" else None
-                   for p, c in zip(paths, [*base, cand])]
-        result = compare_curves(base, cand, options, divergence_runs=div_runs, batches=batches)
+                   for p, c in zip(paths, curves)]
+        result = compare_curves(curves[:k], curves[k], options, candidate_replicates=curves[k + 1:],
+                                divergence_runs=div_runs, batches=batches)
     else:
         *base, cand = load_curves(paths, **load_keys)
         result = compare_curves(base, cand, options)

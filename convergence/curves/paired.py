@@ -2,7 +2,7 @@
 
 Public: ``statistics(steps, candidate, baselines, batches, options) -> dict`` (the ``overall``,
 ``final_window``, ``noise`` and plotting parts of ``convergence.curves.compare``'s result for
-``metric="val_loss"``), ``range_statistic``, ``jackknife_se``, ``REPLICATE_DESIGN``.
+``metric="val_loss"``), ``range_statistic``, ``jackknife_se``, ``between_runs``, ``REPLICATE_DESIGN``.
 
 The design (README, "The convergence protocol"): the candidate (say MXFP8) and the first baseline (BF16)
 start from the same weights and see the same data; the other baselines are *replicates*, BF16 runs that
@@ -13,15 +13,19 @@ on one fixed held-out set, so it has no batch-to-batch sampling noise along the 
 * run-to-run noise: training is chaotic, and any change, benign or not, moves the end point. The
   replicates measure it: for a range of evaluations, each run's statistic is
   ``x_j = mean_t(L_j(t) / Lbar(t)) - 1`` with ``Lbar(t)`` the mean of the k baselines at evaluation t;
-  the baselines' x_i have spread ``s`` (k - 1 degrees of freedom), and the candidate, one more run, is
-  ``x_c`` with standard error ``s * sqrt(1 + 1/k)`` when it differs from them by nothing but noise;
+  the baselines' x_i have spread ``s`` (k - 1 degrees of freedom). One candidate run, when it differs
+  from them by nothing but noise, has standard error ``s * sqrt(1 + 1/k)``: its own run's noise is in it,
+  so no number of baselines brings the interval below ``z * s``. Candidate *replicates* (m runs of the
+  candidate recipe, perturbed as the baselines are) remove that floor: the estimate is the mean of
+  their x_j, its standard error ``sqrt(s^2/k + s_c^2/m)`` with ``s_c`` their own spread and the
+  Welch-Satterthwaite degrees of freedom (the candidate's spread is not assumed equal to BF16's);
 * the held-out set's sampling error: the set is a sample of the distribution the claim is about. Where
   the runs log every batch's loss (``val_batch_losses``), the jackknife over batches (leave one batch
-  out of every run, recompute ``x_c``) gives its standard error, paired by construction (every run is
-  scored on the same batches). Without per-batch losses it is left out and the result says so.
+  out of every run, recompute the estimate) gives its standard error, paired by construction (every run
+  is scored on the same batches). Without per-batch losses it is left out and the result says so.
 
-The interval is ``x_c +- t(level, k - 1) * sqrt(se_between^2 + se_set^2)`` on the whole compared range and
-on its final fraction (Bonferroni over the two, as for the training loss). Fewer than two baselines
+The interval is ``estimate +- t(level, dof) * sqrt(se_between^2 + se_set^2)`` on the whole compared range
+and on its final fraction (Bonferroni over the two, as for the training loss). Fewer than two baselines
 measure no run-to-run noise, so the verdict is then ``inconclusive`` whatever the estimate.
 """
 
@@ -37,15 +41,33 @@ REPLICATE_DESIGN = ("the first baseline shares the candidate's initial weights a
 
 
 def range_statistic(cand: np.ndarray, bases: np.ndarray) -> tuple[float, np.ndarray]:
-    """``x_c`` and the baselines' ``x_i`` over evaluations: mean over t of L(t) / mean_i L_i(t), minus 1."""
+    """The estimate and the baselines' ``x_i`` over evaluations: mean over t of L(t) / mean_i L_i(t), minus 1.
+    ``cand`` is one run [t] or m candidate runs [m, t] (the estimate is then the mean of their x_j)."""
     mean = bases.mean(axis=0)
     return float((cand / mean).mean() - 1.0), (bases / mean).mean(axis=1) - 1.0
 
 
-def jackknife_se(cand_b: np.ndarray, bases_b: np.ndarray) -> float:
-    """Standard error of ``x_c`` from the held-out set's batches, by the jackknife over batches.
+def candidate_levels(cand: np.ndarray, bases: np.ndarray) -> np.ndarray:
+    """Each candidate run's x_j against the baselines' mean (one value for a single run [t])."""
+    return np.atleast_1d((np.atleast_2d(cand) / bases.mean(axis=0)).mean(axis=-1) - 1.0)
 
-    ``cand_b`` [t, n] and ``bases_b`` [k, t, n]: every run's per-batch losses at the compared evaluations."""
+
+def between_runs(k: int, spread: float, m: int = 1, cand_spread: float | None = None) -> tuple[float, float]:
+    """(standard error, degrees of freedom) of the run-to-run part: one candidate run ``s * sqrt(1 + 1/k)``
+    with k - 1; m >= 2 candidate runs ``sqrt(s^2/k + s_c^2/m)`` with Welch-Satterthwaite's."""
+    if m < 2 or cand_spread is None:
+        return spread * math.sqrt(1 + 1 / k), float(k - 1)
+    a, b = spread ** 2 / k, cand_spread ** 2 / m
+    if a + b == 0:
+        return 0.0, float(k + m - 2)
+    return math.sqrt(a + b), (a + b) ** 2 / (a ** 2 / (k - 1) + b ** 2 / (m - 1))
+
+
+def jackknife_se(cand_b: np.ndarray, bases_b: np.ndarray) -> float:
+    """Standard error of the estimate from the held-out set's batches, by the jackknife over batches.
+
+    ``cand_b`` [t, n] (or [m, t, n], m candidate runs) and ``bases_b`` [k, t, n]: every run's per-batch losses
+    at the compared evaluations."""
     n = cand_b.shape[-1]
     total_c, total_b = cand_b.sum(axis=-1), bases_b.sum(axis=-1)
     loo = np.empty(n)
@@ -59,8 +81,11 @@ def jackknife_se(cand_b: np.ndarray, bases_b: np.ndarray) -> float:
 def _part(steps: np.ndarray, cand: np.ndarray, bases: np.ndarray, batches, opts) -> dict:
     k = len(bases)
     est, levels = range_statistic(cand, bases)
+    cand_levels = candidate_levels(cand, bases)
+    m = len(cand_levels) if cand.ndim == 2 else 1
     out = {"start_step": int(steps[0]), "end_step": int(steps[-1]), "points": len(steps),
-           "windows": len(steps), "window_points": 1, "estimate": est, "replicate_levels": [float(v) for v in levels]}
+           "windows": len(steps), "window_points": 1, "estimate": est, "replicate_levels": [float(v) for v in levels],
+           "candidate_runs": m, "candidate_levels": [float(v) for v in cand_levels]}
     se_set = None
     if batches is not None:
         cand_b, bases_b = batches
@@ -71,39 +96,50 @@ def _part(steps: np.ndarray, cand: np.ndarray, bases: np.ndarray, batches, opts)
                 "why": "one baseline: run-to-run noise is not measured (pass replicates with --baseline)"}
     level = 1 - (1 - opts.confidence) / 4  # two ranges (Bonferroni), two-sided
     spread = float(levels.std(ddof=1))
-    se_between = spread * math.sqrt(1 + 1 / k)
+    cand_spread = float(cand_levels.std(ddof=1)) if m >= 2 else None
+    se_between, dof = between_runs(k, spread, m, cand_spread)
     se = math.sqrt(se_between ** 2 + (se_set or 0.0) ** 2)
-    half = float(stats.t.ppf(level, k - 1)) * se
+    half = float(stats.t.ppf(level, dof)) * se
     lo, hi = est - half, est + half
     m = opts.margin
     decision = "equivalent" if -m <= lo and hi <= m else "not_equivalent" if lo > m or hi < -m else "inconclusive"
     word = {"equivalent": "inside", "not_equivalent": "outside", "inconclusive": "straddles"}[decision]
     return {**out, "interval": [lo, hi], "half_width": half, "confidence_each": 2 * level - 1,
-            "se_between": se_between, "seed_spread": spread, "dof": k - 1, "se_within": None,
+            "se_between": se_between, "seed_spread": spread, "candidate_spread": cand_spread, "dof": dof,
+            "se_within": None,
             "noise_source": "replicates" + ("+set" if se_set is not None else ""),
             "decision": decision, "why": f"interval [{lo:+.3%}, {hi:+.3%}] {word} +-{m:.3%}"}
 
 
 def statistics(steps: np.ndarray, cand: np.ndarray, bases: np.ndarray, batches, opts, *, final_from: int) -> dict:
     """The ``overall`` (all of ``steps``) and ``final_window`` (from index ``final_from``) parts, the noise
-    summary and the plotted series. ``batches``: (candidate [t, n], baselines [k, t, n]) or None."""
+    summary and the plotted series. ``cand``: one run [t] or m runs [m, t]; ``batches``: (candidate [t, n] or
+    [m, t, n], baselines [k, t, n]) or None."""
 
     def cut(sl):
-        return None if batches is None else (batches[0][sl], batches[1][:, sl])
+        return None if batches is None else (batches[0][..., sl, :], batches[1][:, sl])
 
     overall = _part(steps, cand, bases, cut(slice(None)), opts)
-    final = _part(steps[final_from:], cand[final_from:], bases[:, final_from:], cut(slice(final_from, None)), opts)
+    final = _part(steps[final_from:], cand[..., final_from:], bases[:, final_from:], cut(slice(final_from, None)),
+                  opts)
     mean = bases.mean(axis=0)
     k = len(bases)
+    runs = np.atleast_2d(cand)
+    cand_mean = runs.mean(axis=0)
     noise = {"model": "replicates", "replicates": k, "replicate_spread": final.get("seed_spread"),
+             "candidate_runs": len(runs), "candidate_spread": final.get("candidate_spread"),
              "se_set": final["se_set"], "evaluations": len(steps),
              "note": (f"{k} baselines: {REPLICATE_DESIGN}" if k >= 2 else
                       "one baseline: run-to-run noise is not measured") + (
+                 f"; {len(runs)} candidate runs, perturbed as the baselines are: the estimate is their mean"
+                 if len(runs) > 1 else "") + (
                  "; the held-out set's sampling error is included (jackknife over its batches)" if batches is not None
                  else "; the runs log no per-batch validation losses, so the set's sampling error is not included")}
-    series = {"steps": [int(s) for s in steps], "candidate": [float(v) for v in cand],
-              "baseline": [float(v) for v in mean], "candidate_smoothed": [float(v) for v in cand],
+    series = {"steps": [int(s) for s in steps], "candidate": [float(v) for v in cand_mean],
+              "baseline": [float(v) for v in mean], "candidate_smoothed": [float(v) for v in cand_mean],
               "baseline_smoothed": [float(v) for v in mean]}
-    windows = {"end_steps": [int(s) for s in steps], "rel_diff": [float(v) for v in cand / mean - 1.0],
+    windows = {"end_steps": [int(s) for s in steps], "rel_diff": [float(v) for v in cand_mean / mean - 1.0],
                "replicates": [[float(v) for v in b / mean - 1.0] for b in bases]}
+    if len(runs) > 1:
+        windows["candidate_replicates"] = [[float(v) for v in c / mean - 1.0] for c in runs]
     return {"overall": overall, "final_window": final, "noise": noise, "series": series, "windows": windows}

@@ -1,6 +1,6 @@
 """Power of the paired verdict on validation loss: how many replicates and steps a margin needs.
 
-Public: ``half_width(k, spread, se_set=0, confidence=0.95)``, ``replicates_needed(spread, target, ...)``,
+Public: ``half_width(k, spread, se_set=0, confidence=0.95, m=1)``, ``replicates_needed(spread, target, ...)``,
 ``floor_half_width(spread, se_set, confidence)``, ``fit_spread(points)``, ``steps_needed(fit, spread)``,
 ``Measured`` / ``measured(result)`` (from a ``compare --metric val_loss`` result), ``analyse(measurements, ...)``,
 ``report(analysis)``.
@@ -9,9 +9,12 @@ The verdict (``convergence.curves.paired``) puts ``x_c +- t(1 - (1 - c)/4, k - 1
 around the candidate's relative difference, with ``s`` the spread of the k baseline replicates and ``e`` the
 held-out set's standard error. So, for a measured ``s`` and ``e``:
 
-* more replicates shrink the half-width towards ``z(1 - (1 - c)/4) * sqrt(s^2 + e^2)`` (2.24 x at c = 95 %),
-  never below: when that floor is above the margin no number of replicates decides, and ``s`` (or ``e``)
-  must fall first;
+* more baselines shrink the half-width towards ``z(1 - (1 - c)/4) * sqrt(s^2 + e^2)`` (2.24 x at c = 95 %),
+  never below, while the candidate is one run: its own run-to-run noise stays in the estimate;
+* candidate replicates (m runs of the candidate, ``--candidate-replicates``) remove that floor: with m = k
+  runs each the half-width is ``t * sqrt(2 s^2 / k + e^2)`` (the candidate's spread taken equal to the
+  baselines' for planning; the verdict measures both), which falls towards ``z * e``: then only the held-out
+  set's error is left, and the set must grow;
 * ``s`` falls as the runs get longer (the replicates' losses converge as the learning rate decays): with
   ``s`` measured at two or more run lengths, ``s = a * steps^b`` is fitted in log-log and solved for the
   length at which the chosen number of replicates reaches the target;
@@ -31,18 +34,23 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import stats
 
+from convergence.curves.paired import between_runs
+
 K_MAX = 64  # beyond this the t-quantile is within 1 % of the normal one: more replicates buy nothing
+BALANCED_MAX = 4096  # with candidate replicates the half-width keeps falling as 1/sqrt(k): search this far
 
 
 def _level(confidence: float) -> float:
     return 1 - (1 - confidence) / 4  # two ranges (whole and final), two-sided: as the verdict
 
 
-def half_width(k: int, spread: float, se_set: float = 0.0, confidence: float = 0.95) -> float:
-    """The verdict's interval half-width with ``k`` baselines of spread ``spread`` (k >= 2)."""
+def half_width(k: int, spread: float, se_set: float = 0.0, confidence: float = 0.95, m: int = 1) -> float:
+    """The verdict's interval half-width with ``k`` baselines of spread ``spread`` (k >= 2) and ``m`` candidate
+    runs of the same spread (``convergence.curves.paired.between_runs``)."""
     if k < 2:
         return math.inf
-    return float(stats.t.ppf(_level(confidence), k - 1)) * math.sqrt(spread ** 2 * (1 + 1 / k) + se_set ** 2)
+    se, dof = between_runs(k, spread, m, spread if m >= 2 else None)
+    return float(stats.t.ppf(_level(confidence), dof)) * math.sqrt(se ** 2 + se_set ** 2)
 
 
 def floor_half_width(spread: float, se_set: float = 0.0, confidence: float = 0.95) -> float:
@@ -50,10 +58,12 @@ def floor_half_width(spread: float, se_set: float = 0.0, confidence: float = 0.9
     return float(stats.norm.ppf(_level(confidence))) * math.sqrt(spread ** 2 + se_set ** 2)
 
 
-def replicates_needed(spread: float, target: float, se_set: float = 0.0, confidence: float = 0.95) -> int | None:
-    """The fewest baselines (k >= 2) whose half-width is at most ``target``; None if K_MAX do not suffice."""
-    for k in range(2, K_MAX + 1):
-        if half_width(k, spread, se_set, confidence) <= target:
+def replicates_needed(spread: float, target: float, se_set: float = 0.0, confidence: float = 0.95, *,
+                      balanced: bool = False, k_max: int = K_MAX) -> int | None:
+    """The fewest baselines (k >= 2) whose half-width is at most ``target`` (``balanced``: as many candidate
+    runs as baselines); None if ``k_max`` do not suffice."""
+    for k in range(2, k_max + 1):
+        if half_width(k, spread, se_set, confidence, m=k if balanced else 1) <= target:
             return k
     return None
 
@@ -112,10 +122,16 @@ def analyse(ms: list[Measured], *, margin: float = 0.0025, confidence: float = 0
     rows = []
     for m in ms:
         hw = {k: half_width(k, m.spread, m.se_set, confidence) for k in ks}
-        rows.append({"measured": dataclasses.asdict(m), "half_width": hw,
+        hw_bal = {k: half_width(k, m.spread, m.se_set, confidence, m=k) for k in ks}
+        rows.append({"measured": dataclasses.asdict(m), "half_width": hw, "half_width_balanced": hw_bal,
                      "floor": floor_half_width(m.spread, m.se_set, confidence),
+                     "floor_balanced": floor_half_width(0.0, m.se_set, confidence),
                      "replicates_for_margin": replicates_needed(m.spread, margin, m.se_set, confidence),
-                     "replicates_for_half_margin": replicates_needed(m.spread, margin / 2, m.se_set, confidence)})
+                     "replicates_for_half_margin": replicates_needed(m.spread, margin / 2, m.se_set, confidence),
+                     "balanced_for_margin": replicates_needed(m.spread, margin, m.se_set, confidence, balanced=True,
+                                                              k_max=BALANCED_MAX),
+                     "balanced_for_margin_without_set_error": replicates_needed(
+                         m.spread, margin, 0.0, confidence, balanced=True, k_max=BALANCED_MAX)})
     fit = fit_spread([(m.steps, m.spread) for m in ms])
     longest = max(ms, key=lambda m: m.steps) if ms else None
     plans = []
@@ -140,7 +156,15 @@ def report(a: dict) -> str:
         need = {t: r[f"replicates_for_{t}"] for t in ("margin", "half_margin")}
         out.append(f"  replicates for a half-width <= {m:.3%}: {need['margin'] or f'more than {K_MAX}'}; "
                    f"<= {m / 2:.3%}: {need['half_margin'] or f'more than {K_MAX}'}; floor (any k) {r['floor']:.3%}"
-                   + ("" if r["floor"] < m else " -- no number of replicates reaches the margin at this length"))
+                   + ("" if r["floor"] < m else " -- no number of baselines reaches the margin with one candidate run"))
+        out.append("  with as many candidate runs as baselines (--candidate-replicates k): " + ", ".join(
+            f"k={k} {v:.3%}" for k, v in r["half_width_balanced"].items()))
+        bal, clean = r["balanced_for_margin"], r["balanced_for_margin_without_set_error"]
+        out.append(f"  k = m for a half-width <= {m:.3%}: " + (
+            f"{bal} + {bal} runs" if bal else f"none up to {BALANCED_MAX}: the held-out set's error alone gives a "
+            f"floor of {r['floor_balanced']:.3%}") + (
+            "" if bal or not clean else
+            f"; with a held-out set large enough that its error vanishes, {clean} + {clean}"))
     if a["fit"]:
         ca, b = a["fit"]
         out.append(f"spread vs run length: {ca:.4g} * steps^{b:.3f}")

@@ -27,8 +27,8 @@ baselines ``bf16`` + the replicates: ``verdict`` (the candidate), ``positive_con
 ``not_equivalent``), ``negative_control`` (the held-out replicate: must be ``equivalent``).
 
 Pieces: a run is continued from its checkpoint until it has ``steps`` steps (``convergence.train.pieces``
-schedules them, one per GPU or ``--parallel`` per GPU); a checkpoint is written only when a piece stops and at the end, and deleted
-once the run is complete (a proxy checkpoint is ~11 GB).
+schedules them, one per GPU or ``--parallel`` per GPU); a checkpoint is written only when a piece stops and
+at the end, and deleted once the run is complete (a proxy checkpoint is ~11 GB).
 """
 
 from __future__ import annotations

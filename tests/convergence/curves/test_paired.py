@@ -10,6 +10,7 @@ import pytest
 from scipy import stats
 
 from convergence.curves.cli import main as compare_main
+from convergence.curves.compare import EXIT_CODES as EXIT_CODES_VAL
 from convergence.curves.compare import CompareOptions, compare_curves, compare_paths
 from convergence.curves.curve import Curve, CurveMeta
 from convergence.curves.paired import jackknife_se, range_statistic
@@ -157,3 +158,89 @@ def test_compare_cli_val_loss_prints_the_resolution_on_the_verdict_line(tmp_path
 def test_compare_options_reject_an_unknown_metric():
     with pytest.raises(Exception, match="--metric"):
         CompareOptions(metric="accuracy").check()
+
+
+def _groups(rng, *, k: int, m: int, spread: float, offset: float):
+    """k baseline runs and m candidate runs (levels ~ N(0, spread), the candidates' shifted by ``offset``)."""
+    runs, _ = _runs(rng, k=k + m - 1, spread=spread, offset=0.0)
+    f = 1.2 + 2.0 * np.exp(-STEPS / 300)
+    cands = [_curve(c.values * (1 + offset), f"cand{i}") if offset else c for i, c in enumerate(runs[k:])]
+    return runs[:k], cands, f
+
+
+def test_candidate_replicates_half_width_by_hand():
+    """Three baselines at -1 %, 0, +1 % and three candidates at -0.5 %, 0, +0.5 % of the baselines' mean:
+    se = sqrt(1 %^2 / 3 + 0.5 %^2 / 3), Welch's degrees of freedom (matching scipy's Welch t-test)."""
+    f = 2.0 + 0 * STEPS
+    bases = [_curve(f * (1 + d), f"b{d}") for d in (-0.01, 0.0, 0.01)]
+    cands = [_curve(f * (1 + d), f"c{d}") for d in (-0.005, 0.0, 0.005)]
+    r = compare_curves(bases, cands[0], OPTS, candidate_replicates=cands[1:])
+    se = math.sqrt(0.01 ** 2 / 3 + 0.005 ** 2 / 3)
+    welch = stats.ttest_ind([-0.01, 0.0, 0.01], [-0.005, 0.0, 0.005], equal_var=False)
+    assert r["overall"]["dof"] == pytest.approx(welch.df, rel=1e-9)
+    assert r["overall"]["candidate_spread"] == pytest.approx(0.005, rel=1e-9)
+    assert r["overall"]["candidate_runs"] == 3 and r["noise"]["candidate_runs"] == 3
+    assert r["sensitivity"]["half_width"] == pytest.approx(stats.t.ppf(1 - 0.05 / 4, welch.df) * se, rel=1e-9)
+    assert "candidate runs" in r["noise"]["note"] and len(r["windows"]["candidate_replicates"]) == 3
+
+
+def test_candidate_replicates_break_the_single_run_floor():
+    """With one candidate run the half-width cannot fall below z * spread however many baselines there are;
+    with m candidate runs it falls as sqrt(1/k + 1/m): 8 + 8 runs at a 1 % spread resolve what 1 + 16 cannot."""
+    rng = np.random.default_rng(11)
+    bases, cands, _ = _groups(rng, k=16, m=8, spread=0.01, offset=0.0)
+    one = compare_curves(bases, cands[0], OPTS)["final_window"]["half_width"]
+    eight = compare_curves(bases[:8], cands[0], OPTS, candidate_replicates=cands[1:])["final_window"]["half_width"]
+    assert one > stats.norm.ppf(1 - 0.05 / 4) * 0.01 * 0.7  # the single-run floor, less sampling slack
+    assert eight < 0.65 * one
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_candidate_replicates_see_a_planted_offset(seed):
+    """The control: candidates 3 % worse than BF16 at a 1 % run-to-run spread. Eight candidate runs against
+    eight baselines resolve about +-1.3 % (t(~14) * 1 % * sqrt(1/8 + 1/8)) and call it not_equivalent; one
+    candidate run against the same baselines resolves about +-3 % (t(7) * 1 % * sqrt(1 + 1/8))."""
+    rng = np.random.default_rng(100 + seed)
+    bases, cands, _ = _groups(rng, k=8, m=8, spread=0.01, offset=0.03)
+    many = compare_curves(bases, cands[0], OPTS, candidate_replicates=cands[1:])
+    assert many["verdict"] == "not_equivalent", many["reason"]
+    assert many["estimate"] == pytest.approx(0.03, abs=0.01)
+    one = compare_curves(bases, cands[0], OPTS)
+    assert one["sensitivity"]["half_width"] > 1.8 * many["sensitivity"]["half_width"]
+
+
+def test_candidate_replicates_interval_covers_the_truth_at_its_confidence():
+    """Calibration: over 400 simulated protocols (k = 4 baselines, m = 3 candidates, no true difference) the
+    final-window interval (97.5 % each) misses zero in about 2.5 % of them; 0-6 % allows for 400 draws."""
+    rng = np.random.default_rng(7)
+    misses = 0
+    for _ in range(400):
+        bases, cands, _ = _groups(rng, k=4, m=3, spread=0.01, offset=0.0)
+        lo, hi = compare_curves(bases, cands[0], OPTS, candidate_replicates=cands[1:])["final_window"]["interval"]
+        misses += not lo <= 0 <= hi
+    assert misses / 400 <= 0.06
+
+
+def test_candidate_replicates_only_on_validation_loss():
+    from numerics.errors import BadInput
+
+    bases, cands, _ = _groups(np.random.default_rng(0), k=2, m=2, spread=0.01, offset=0.0)
+    with pytest.raises(BadInput, match="val_loss"):
+        compare_curves(bases, cands[0], CompareOptions(), candidate_replicates=cands[1:])
+
+
+def test_compare_cli_takes_candidate_replicates_and_their_per_batch_losses(tmp_path, capsys):
+    rng = np.random.default_rng(8)
+    curves, per_batch = _runs(rng, k=4, spread=2e-4, offset=0.0, batch_sd=0.002)
+    paths = []
+    for i, (c, pb) in enumerate(zip(curves, per_batch)):
+        paths.append(tmp_path / f"run{i}.jsonl")
+        _write(paths[-1], c, pb)
+    rc = compare_main([str(paths[0]), str(paths[3]), "--baseline", str(paths[1]), "--baseline", str(paths[2]),
+                       "--candidate-replicate", str(paths[4]), "--metric", "val_loss",
+                       "--json", str(tmp_path / "v.json")])
+    out = capsys.readouterr().out
+    r = json.loads((tmp_path / "v.json").read_text())
+    assert r["final_window"]["candidate_runs"] == 2 and r["final_window"]["se_set"] > 0
+    assert "2 candidate runs" in out and rc == EXIT_CODES_VAL[r["verdict"]]
+    assert [run["role"] for run in r["coverage"]["runs"]].count("candidate") == 2

@@ -43,4 +43,31 @@ def test_golden_protocol_says_the_margin_is_out_of_reach_at_1500_steps():
     a = power.analyse([m])
     row = a["rows"][0]
     assert row["replicates_for_margin"] is None and row["floor"] > 0.0025
-    assert "no number of replicates reaches the margin" in power.report(a)
+    assert "no number of baselines reaches the margin with one candidate run" in power.report(a)
+
+
+def test_candidate_replicates_half_width_is_the_verdicts_and_has_only_the_sets_floor():
+    """Balanced planning (m = k, equal spreads) uses the verdict's Welch standard error and degrees of freedom;
+    it falls below the one-candidate floor and, with k, towards z * (the set's error) alone."""
+    import numpy as np
+
+    from convergence.curves.compare import CompareOptions, compare_curves
+    from convergence.curves.curve import Curve, CurveMeta
+
+    steps = np.arange(50, 1501, 50)
+
+    def _curve(values, name):
+        return Curve(steps.copy(), values, CurveMeta(source=f"{name}.jsonl", format="synthetic", run=name,
+                                                     tag="val_loss"))
+
+    f = 2.0 + 0.0 * steps
+    levels = (-0.01, 0.0, 0.01)
+    r = compare_curves([_curve(f * (1 + d), f"b{d}") for d in levels], _curve(f * 0.99, "c0"),
+                       CompareOptions(metric="val_loss"),
+                       candidate_replicates=[_curve(f * (1 + d), f"c{d}") for d in levels[1:]])
+    assert power.half_width(3, 0.01, m=3) == pytest.approx(r["final_window"]["half_width"], rel=1e-12)
+    assert power.half_width(16, 0.004, 0.001, m=16) < power.floor_half_width(0.004, 0.001)
+    assert power.half_width(4096, 0.004, 0.001, m=4096) == pytest.approx(power.floor_half_width(0, 0.001), rel=0.02)
+    k = power.replicates_needed(0.004, 0.0025, balanced=True, k_max=4096)
+    assert k is not None and power.half_width(k, 0.004, m=k) <= 0.0025 < power.half_width(k - 1, 0.004, m=k - 1)
+    assert power.replicates_needed(0.004, 0.0025, 0.002, balanced=True, k_max=4096) is None  # z * 0.2 % > 0.25 %

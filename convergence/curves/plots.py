@@ -65,8 +65,13 @@ def plot_comparison(result: dict, out_png, *, force: bool = False) -> Path:
         for i, rep in enumerate(w.get("replicates") or []):  # val_loss: each baseline against the baselines' mean
             bottom.plot(w["end_steps"], rep, color="tab:blue", lw=0.7, alpha=0.5,
                         label="baseline replicates" if i == 0 else None)
+        for i, rep in enumerate(w.get("candidate_replicates") or []):  # val_loss with candidate replicates
+            bottom.plot(w["end_steps"], rep, "-", color="tab:orange", lw=0.6, alpha=0.5,
+                        label="candidate runs" if i == 0 else None)
+        cands = len(w.get("candidate_replicates") or []) or 1
+        label = "candidate, per evaluation" if cands == 1 else f"mean of {cands} candidate runs"
         bottom.plot(w["end_steps"], w["rel_diff"], ".-" if val else ".", color="tab:orange" if val else "tab:gray",
-                    ms=3, lw=1.0, label="candidate, per evaluation" if val else "per-window rel. diff.")
+                    ms=3, lw=1.0, label=label if val else "per-window rel. diff.")
     for key, color in (("overall", "tab:purple"), ("final_window", "tab:brown")):
         part = result.get(key)
         if part and part["interval"]:

@@ -283,6 +283,9 @@ def _protocol_parser() -> ArgumentParser:
     p.add_argument("--steps", type=int)
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--replicates", type=int, default=d.replicates, help="BF16 baselines, the paired one included")
+    p.add_argument("--candidate-replicates", type=int, default=d.candidate_replicates,
+                   help="candidate runs, the paired one included, each with a replicate's change (and as many "
+                        "held-out BF16 runs for the negative control): below the one-run floor (README)")
     p.add_argument("--design", default=d.design, help=f"what a replicate changes: {', '.join(DESIGNS)}")
     p.add_argument("--candidate", default=d.candidate, help="the recipe judged (default mxfp8)")
     p.add_argument("--control", default=d.control, help="the positive control recipe (default mxfp8-head)")
@@ -332,6 +335,7 @@ def protocol_main(argv: Sequence[str] | None = None) -> int:
         raise CLIError("--model and --steps are required")
     overrides = tuple((k, float(v)) for k in pr.TRAIN_OVERRIDES if (v := getattr(args, k)) is not None)
     plan = pr.ProtocolPlan(model=args.model, steps=args.steps, seed=args.seed, replicates=args.replicates,
+                           candidate_replicates=args.candidate_replicates,
                            design=args.design, candidate=args.candidate, control=args.control, device=args.device,
                            mxfp8_kernel=args.mxfp8_kernel, margin=args.margin, name=args.name, data=args.data,
                            overrides=overrides).check()
@@ -350,7 +354,9 @@ def protocol_main(argv: Sequence[str] | None = None) -> int:
     check_recipe_kernels((plan.candidate, plan.control), plan.mxfp8_kernel)
     slots = gpus * args.parallel if args.device == "cuda" else args.parallel
     per_gpu = args.parallel if args.device == "cuda" else 1
-    pr.open_protocol(plan, args.out, force=args.force)
+    grew = pr.open_protocol(plan, args.out, force=args.force)
+    if grew:
+        print(grew, flush=True)
     before = pr.run_status(plan, args.out)
     print(f"protocol {plan.prefix}: {len(before)} runs of {plan.steps} steps, {slots or 1} at a time"
           f"{f' ({per_gpu} per GPU)' if per_gpu > 1 else ''}; done: "

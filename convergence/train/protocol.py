@@ -14,7 +14,8 @@ run                recipe           initial weights / data order / batch row ord
 ``<candidate>``    mxfp8            the same: differs from ``bf16`` only by its numerics
 ``<control>``      mxfp8-head       the same: the positive control, known to train worse
 ``bf16_<d>1..``    bf16             one benign change each (``design`` d): the replicates
-``bf16_<d>k``      bf16             one more, held out of the baselines: the negative control
+``<candidate>_<d>i``  mxfp8         with ``candidate_replicates`` m > 1: the candidate with change i, i < m
+``bf16_<d>k..``    bf16             m more, held out of the baselines: the negative control
 =================  ===============  ==========================================================================
 
 Designs (what a replicate changes; README "The convergence protocol" says which is used and why, with the
@@ -22,9 +23,12 @@ measured spreads): ``init`` (seed + i, data order of ``seed``), ``data`` (data o
 (rows of every batch permuted by i: the same sums in another order), ``seed`` (both, as runs at different
 seeds always did).
 
-Verdicts (``VERDICTS``), each ``python -m convergence compare --metric val_loss`` of one run against the
-baselines ``bf16`` + the replicates: ``verdict`` (the candidate), ``positive_control`` (must be
-``not_equivalent``), ``negative_control`` (the held-out replicate: must be ``equivalent``).
+Verdicts (``VERDICTS``), each ``python -m convergence compare --metric val_loss`` of one group of runs against
+the baselines ``bf16`` + the replicates: ``verdict`` (the candidate and its replicates), ``positive_control``
+(must be ``not_equivalent``), ``negative_control`` (the m held-out replicates: must be ``equivalent``). One
+candidate run cannot be resolved below ``z * spread`` however many baselines there are; m candidate runs
+can (``convergence.curves.paired``), so the negative control gets as many runs as the candidate, and the
+same resolution. ``replicates`` and ``candidate_replicates`` may grow between calls: the runs made stay.
 
 Pieces: a run is continued from its checkpoint until it has ``steps`` steps (``convergence.train.pieces``
 schedules them, one per GPU or ``--parallel`` per GPU); a checkpoint is written only when a piece stops and
@@ -79,7 +83,8 @@ class ProtocolPlan:
     steps: int
     seed: int = 0
     replicates: int = 4  # BF16 baselines, the paired one included: k - 1 degrees of freedom for the spread
-    design: str = "init"
+    candidate_replicates: int = 1  # candidate runs, the paired one included (and as many held-out BF16 runs)
+    design: str = "rounding"  # README "The convergence protocol": the smallest measured spread, arithmetic only
     candidate: str = "mxfp8"
     control: str = "mxfp8-head"
     device: str = "cpu"
@@ -101,6 +106,8 @@ class ProtocolPlan:
             raise BadInput(f"--steps must be >= 2, got {self.steps}")
         if self.replicates < 2:
             raise BadInput(f"--replicates must be >= 2 (their spread is the noise), got {self.replicates}")
+        if self.candidate_replicates < 1:
+            raise BadInput(f"--candidate-replicates must be >= 1, got {self.candidate_replicates}")
         if self.design not in DESIGNS:
             raise BadInput(f"--design must be one of {', '.join(DESIGNS)}, got {self.design!r}")
         if self.seed < 0:
@@ -123,22 +130,33 @@ class ProtocolPlan:
         d = defaults_for(self.model) | PROTOCOL_DEFAULTS.get(self.model, {}) | dict(self.overrides)
         return d | {"ckpt_every": self.steps}  # a checkpoint only when a piece stops, and at the end
 
-    def _replicate(self, i: int, role: str) -> RunSpec:
+    def _replicate(self, i: int, role: str, recipe: str = "bf16") -> RunSpec:
         s = self.seed
         init, data, rows = {"init": (s + i, s, None), "data": (s, s + i, None), "rounding": (s, s, i),
                             "seed": (s + i, s + i, None)}[self.design]
-        return RunSpec(f"bf16_{self.design}{i}", role, "bf16", init, data, rows)
+        return RunSpec(f"{recipe}_{self.design}{i}", role, recipe, init, data, rows)
 
     def runs(self) -> list[RunSpec]:
-        """In the order pieces are scheduled: the paired pair first (side by side on two GPUs)."""
-        s = self.seed
+        """In the order pieces are scheduled: the paired pair first (side by side on two GPUs), the control,
+        then each BF16 replicate next to the candidate replicate with the same change, then the held-out runs."""
+        s, k, m = self.seed, self.replicates, self.candidate_replicates
+        pairs = []
+        for i in range(1, max(k, m)):
+            pairs += [self._replicate(i, "replicate")] if i < k else []
+            pairs += [self._replicate(i, "candidate_replicate", self.candidate)] if i < m else []
         return [RunSpec("bf16", "baseline", "bf16", s, s), RunSpec(self.candidate, "candidate", self.candidate, s, s),
-                RunSpec(self.control, "control", self.control, s, s),
-                *(self._replicate(i, "replicate") for i in range(1, self.replicates)),
-                self._replicate(self.replicates, "heldout")]
+                RunSpec(self.control, "control", self.control, s, s), *pairs,
+                *(self._replicate(k + j, "heldout") for j in range(m))]
 
     def run(self, role: str) -> RunSpec:
         return next(r for r in self.runs() if r.role == role)
+
+    def judged(self, verdict: str) -> list[RunSpec]:
+        """The runs one verdict judges: the candidate and its replicates, the control, or the held-out runs."""
+        role = VERDICTS[verdict][0]
+        if role == "candidate":
+            return [r for r in self.runs() if r.role in ("candidate", "candidate_replicate")]
+        return [r for r in self.runs() if r.role == role]
 
     def train_config(self, spec: RunSpec) -> TrainConfig:
         d = self.train_defaults()
@@ -168,7 +186,9 @@ class ProtocolPlan:
     def command(self, out: str, *, gpus: int = 0, per_gpu: int = 1, stop_after_minutes: float | None = None) -> str:
         """The ``python -m convergence protocol`` command of this plan (repeat it until it says complete)."""
         argv = ["python", "-m", "convergence", "protocol", "--model", self.model, "--steps", str(self.steps),
-                "--out", out, "--seed", str(self.seed), "--replicates", str(self.replicates), "--design", self.design,
+                "--out", out, "--seed", str(self.seed), "--replicates", str(self.replicates),
+                *(["--candidate-replicates", str(self.candidate_replicates)] if self.candidate_replicates > 1 else []),
+                "--design", self.design,
                 "--candidate", self.candidate, "--control", self.control, "--device", self.device,
                 "--margin", str(self.margin)]
         for key, value in self.overrides:
@@ -192,10 +212,14 @@ def plan_from_dict(d: dict) -> ProtocolPlan:
 
 
 # ------------------------------------------------------------------ state of the runs
-def open_protocol(plan: ProtocolPlan, out: Path, *, force: bool = False) -> None:
+GROWABLE = ("replicates", "candidate_replicates")  # more (or fewer) runs of the same kinds: the runs made stay valid
+
+
+def open_protocol(plan: ProtocolPlan, out: Path, *, force: bool = False) -> str | None:
     """Make ``out`` hold ``plan`` (``out/protocol.json``): a new or empty folder gets it; a folder with the same
-    plan is continued; another plan, or a folder of something else, is refused (``force`` deletes this
-    protocol's own runs, logs and results first, nothing else)."""
+    plan is continued, also when only ``GROWABLE`` counts differ (the plan is rewritten, every run made is
+    kept; returns a line saying so); another plan, or a folder of something else, is refused (``force``
+    deletes this protocol's own runs, logs and results first, nothing else)."""
     out = Path(out)
     state = out / "protocol.json"
     if force and state.exists():
@@ -203,16 +227,22 @@ def open_protocol(plan: ProtocolPlan, out: Path, *, force: bool = False) -> None
             shutil.rmtree(out / sub, ignore_errors=True)
         state.unlink()
     if state.exists():
-        have = json.loads(state.read_text())
-        for key, value in plan.as_dict().items():
-            if have.get(key) != value:
+        have = plan_from_dict(json.loads(state.read_text())).as_dict()  # keys added since: their defaults
+        want = plan.as_dict()
+        for key, value in want.items():
+            if have.get(key) != value and key not in GROWABLE:
                 raise BadInput(f"{out} holds a protocol run with {key}={have.get(key)!r}, the command line says "
                                f"{key}={value!r}: repeat its command to continue it, or pass --force to start again")
-        return
+        changed = [f"{key} {have[key]} -> {want[key]}" for key in GROWABLE if have[key] != want[key]]
+        if not changed:
+            return None
+        state.write_text(json.dumps(want, indent=1) + "\n")
+        return f"{out}: the plan now has {', '.join(changed)}; the runs already made are kept"
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise BadInput(f"{out} is not empty and holds no protocol run; choose another --out")
     out.mkdir(parents=True, exist_ok=True)
     state.write_text(json.dumps(plan.as_dict(), indent=1) + "\n")
+    return None
 
 
 def load_plan(out: Path) -> ProtocolPlan:
@@ -261,9 +291,11 @@ def judge(plan: ProtocolPlan, out: Path) -> dict[str, dict]:
 
     baselines = [metrics_path(out, r) for r in plan.runs() if r.role in ("baseline", "replicate")]
     result = {}
-    for name, (role, expected, shows) in VERDICTS.items():
-        r = compare_paths(baselines, metrics_path(out, plan.run(role)), margin=plan.margin, metric="val_loss")
-        r["protocol"] = {"verdict": name, "judged_run": plan.run(role).name, "expected": expected, "shows": shows,
+    for name, (_role, expected, shows) in VERDICTS.items():
+        first, *more = (metrics_path(out, r) for r in plan.judged(name))
+        r = compare_paths(baselines, first, margin=plan.margin, metric="val_loss", candidate_replicates=more)
+        r["protocol"] = {"verdict": name, "judged_run": plan.judged(name)[0].name,
+                         "judged_runs": [s.name for s in plan.judged(name)], "expected": expected, "shows": shows,
                          "as_expected": as_expected(r["verdict"], expected),
                          "plan": plan.as_dict(),
                          "runs": [dataclasses.asdict(s) for s in plan.runs()]}

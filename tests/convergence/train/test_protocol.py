@@ -31,6 +31,43 @@ def test_protocol_pairs_the_candidate_and_the_control_and_varies_one_thing_per_r
         assert len({getattr(r, varied) for r in reps}) == len(reps)
 
 
+def test_candidate_replicates_carry_the_replicates_changes_and_the_negative_control_gets_as_many_runs():
+    plan = pr.ProtocolPlan(model="tiny", steps=20, replicates=3, candidate_replicates=4, design="rounding").check()
+    names = [r.name for r in plan.runs()]
+    assert names == ["bf16", "mxfp8", "mxfp8-head", "bf16_rounding1", "mxfp8_rounding1", "bf16_rounding2",
+                     "mxfp8_rounding2", "mxfp8_rounding3", "bf16_rounding3", "bf16_rounding4", "bf16_rounding5",
+                     "bf16_rounding6"]
+    by = {r.name: r for r in plan.runs()}
+    for i in (1, 2):  # candidate replicate i has BF16 replicate i's change, nothing else differs
+        assert dataclasses.replace(by[f"mxfp8_rounding{i}"], name="x", role="x", recipe="x") == \
+            dataclasses.replace(by[f"bf16_rounding{i}"], name="x", role="x", recipe="x")
+    assert [r.name for r in plan.judged("verdict")] == ["mxfp8", "mxfp8_rounding1", "mxfp8_rounding2",
+                                                        "mxfp8_rounding3"]
+    assert [r.name for r in plan.judged("negative_control")] == ["bf16_rounding3", "bf16_rounding4",
+                                                                 "bf16_rounding5", "bf16_rounding6"]
+    assert [r.name for r in plan.judged("positive_control")] == ["mxfp8-head"]
+    assert "--candidate-replicates 4" in plan.command("OUT")
+    one = pr.ProtocolPlan(model="tiny", steps=20, replicates=3).check()
+    assert "--candidate-replicates" not in one.command("OUT") and len(one.judged("negative_control")) == 1
+
+
+def test_protocol_folder_grows_its_replicates_and_keeps_the_runs_made(tmp_path):
+    """More replicates (or candidate replicates) on a folder continue it; any other change is still refused, and
+    a protocol.json written before candidate_replicates existed reads as one candidate run."""
+    plan = pr.ProtocolPlan(model="tiny", steps=20, replicates=3).check()
+    assert pr.open_protocol(plan, tmp_path) is None
+    old = json.loads((tmp_path / "protocol.json").read_text())
+    del old["candidate_replicates"]
+    (tmp_path / "protocol.json").write_text(json.dumps(old))
+    assert pr.open_protocol(plan, tmp_path) is None
+    more = dataclasses.replace(plan, replicates=5, candidate_replicates=2)
+    line = pr.open_protocol(more, tmp_path)
+    assert "replicates 3 -> 5" in line and "candidate_replicates 1 -> 2" in line and "kept" in line
+    assert pr.load_plan(tmp_path) == more
+    with pytest.raises(Exception, match="lr"):
+        pr.open_protocol(dataclasses.replace(more, overrides=(("lr", 0.01),)), tmp_path)
+
+
 def test_protocol_run_commands_reproduce_the_runs_it_makes():
     """The command in each curve's sidecar, parsed by convergence train, is the configuration the piece ran."""
     plan = pr.ProtocolPlan(model="tiny", steps=40, replicates=3, design="rounding", mxfp8_kernel="emulated",
@@ -45,6 +82,7 @@ def test_protocol_run_commands_reproduce_the_runs_it_makes():
 @pytest.mark.parametrize("bad, match", [
     (dict(replicates=1), "--replicates"), (dict(design="weather"), "--design"), (dict(candidate="bf16"), "--candidate"),
     (dict(control="mxfp8"), "same recipe"), (dict(model="huge"), "unknown model"), (dict(steps=1), "--steps"),
+    (dict(candidate_replicates=0), "--candidate-replicates"),
     (dict(overrides=(("val_every", 50.0),)), "--val-every"), (dict(overrides=(("batch", 0.0),)), "--batch"),
 ])
 def test_protocol_plan_refuses_nonsense(bad, match):
@@ -152,6 +190,30 @@ def test_protocol_cli_runs_to_the_end_and_exits_with_the_candidates_verdict(tmp_
     assert all((out / "results" / f"{n}.meta.json").exists() for n in names if n.endswith((".json", ".jsonl"))
                and not n.endswith(".meta.json"))
     assert convergence_main(argv) == rc  # repeating a finished protocol judges it again, runs nothing
+
+
+@pytest.mark.timeout(300)
+def test_protocol_cli_grows_to_candidate_replicates_and_judges_the_groups(tmp_path, capsys):
+    """A finished protocol given --candidate-replicates 2 runs only the new runs (a candidate replicate and a
+    second held-out run) and judges the candidate and the negative control as groups of two."""
+    out = tmp_path / "p"
+    argv = ["protocol", "--model", "tiny", "--steps", "4", "--replicates", "3", "--batch", "4", "--seq", "32",
+            "--val-every", "2", "--val-batches", "3", "--probe-every", "0", "--mxfp8-kernel", "emulated",
+            "--out", str(out)]
+    convergence_main(argv)
+    first = {p: p.read_bytes() for p in (out / "runs").rglob("metrics.jsonl")}
+    capsys.readouterr()
+    rc = convergence_main([*argv, "--candidate-replicates", "2"])
+    printed = capsys.readouterr().out
+    assert "candidate_replicates 1 -> 2" in printed and "protocol complete" in printed
+    assert all(p.read_bytes() == b for p, b in first.items())  # the runs made are kept as they were
+    assert {p.parts[-3] for p in (out / "runs").rglob("metrics.jsonl")} - {p.parts[-3] for p in first} == {
+        "mxfp8_rounding1", "bf16_rounding4"}
+    verdict = json.loads((out / "results" / "tiny_long_verdict__cpu.json").read_text())
+    assert verdict["protocol"]["judged_runs"] == ["mxfp8", "mxfp8_rounding1"]
+    assert verdict["final_window"]["candidate_runs"] == 2 and rc in (0, 1, 3)
+    neg = json.loads((out / "results" / "tiny_long_negative_control__cpu.json").read_text())
+    assert neg["protocol"]["judged_runs"] == ["bf16_rounding3", "bf16_rounding4"]
 
 
 def test_protocol_worker_command_is_the_piece_entry_point(tmp_path):

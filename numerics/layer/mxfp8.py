@@ -1,7 +1,7 @@
 """The one MXFP8 seam: the op a converted ``Linear`` / ``GroupedLinear`` runs, with a kernel choice.
 
 Public: ``KERNELS``, ``default_kernel(device, recipe)``, ``kernel_problem(kernel, device)``,
-``recipe_kernel_problem(recipe, kernel)``, ``FAST_ONLY``, ``linear_op`` /
+``recipe_kernel_problem(recipe, kernel)``, ``FAST_ONLY``, ``SCALE_MODES``, ``linear_op`` /
 ``grouped_mm_op`` (the callables ``numerics.layer.recipes.apply_recipe`` puts into a module's ``mxfp8_op``),
 ``torchao_linear`` / ``torchao_grouped_mm`` (the subject, called as the model calls it), ``op_config``,
 ``check_mx_gemm``, ``quantize_api_refusal``, ``BLOCK``.
@@ -36,7 +36,9 @@ from torch import nn
 
 BLOCK = 32  # the MX block: torchao 0.18 supports only 32 for MXFP8 training
 KERNELS = ("emulated", "fast", "real")
-TORCHAO_RECIPE = {"mxfp8": "MXFP8_RCEIL", "mxfp8-wgrad-hp": "MXFP8_RCEIL_WGRAD_WITH_HP"}
+TORCHAO_RECIPE = {"mxfp8": "MXFP8_RCEIL", "mxfp8-wgrad-hp": "MXFP8_RCEIL_WGRAD_WITH_HP", "mxfp8-floor": "MXFP8_RCEIL"}
+# op recipes whose E8M0 scales are not RCEIL: torchao's ops take the mode (its recipes fix RCEIL), as do the fast ops
+SCALE_MODES = {"mxfp8-floor": "FLOOR"}
 FAST_ONLY = {"mxfp8-e5m2": "e5m2"}  # op recipes torchao has no training ops for: element format, kernel fast
 TORCHAO_OPS = {  # what a converted module runs, recorded in config.json
     "linear": "torchao.prototype.moe_training.mxfp8_linear._to_mxfp8_then_scaled_mm",
@@ -87,7 +89,12 @@ def op_config(recipe: str, kernel: str = "emulated", *, pad_groups: bool = True)
         raise ValueError(f"no torchao MXFP8 training recipe for {recipe!r}; choose from {', '.join(TORCHAO_RECIPE)}")
     base = MXFP8TrainingOpConfig.from_recipe(MXFP8TrainingRecipe[TORCHAO_RECIPE[recipe]])
     kp = _kernel_preference("emulated" if kernel == "fast" else kernel)
-    return dataclasses.replace(base, kernel_preference=kp, pad_token_groups_for_grouped_mm=pad_groups)
+    cfg = dataclasses.replace(base, kernel_preference=kp, pad_token_groups_for_grouped_mm=pad_groups)
+    if recipe in SCALE_MODES:
+        from torchao.prototype.mx_formats.config import ScaleCalculationMode
+
+        cfg = dataclasses.replace(cfg, scale_calculation_mode=ScaleCalculationMode[SCALE_MODES[recipe]])
+    return cfg
 
 
 def check_mx_gemm(m: int, k: int, n: int, *, what: str, dtype: torch.dtype = torch.bfloat16,
@@ -134,12 +141,16 @@ def torchao_grouped_mm(x: torch.Tensor, w_t: torch.Tensor, offs: torch.Tensor, r
     )
 
 
+def _fast_mode(recipe: str) -> str:
+    return SCALE_MODES.get(recipe, "RCEIL").lower()
+
+
 def _fast_linear(x, weight, *, recipe: str):
     from numerics.layer.fast import ops as fast
 
     check_mx_gemm(x.reshape(-1, x.shape[-1]).shape[0], weight.shape[1], weight.shape[0], what="linear",
                   dtype=x.dtype, tokens_blocked=recipe != "mxfp8-wgrad-hp")
-    return fast.linear(x, weight, wgrad_with_hp=recipe == "mxfp8-wgrad-hp", scale_mode="rceil",
+    return fast.linear(x, weight, wgrad_with_hp=recipe == "mxfp8-wgrad-hp", scale_mode=_fast_mode(recipe),
                        elem=FAST_ONLY.get(recipe, "e4m3"))
 
 
@@ -147,7 +158,7 @@ def _fast_grouped_mm(x, w_t, offs, *, recipe: str):
     from numerics.layer.fast import ops as fast
 
     check_mx_gemm(x.shape[0], w_t.shape[-2], w_t.shape[-1], what="grouped_mm", dtype=x.dtype, tokens_blocked=False)
-    return fast.grouped_mm(x, w_t, offs, wgrad_with_hp=recipe == "mxfp8-wgrad-hp", scale_mode="rceil",
+    return fast.grouped_mm(x, w_t, offs, wgrad_with_hp=recipe == "mxfp8-wgrad-hp", scale_mode=_fast_mode(recipe),
                            pad_groups=True, elem=FAST_ONLY.get(recipe, "e4m3"))
 
 

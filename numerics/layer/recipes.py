@@ -7,8 +7,9 @@ Public: ``Recipe``, ``RECIPES``, ``MX_RECIPES`` (the MXFP8 candidates), ``CONTRO
 Positive controls are recipes meant to train worse, which the convergence protocol must call
 ``not_equivalent``: ``mxfp8-head``, the same MXFP8 ops on more modules (the output head, which every FP8
 recipe keeps in high precision; on the proxy at lr 6e-4 it trained *better*, so it is no proof), and
-``mxfp8-e5m2``, worse by construction: the same modules and ops with one element mantissa bit fewer. The
-layer level leaves controls out.
+``mxfp8-e5m2``, worse by construction: the same modules and ops with one element mantissa bit fewer (on
+the proxy at lr 3e-4 it lost 6 dB per GEMM and no measurable loss), and ``mxfp8-floor``, the OCP v1.0
+scale rule that a published 8B pretraining run diverged with. The layer level leaves controls out.
 
 The MXFP8 module selection is torchtitan's DeepSeek-V3 MXFP8 recipe
 (``torchtitan/models/deepseek_v3/config_registry.py::deepseek_v3_debugmodel_mxfp8``, read at commit
@@ -58,6 +59,8 @@ class Recipe:
         (which modules are converted is ``linear_fqns`` / ``grouped_experts``)."""
         if self.elements != "e4m3":
             return f"mxfp8-{self.elements}"
+        if self.scale_calculation_mode != "RCEIL":
+            return f"mxfp8-{self.scale_calculation_mode.lower()}"
         return "mxfp8-wgrad-hp" if self.wgrad_with_hp else "mxfp8"
 
 
@@ -108,8 +111,21 @@ def _mxfp8_e5m2() -> Recipe:
     )
 
 
+def _mxfp8_floor() -> Recipe:
+    return dataclasses.replace(
+        _mxfp8(), name="mxfp8-floor",
+        # deviation from mxfp8: FLOOR scales, the OCP MX v1.0 rule, in place of torchao's RCEIL
+        scale_calculation_mode="FLOOR",
+        control=True,
+        description="positive control, known worse at scale: mxfp8 with the OCP v1.0 scale rule (floor of "
+        "log2 amax, so a block's largest values can saturate at 448), which Mishra, Stosic and Layton "
+        "(arXiv:2506.08027) found can make LLM pretraining diverge, and replaced by rounding the scale up "
+        "(what torchao's RCEIL does). torchao's own ops with ScaleCalculationMode.FLOOR, or the fast kernel",
+    )
+
+
 RECIPES = {"bf16": _bf16, "mxfp8": _mxfp8, "mxfp8-wgrad-hp": _mxfp8_wgrad_hp, "mxfp8-head": _mxfp8_head,
-           "mxfp8-e5m2": _mxfp8_e5m2}
+           "mxfp8-e5m2": _mxfp8_e5m2, "mxfp8-floor": _mxfp8_floor}
 MX_RECIPES = tuple(name for name, make in RECIPES.items() if make().mxfp8 and not make().control)
 CONTROLS = tuple(name for name, make in RECIPES.items() if make().control)  # same ops, more modules: not layer cases
 
@@ -166,9 +182,10 @@ def apply_recipe(model: nn.Module, recipe: Recipe, device: torch.device | str = 
     problem = mxfp8.recipe_kernel_problem(recipe.op_recipe, kernel) or mxfp8.kernel_problem(kernel, device)
     if problem:
         raise ValueError(problem)
-    if recipe.scale_calculation_mode != "RCEIL":
+    if recipe.scale_calculation_mode != mxfp8.SCALE_MODES.get(recipe.op_recipe, "RCEIL"):
         raise ValueError(f"recipe {recipe.name!r}: scale_calculation_mode {recipe.scale_calculation_mode} is not "
-                         "RCEIL, which torchao's MXFP8 training recipes fix")
+                         "RCEIL, which torchao's MXFP8 training recipes fix (a control names its mode in "
+                         "numerics.layer.mxfp8.SCALE_MODES)")
     fqns = quantized_fqns(model, recipe)
     modules = dict(model.named_modules())
     for fqn in fqns:

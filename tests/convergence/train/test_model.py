@@ -167,3 +167,30 @@ def test_the_16b_keeps_its_real_vocabulary_with_a_small_tokenizer():
     assert model_config(TrainConfig(model="proxy", recipes=("bf16",), steps=1), 256).vocab_size == 256
     assert param_count(model_config(TrainConfig(model="16b", recipes=("bf16",), steps=1), 256))["total"] \
         == param_count(deepseek_v3_16b())["total"]
+
+
+def test_floor_control_is_torchaos_floor_ops_on_either_kernel():
+    """The mxfp8-floor positive control converts the same modules as mxfp8 and puts torchao's FLOOR ops in
+    them: one forward and backward of the tiny model is the same bit for bit with the emulated kernel
+    (torchao's ops, ScaleCalculationMode.FLOOR) and the fast one, and differs from mxfp8's (RCEIL)."""
+    pytest.importorskip("triton", reason="the fast kernels run on CPU in Triton's interpreter: pip install '.[fast]'")
+    from numerics.layer.recipes import CONTROLS, MX_RECIPES, apply_recipe, get_recipe
+
+    assert "mxfp8-floor" in CONTROLS and "mxfp8-floor" not in MX_RECIPES
+    cfg = dataclasses.replace(tiny(), vocab_size=256)
+    tokens = torch.randint(0, 256, (2, 33), generator=torch.Generator().manual_seed(2))
+    runs = {}
+    for recipe, kernel in (("mxfp8-floor", "emulated"), ("mxfp8-floor", "fast"), ("mxfp8", "emulated")):
+        model = Transformer(cfg)
+        model.init_weights(torch.Generator().manual_seed(0))
+        info = apply_recipe(model, get_recipe(recipe), "cpu", kernel=kernel)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            logits = model(tokens[:, :-1])
+        torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), tokens[:, 1:].flatten()).backward()
+        runs[recipe, kernel] = (info, logits.detach(), {n: p.grad for n, p in model.named_parameters()
+                                                        if p.grad is not None})
+    (info_e, out_e, g_e), (_, out_f, g_f), (info_r, out_r, _) = runs.values()
+    assert info_e["torchao_config"]["scale_calculation_mode"] == "FLOOR"
+    assert info_r["torchao_config"]["scale_calculation_mode"] == "RCEIL" and info_e["quantized"] == info_r["quantized"]
+    assert torch.equal(out_e, out_f) and g_e.keys() == g_f.keys() and all(torch.equal(g_e[n], g_f[n]) for n in g_e)
+    assert not torch.equal(out_e, out_r)

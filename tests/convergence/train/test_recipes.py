@@ -64,10 +64,14 @@ def test_apply_recipe_refuses_a_weight_that_is_not_block_aligned():
         apply_recipe(m, get_recipe("mxfp8"), "cpu")
 
 
-def test_recipe_scale_mode_must_be_torchaos():
-    floor_recipe = dataclasses.replace(get_recipe("mxfp8"), scale_calculation_mode="FLOOR")
-    with pytest.raises(ValueError, match="FLOOR"):
-        apply_recipe(_model(), floor_recipe, "cpu")
+def test_recipe_scale_mode_must_be_torchaos_or_a_named_control():
+    """RCEIL is what torchao's recipes fix; FLOOR only as the mxfp8-floor control's op recipe
+    (numerics.layer.mxfp8.SCALE_MODES); any other mode is refused before a module is touched."""
+    ceil_recipe = dataclasses.replace(get_recipe("mxfp8"), scale_calculation_mode="CEIL")
+    with pytest.raises(ValueError, match="CEIL"):
+        apply_recipe(_model(), ceil_recipe, "cpu")
+    info = apply_recipe(_model(), dataclasses.replace(get_recipe("mxfp8"), scale_calculation_mode="FLOOR"), "cpu")
+    assert info["torchao_config"]["scale_calculation_mode"] == "FLOOR"
 
 
 def test_apply_recipe_trains_where_quantize_api_is_refused(torch_without_mxfp8_dtensor_apis):

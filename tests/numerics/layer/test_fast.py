@@ -62,21 +62,21 @@ def _assert_same(expected: dict, got: dict, what: str) -> None:
         raise AssertionError("\n".join(errors))
 
 
-def _torchao_linear(hp):
+def _torchao_linear(hp, mode="RCEIL"):
     from torchao.prototype.moe_training.mxfp8_linear import _to_mxfp8_then_scaled_mm
     from torchao.prototype.mx_formats.config import ScaleCalculationMode
 
     return lambda x, w: _to_mxfp8_then_scaled_mm(x, w, kernel_preference=_emulated(),
-                                                 scale_calculation_mode=ScaleCalculationMode.RCEIL, wgrad_with_hp=hp)
+                                                 scale_calculation_mode=ScaleCalculationMode[mode], wgrad_with_hp=hp)
 
 
-def _torchao_grouped(offs, hp, pad):
+def _torchao_grouped(offs, hp, pad, mode="RCEIL"):
     from torchao.prototype.moe_training import _to_mxfp8_then_scaled_grouped_mm
     from torchao.prototype.mx_formats.config import ScaleCalculationMode
 
     return lambda x, w: _to_mxfp8_then_scaled_grouped_mm(
         x, w.transpose(-2, -1), offs, out_dtype=torch.bfloat16, kernel_preference=_emulated(), wgrad_with_hp=hp,
-        scale_calculation_mode=ScaleCalculationMode.RCEIL, pad_token_groups_for_grouped_mm=pad)
+        scale_calculation_mode=ScaleCalculationMode[mode], pad_token_groups_for_grouped_mm=pad)
 
 
 def _check_linear(dims, hp, spread, seed, device, *, linear=None):
@@ -277,3 +277,25 @@ def test_e5m2_control_loses_about_6_db_per_gemm_against_e4m3():
         loss[elem] = {k: sqnr_db(exact[k].float(), got[k].float()) for k in exact}
     drop = {k: loss["e4m3"][k] - loss["e5m2"][k] for k in exact}
     assert all(4.5 < d < 7.5 for d in drop.values()), (drop, loss)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("hp", (False, True))
+def test_fast_ops_with_floor_scales_are_torchaos_floor_ops(device, hp):
+    """The mxfp8-floor control's ops: torchao's own training ops take ScaleCalculationMode.FLOOR, and the fast
+    ops with scale_mode="floor" give their output, dX and dW bit for bit (linear and grouped, padded groups)."""
+    g = torch.Generator().manual_seed(5)
+    x, w, grad = (_rand(s, g, "spread", device) for s in ((64, 96), (32, 96), (64, 32)))
+    expected = _fwd_bwd(_torchao_linear(hp, "FLOOR"), x, w, grad)
+    got = _fwd_bwd(lambda a, b: ops.linear(a, b, wgrad_with_hp=hp, scale_mode="floor"), x, w, grad)
+    _assert_same(expected, got, "linear floor")
+    rceil = _fwd_bwd(lambda a, b: ops.linear(a, b, wgrad_with_hp=hp), x, w, grad)
+    assert not torch.equal(rceil["output"], got["output"])  # the mode reaches the casts: FLOOR is another op
+    sizes = (33, 0, 31, 64)
+    offs = torch.tensor(sizes, device=device).cumsum(0).to(torch.int32)
+    x, w, grad = _rand((128, 64), g, "spread", device), _rand((4, 32, 64), g, "spread", device), \
+        _rand((128, 32), g, "spread", device)
+    expected = _fwd_bwd(_torchao_grouped(offs, hp, True, "FLOOR"), x, w, grad)
+    got = _fwd_bwd(lambda a, b: ops.grouped_mm(a, b.transpose(-2, -1), offs, wgrad_with_hp=hp, pad_groups=True,
+                                               scale_mode="floor"), x, w, grad)
+    _assert_same(expected, got, "grouped_mm floor")

@@ -39,7 +39,8 @@ KERNELS = ("emulated", "fast", "real")
 TORCHAO_RECIPE = {"mxfp8": "MXFP8_RCEIL", "mxfp8-wgrad-hp": "MXFP8_RCEIL_WGRAD_WITH_HP", "mxfp8-floor": "MXFP8_RCEIL"}
 # op recipes whose E8M0 scales are not RCEIL: torchao's ops take the mode (its recipes fix RCEIL), as do the fast ops
 SCALE_MODES = {"mxfp8-floor": "FLOOR"}
-FAST_ONLY = {"mxfp8-e5m2": "e5m2"}  # op recipes torchao has no training ops for: element format, kernel fast
+FAST_ONLY = {"mxfp8-e5m2": "e5m2", "mxfp8-e2m1": "e2m1"}  # op recipes torchao has no training ops for: their
+# element format, kernel fast (E5M2 cast as torchao's to_mx casts it; E2M1 by the spec, numerics.tensor.mx)
 TORCHAO_OPS = {  # what a converted module runs, recorded in config.json
     "linear": "torchao.prototype.moe_training.mxfp8_linear._to_mxfp8_then_scaled_mm",
     "grouped": "torchao.prototype.moe_training._to_mxfp8_then_scaled_grouped_mm",

@@ -7,9 +7,10 @@ Public: ``Recipe``, ``RECIPES``, ``MX_RECIPES`` (the MXFP8 candidates), ``CONTRO
 Positive controls are recipes meant to train worse, which the convergence protocol must call
 ``not_equivalent``: ``mxfp8-head``, the same MXFP8 ops on more modules (the output head, which every FP8
 recipe keeps in high precision; on the proxy at lr 6e-4 it trained *better*, so it is no proof), and
-``mxfp8-e5m2``, worse by construction: the same modules and ops with one element mantissa bit fewer (on
-the proxy at lr 3e-4 it lost 6 dB per GEMM and no measurable loss), and ``mxfp8-floor``, the OCP v1.0
-scale rule that a published 8B pretraining run diverged with. The layer level leaves controls out.
+``mxfp8-e5m2`` and ``mxfp8-e2m1``, worse by construction: the same modules and ops with one (E5M2) or two
+(E2M1, MXFP4's element) element mantissa bits fewer (E5M2 on the proxy at lr 3e-4: 6 dB per GEMM lost
+and no measurable loss), and ``mxfp8-floor``, the OCP v1.0 scale rule that a published 8B pretraining run
+diverged with. The layer level leaves controls out.
 
 The MXFP8 module selection is torchtitan's DeepSeek-V3 MXFP8 recipe
 (``torchtitan/models/deepseek_v3/config_registry.py::deepseek_v3_debugmodel_mxfp8``, read at commit
@@ -46,7 +47,7 @@ class Recipe:
     grouped_experts: bool = False  # every GroupedLinear (the routed experts' grouped GEMMs) -> MXFP8
     wgrad_with_hp: bool = False  # weight gradients computed in high precision (BF16) instead of MXFP8
     scale_calculation_mode: str = "RCEIL"  # E8M0 scale rounding (torchao ScaleCalculationMode)
-    elements: str = "e4m3"  # MX element format of every converted GEMM operand; e5m2 runs on kernel fast only
+    elements: str = "e4m3"  # MX element format of every converted GEMM operand; e5m2, e2m1 on kernel fast only
     description: str = ""
     control: bool = False  # a positive control of the convergence protocol (known worse), not a candidate
 
@@ -124,8 +125,22 @@ def _mxfp8_floor() -> Recipe:
     )
 
 
+def _mxfp8_e2m1() -> Recipe:
+    return dataclasses.replace(
+        _mxfp8(), name="mxfp8-e2m1",
+        # deviation from mxfp8: E2M1 elements (MXFP4's: 1 mantissa bit, largest value 6) in every operand
+        elements="e2m1",
+        control=True,
+        description="positive control, worse by construction: mxfp8's modules and ops with E2M1 (MXFP4) "
+        "elements in every operand, rounded to nearest even with no Hadamard transform or stochastic "
+        "rounding (two mantissa bits fewer than E4M3, about 12 dB less SQNR per cast, and values under a "
+        "quarter of the block's scale flushed to zero); FP4 training recipes need both tricks. Kernel fast "
+        "only, cast by the MX spec (numerics.tensor.mx)",
+    )
+
+
 RECIPES = {"bf16": _bf16, "mxfp8": _mxfp8, "mxfp8-wgrad-hp": _mxfp8_wgrad_hp, "mxfp8-head": _mxfp8_head,
-           "mxfp8-e5m2": _mxfp8_e5m2, "mxfp8-floor": _mxfp8_floor}
+           "mxfp8-e5m2": _mxfp8_e5m2, "mxfp8-floor": _mxfp8_floor, "mxfp8-e2m1": _mxfp8_e2m1}
 MX_RECIPES = tuple(name for name, make in RECIPES.items() if make().mxfp8 and not make().control)
 CONTROLS = tuple(name for name, make in RECIPES.items() if make().control)  # same ops, more modules: not layer cases
 
@@ -194,7 +209,8 @@ def apply_recipe(model: nn.Module, recipe: Recipe, device: torch.device | str = 
         set_op(modules[fqn], recipe, kernel)
     if recipe.op_recipe in mxfp8.FAST_ONLY:  # no torchao op computes it: the fast ops' own settings
         return {"quantized": fqns, "kernel": kernel, "elements": recipe.elements, "torchao_config": None,
-                "ops": "numerics.layer.fast.ops (linear, grouped_mm) with E5M2 elements, RCEIL scales"}
+                "ops": f"numerics.layer.fast.ops (linear, grouped_mm) with {recipe.elements.upper()} elements, "
+                       "RCEIL scales"}
     cfg = mxfp8.op_config(recipe.op_recipe, kernel)
     return {
         "quantized": fqns,

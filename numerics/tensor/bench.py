@@ -84,7 +84,7 @@ def format_rows(rows: list[dict]) -> str:
 def _cast_main(argv: Sequence[str]) -> int:
     parser = ArgumentParser(prog="python -m numerics bench cast", description=__doc__.splitlines()[0])
     parser.add_argument("--elements", type=int, default=DEFAULT_ELEMENTS, help="input size (multiple of 32)")
-    parser.add_argument("--elem", choices=sorted(mx.ELEMENTS), default="e4m3")
+    parser.add_argument("--elem", choices=sorted(torchao.TORCH_ELEM), default="e4m3")  # the elements torchao casts
     parser.add_argument("--mode", action="append", choices=mx.MODES, help="repeatable; default: all four")
     parser.add_argument("--repeat", type=int, default=3, help="timed runs per figure (best is kept)")
     args = parser.parse_args(argv)

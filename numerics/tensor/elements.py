@@ -1,7 +1,9 @@
-"""Exact element formats of the MX spec: E4M3 (FN), E5M2 and the E8M0 scale, as bit codes.
+"""Exact element formats of the MX spec: E4M3 (FN), E5M2, E2M1 (FP4) and the E8M0 scale, as bit codes.
 
 Written from the OCP Microscaling Formats (MX) v1.0 specification, section 5 (element formats)
 and 5.4 (E8M0): no library cast is used, so ``ml_dtypes`` and torch can be checked against it.
+E2M1 codes are 4 bits (sign bit 0x08) held one per byte; it has neither Inf nor NaN, so conversion to
+it always saturates and a NaN block is marked by its scale byte alone.
 
 Public: ``ELEMENTS`` (name -> ``ElementFormat``), ``encode(values, fmt, saturate=True)`` (float64
 -> uint8 with round-half-to-even), ``encode_f32(values, fmt)`` (float32 -> uint8, saturating: the
@@ -29,7 +31,17 @@ class ElementFormat:
     emax: int  # exponent of the largest normal number ("emax_elem" in the spec)
     max_normal: float
     has_inf: bool  # E5M2 follows IEEE (Inf and several NaNs); E4M3 "FN" has no Inf, one NaN per sign
-    nan_code: int  # the code this oracle emits for NaN (sign bit clear)
+    nan_code: int  # the code this oracle emits for NaN (sign bit clear); E2M1 has none: 0, the scale says NaN
+    has_nan: bool = True  # E2M1: no NaN code, every code is a number
+
+    @property
+    def width(self) -> int:
+        """Bits of a code: sign, exponent and mantissa (8 for the FP8 formats, 4 for E2M1)."""
+        return 1 + self.ebits + self.mbits
+
+    @property
+    def sign_bit(self) -> int:
+        return 1 << (self.ebits + self.mbits)
 
     @property
     def emin(self) -> int:
@@ -45,7 +57,9 @@ class ElementFormat:
 E4M3 = ElementFormat("e4m3", 4, 3, 7, 8, 448.0, False, 0x7F)
 # E5M2: S.EEEEE.MM, bias 15, IEEE-style; largest normal 1.75 * 2^15 = 57344; 0x7E is a quiet NaN.
 E5M2 = ElementFormat("e5m2", 5, 2, 15, 15, 57344.0, True, 0x7E)
-ELEMENTS = {"e4m3": E4M3, "e5m2": E5M2}
+# E2M1 (MXFP4's element, spec section 5.3.3): S.EE.M, bias 1; 0.5 is its only subnormal, 6 = 1.5 * 2^2 the largest.
+E2M1 = ElementFormat("e2m1", 2, 1, 1, 2, 6.0, False, 0x0, has_nan=False)
+ELEMENTS = {"e4m3": E4M3, "e5m2": E5M2, "e2m1": E2M1}
 
 E8M0_BIAS = 127
 E8M0_NAN = 0xFF
@@ -55,7 +69,7 @@ E8M0_MAX_EXP = 127  # byte 0xFE
 
 def _decode_table(fmt: ElementFormat) -> np.ndarray:
     codes = np.arange(256, dtype=np.int64)
-    sign = np.where(codes & 0x80, -1.0, 1.0)
+    sign = np.where(codes & fmt.sign_bit, -1.0, 1.0)
     exp_field = (codes >> fmt.mbits) & ((1 << fmt.ebits) - 1)
     mant = codes & ((1 << fmt.mbits) - 1)
     subnormal = exp_field == 0
@@ -69,9 +83,9 @@ def _decode_table(fmt: ElementFormat) -> np.ndarray:
     if fmt.has_inf:
         values = np.where(all_ones & (mant == 0), sign * np.inf, values)
         values = np.where(all_ones & (mant != 0), np.nan, values)
-    else:
+    elif fmt.has_nan:
         values = np.where(all_ones & (mant == (1 << fmt.mbits) - 1), np.nan, values)
-    return values
+    return np.where(codes >= 1 << fmt.width, np.nan, values)  # not a code of a narrower format
 
 
 _TABLES = {name: _decode_table(fmt) for name, fmt in ELEMENTS.items()}
@@ -86,13 +100,16 @@ def encode(values: np.ndarray, fmt: ElementFormat, *, saturate: bool = True) -> 
     """float64 values -> uint8 codes, rounding half to even.
 
     Finite magnitudes above ``max_normal`` become ``max_normal`` when ``saturate`` (what MX
-    conversion does), else Inf for E5M2 and NaN for E4M3FN (which has no Inf). NaN becomes
-    ``nan_code`` with the input's sign bit. Zeros keep their sign. The arithmetic is exact: the
+    conversion does), else Inf for E5M2 and NaN for E4M3FN (which has no Inf); E2M1, with neither,
+    only saturates (``saturate=False`` is refused). NaN becomes ``nan_code`` with the input's sign bit.
+    Zeros keep their sign. The arithmetic is exact: the
     quantum ``2^(e - mbits)`` is a power of two, so ``v / quantum`` is exact in float64 and
     ``np.rint`` rounds half to even.
     """
+    if not saturate and not (fmt.has_inf or fmt.has_nan):
+        raise ValueError(f"{fmt.name} has no Inf or NaN: conversion to it saturates (saturate=True)")
     v = np.asarray(values, dtype=np.float64)
-    sign_bit = np.signbit(v).astype(np.uint8) << 7
+    sign_bit = np.signbit(v).astype(np.uint8) << (fmt.width - 1)
     a = np.abs(v)
     finite = np.isfinite(a)
     a_f = np.where(finite, a, 0.0)
@@ -171,7 +188,10 @@ def encode_f32(values: np.ndarray, fmt: ElementFormat) -> np.ndarray:
 
 
 def encode_max_code(fmt: ElementFormat) -> int:
-    """Code of +max_normal: exponent field all ones for E4M3FN (mantissa 110), all-ones minus one for E5M2."""
+    """Code of +max_normal: exponent field all ones for E4M3FN (mantissa 110), all-ones minus one for E5M2,
+    every bit but the sign for E2M1."""
+    if not fmt.has_nan:
+        return fmt.sign_bit - 1
     if fmt.has_inf:
         return ((((1 << fmt.ebits) - 2) << fmt.mbits) | ((1 << fmt.mbits) - 1))
     return (((1 << fmt.ebits) - 1) << fmt.mbits) | ((1 << fmt.mbits) - 2)

@@ -26,8 +26,9 @@ float64 ``elements.encode``).
 Where the rules are silent the oracle picks, and says so:
 
 * NaN anywhere in a block: scale byte 0xFF (E8M0 NaN) and every element the format's NaN code
-  (0x7F for E4M3, 0x7E for E5M2, sign of the input kept). The spec defines a NaN scale as making
-  the whole block NaN; it fixes no element payload, so comparisons treat all NaN codes alike.
+  (0x7F for E4M3, 0x7E for E5M2, 0x0 for E2M1, which has none; sign of the input kept). The spec
+  defines a NaN scale as making the whole block NaN; it fixes no element payload, so comparisons treat
+  all NaN codes alike.
 * Inf in a block (``inf=``): ``"nan"`` (default) treats it like NaN, since E8M0 cannot express Inf;
   ``"saturate"`` treats Inf as the largest magnitude: amax = Inf gives the largest exponent, 127,
   Infs saturate to +-max and finite elements are scaled by 2^-127 (mostly to zero).
@@ -152,12 +153,12 @@ def _quantize_blocks(blocks: np.ndarray, fmt, mode: str, inf: str, rceil: str) -
     s = np.where(nan_block, 0, s)  # NaN blocks: their bytes are set below; keep the rescale harmless
 
     # x / 2^s in float32 is exact wherever the quotient is a normal float32; below 2^-126 it may
-    # round, but every such value rounds to zero in both element formats (their smallest
-    # subnormals are 2^-9 and 2^-16), so the codes are those of the exact quotient.
+    # round, but every such value rounds to zero in every element format (their smallest
+    # subnormals are 2^-9, 2^-16 and 2^-1), so the codes are those of the exact quotient.
     inv_scale = np.ldexp(1.0, -s).astype(np.float32)  # 2^-s for s in [-127, 127]: exact in float32
     codes = elements.encode_f32(blocks * inv_scale[:, None], fmt)
     if nan_block.any():
-        sign = np.signbit(blocks[nan_block]).astype(np.uint8) << 7
+        sign = np.signbit(blocks[nan_block]).astype(np.uint8) << (fmt.width - 1)
         codes[nan_block] = np.uint8(fmt.nan_code) | sign
     scale_bits = np.where(nan_block, np.uint8(E8M0_NAN), elements.scale_byte(s))
     return scale_bits.astype(np.uint8), codes

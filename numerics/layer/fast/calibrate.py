@@ -92,14 +92,21 @@ def rceil_thresholds(device: torch.device | str, elem: str) -> torch.Tensor:
     return _thresholds(str(dev), elem)
 
 
+def mantissa_field_of_max(elem: str) -> int:
+    """The float32 mantissa field of the element's largest value: 0x600000 (1.75) for E4M3 and E5M2,
+    0x400000 (1.5) for E2M1 (6 = 1.5 * 2^2)."""
+    fmt = ELEMENTS[elem]
+    return int((fmt.max_normal / 2.0 ** fmt.emax - 1.0) * 2 ** 23)
+
+
 @functools.cache
-def _exact(device: str) -> torch.Tensor:
-    return torch.full((256,), M_MAX, dtype=torch.int32, device=device)
+def _exact(device: str, elem: str) -> torch.Tensor:
+    return torch.full((256,), mantissa_field_of_max(elem), dtype=torch.int32, device=device)
 
 
-def exact_thresholds(device: torch.device | str) -> torch.Tensor:
-    """The exact RCEIL rule as the same table: M_MAX for every E."""
+def exact_thresholds(device: torch.device | str, elem: str = "e4m3") -> torch.Tensor:
+    """The exact RCEIL rule as the same table: the mantissa field of the element's max for every E."""
     dev = torch.device(device)
     if dev.type == "cuda" and dev.index is None:
         dev = torch.device("cuda", torch.cuda.current_device())
-    return _exact(str(dev))
+    return _exact(str(dev), elem)

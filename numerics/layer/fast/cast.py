@@ -13,7 +13,7 @@ is the transpose's (``out.transpose(-2, -1).is_contiguous()``), what torchao's `
 then ``to_mx`` then ``.t()`` leaves for the GEMM. Scale bytes come shaped like the blocks (``[..., R, C/32]``
 or ``[..., R/32, C]``, the latter transposed in memory the same way); element bytes like the result.
 
-Public: ``mx_dequantize``, ``available``, ``FLAVOURS``.
+Public: ``mx_dequantize``, ``available``, ``FLAVOURS``, ``TORCHAO_ELEMENTS``.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from numerics.layer.fast.calibrate import FastUnavailable, exact_thresholds, rce
 from numerics.tensor.elements import ELEMENTS
 
 FLAVOURS = ("torchao", "spec")
+TORCHAO_ELEMENTS = ("e4m3", "e5m2")  # the elements the torchao flavour reproduces torchao's to_mx for
 MODES = ("floor", "rceil", "ceil", "even")
 BLOCK = 32
 _EMULATED = "use kernel 'emulated' (torchao's eager ops), or 'real' on an SM100 GPU"
@@ -123,6 +124,9 @@ def _validate(x, elem, mode, dim, flavour, out_dtype) -> bool:
     _choice("elem", elem, tuple(ELEMENTS))
     _choice("mode", mode, MODES)
     _choice("flavour", flavour, FLAVOURS)
+    if flavour == "torchao" and elem not in TORCHAO_ELEMENTS:
+        raise BadInput(f"flavour 'torchao' reproduces torchao's to_mx for {', '.join(TORCHAO_ELEMENTS)} only; "
+                       f"{elem} takes flavour 'spec'")
     _choice("out_dtype", out_dtype, (torch.bfloat16, torch.float32))
     if x.ndim == 0:
         raise BadInput("x must have at least one dimension, got a scalar")
@@ -188,7 +192,8 @@ def _run(x3, store, scale_store, codes_store, *, along_rows: bool, elem: str, mo
     fmt = ELEMENTS[elem]
     device_type = x3.device.type
     batch, rows, cols = x3.shape
-    thresholds = rceil_thresholds(x3.device, elem) if torchao and mode == "rceil" else exact_thresholds(x3.device)
+    thresholds = (rceil_thresholds(x3.device, elem) if torchao and mode == "rceil" else
+                  exact_thresholds(x3.device, elem))
     br, bc, warps = config or _launch_config(device_type, along_rows, rows, cols)
     grid = (triton_cdiv(rows, br), triton_cdiv(cols, bc), batch)
     x_bits = x3.view(torch.int16 if x3.dtype == torch.bfloat16 else torch.int32)
@@ -204,7 +209,7 @@ def _run(x3, store, scale_store, codes_store, *, along_rows: bool, elem: str, mo
             x_bits, out_bits, store if scale_store is None else scale_store,  # unused pointers when not writing bytes
             store if codes_store is None else codes_store, thresholds,
             rows, cols, *x3.stride(),
-            MODE_IDS[mode], int(torchao), fmt.mbits, fmt.emax, fmt.bias, max_bits, fmt.nan_code,
+            MODE_IDS[mode], int(torchao), fmt.mbits, fmt.emax, fmt.bias, max_bits, fmt.nan_code, fmt.width,
             IN_BF16=x3.dtype == torch.bfloat16, OUT_BF16=store.dtype == torch.bfloat16,
             WRITE_BYTES=scale_store is not None, ALONG_ROWS=along_rows, INDEX64=index64, BR=br, BC=bc,
             num_warps=warps,

@@ -15,8 +15,8 @@ backward, in which case the output is written transposed: block axis fastest in 
 1. ``A`` = max of the magnitudes' bit patterns (the bit patterns of |x| order like |x|, NaN above Inf),
    so the block's amax, and whether it holds a NaN or Inf, come from one integer max.
 2. The shared exponent ``s`` from A's exponent field ``E`` and mantissa field ``M`` (``emax`` is the
-   element's largest exponent, ``M_MAX`` = 0x600000 the mantissa field of 1.75; 448 = 1.75 * 2^8 and
-   57344 = 1.75 * 2^15):
+   element's largest exponent, ``M_MAX`` the mantissa field of its largest value: 0x600000 (1.75) for
+   448 = 1.75 * 2^8 and 57344 = 1.75 * 2^15, 0x400000 (1.5) for E2M1's 6 = 1.5 * 2^2):
    floor ``E - 127 - emax``; ceil ``+ (M > 0)``; even: E after adding half an element ulp to A
    (round amax to the element's precision, a carry bumps E); rceil ``+ (M > threshold[E])`` with
    threshold ``M_MAX`` under the exact rule, or a per-exponent table (``calibrate.py``) that
@@ -42,7 +42,7 @@ MODE_IDS = {"floor": 0, "rceil": 1, "ceil": 2, "even": 3}
 def _mx_cast(
     x_ptr, out_ptr, scale_ptr, code_ptr, thr_ptr,
     R, C, s_b, s_r, s_c,
-    mode, torchao, mbits, emax, bias, max_bits, nan_code,
+    mode, torchao, mbits, emax, bias, max_bits, nan_code, width,
     IN_BF16: tl.constexpr, OUT_BF16: tl.constexpr, WRITE_BYTES: tl.constexpr,
     ALONG_ROWS: tl.constexpr, INDEX64: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr,
 ):
@@ -94,7 +94,7 @@ def _mx_cast(
     ceil = base + (m_field > 0).to(tl.int32)
     # even: add half an element ulp (bit 22 - mbits) to amax, so a carry bumps E; NaN bits would overflow
     even = ((tl.minimum(amax, 0x7F800000) + (1 << (22 - mbits))) >> 23) - (127 + emax)
-    # rceil: the exact rule is threshold 0x600000 (1.75) for every E; torchao's is measured (calibrate.py)
+    # rceil: the exact rule is threshold M_MAX for every E; torchao's is measured (calibrate.py)
     rceil = base + (m_field > tl.load(thr_ptr + e_field)).to(tl.int32)
     s = tl.where(mode == 0, base, tl.where(mode == 1, rceil, tl.where(mode == 2, ceil, even)))
     s = tl.minimum(tl.maximum(s, -127), 127)
@@ -152,11 +152,12 @@ def _mx_cast(
         # below 2^emin the sum counts quanta, which is the subnormal code; above, the bits give it
         code = tl.where(rb < emin_bits, shifted.to(tl.int32, bitcast=True) - cb,
                         (rb >> (23 - mbits)) - ((127 - bias) << mbits))
-        code = tl.where(bad3, nan_code, code) | ((sign >> 24) & 0x80)
+        # the sign at the code's top bit (bit 7 of an FP8 code, bit 3 of E2M1's): sign is 0 or INT32_MIN
+        code = tl.where(bad3, nan_code, code) | ((sign >> (32 - width)) & (1 << (width - 1)))
         tl.store(code_ptr + off, code.to(tl.uint8), mask=mask)
 
 
-_SETTINGS = ("mode", "torchao", "mbits", "emax", "bias", "max_bits", "nan_code")
+_SETTINGS = ("mode", "torchao", "mbits", "emax", "bias", "max_bits", "nan_code", "width")
 
 
 @functools.cache

@@ -31,14 +31,16 @@ from __future__ import annotations
 import torch
 
 from numerics.errors import BadInput
-from numerics.layer.fast.cast import MODES, mx_dequantize
+from numerics.layer.fast.cast import MODES, TORCHAO_ELEMENTS, mx_dequantize
 from numerics.tensor.elements import ELEMENTS
 
 BLOCK = 32
 
 
 def _cast(t: torch.Tensor, dim: int, mode: str, out_dtype: torch.dtype, elem: str) -> torch.Tensor:
-    return mx_dequantize(t, elem=elem, mode=mode, dim=dim, flavour="torchao", out_dtype=out_dtype)
+    # torchao's casts where torchao has the element (its ops take E4M3; E5M2 through its to_mx), else the spec's
+    flavour = "torchao" if elem in TORCHAO_ELEMENTS else "spec"
+    return mx_dequantize(t, elem=elem, mode=mode, dim=dim, flavour=flavour, out_dtype=out_dtype)
 
 
 class _Linear(torch.autograd.Function):

@@ -11,23 +11,42 @@ from hypothesis import strategies as st
 from numerics.assertions import assert_bits_equal
 from numerics.tensor import cases, elements, mx
 
-ML = {"e4m3": ml_dtypes.float8_e4m3fn, "e5m2": ml_dtypes.float8_e5m2}
+ML = {"e4m3": ml_dtypes.float8_e4m3fn, "e5m2": ml_dtypes.float8_e5m2, "e2m1": ml_dtypes.float4_e2m1fn}
 ALL_CODES = np.arange(256, dtype=np.uint8)
 
 
+def _codes(fmt) -> np.ndarray:
+    """Every code of the format: 256 for FP8, 16 for E2M1 (one per byte, as ml_dtypes stores float4)."""
+    return ALL_CODES[: 1 << fmt.width]
+
+
 @pytest.mark.parametrize("elem", sorted(ML))
-def test_elements_decode_all_256_codes_matches_ml_dtypes(elem):
-    ours = elements.decode(ALL_CODES, elements.ELEMENTS[elem])
-    theirs = ALL_CODES.view(ML[elem]).astype(np.float64)
+def test_elements_decode_every_code_matches_ml_dtypes(elem):
+    fmt = elements.ELEMENTS[elem]
+    ours = elements.decode(_codes(fmt), fmt)
+    theirs = _codes(fmt).view(ML[elem]).astype(np.float64)
     assert_bits_equal(theirs, ours, what=f"{elem} decode", canonical_nan=True)
+
+
+def test_elements_e2m1_by_hand():
+    """E2M1 (OCP MX v1.0 section 5.3.3): 0, 0.5 (the one subnormal), 1, 1.5, 2, 3, 4, 6; no Inf, no NaN, so
+    conversion saturates; ties go to the even code (2.5 -> 2, 5 -> 4, 0.25 -> 0, 0.75 -> 1); bit 3 is the sign;
+    codes beyond 4 bits are not E2M1 codes."""
+    fmt = elements.ELEMENTS["e2m1"]
+    assert list(elements.decode(np.arange(8, dtype=np.uint8), fmt)) == [0, 0.5, 1, 1.5, 2, 3, 4, 6]
+    v = np.array([2.5, 5.0, 0.25, 0.75, 7.0, 1e30, -np.inf, -3.0, -0.0])
+    assert list(elements.encode(v, fmt)) == [4, 6, 0, 2, 7, 7, 15, 13, 8]
+    assert elements.encode_max_code(fmt) == 7 and np.isnan(elements.decode(np.uint8(16), fmt))
+    with pytest.raises(ValueError, match="saturates"):
+        elements.encode(v, fmt, saturate=False)
 
 
 @pytest.mark.parametrize("elem", sorted(ML))
 def test_elements_encode_every_finite_code_round_trips(elem):
     fmt = elements.ELEMENTS[elem]
-    values = elements.decode(ALL_CODES, fmt)
+    values = elements.decode(_codes(fmt), fmt)
     finite = np.isfinite(values)
-    assert_bits_equal(ALL_CODES[finite], elements.encode(values[finite], fmt), what=f"{elem} encode(decode)")
+    assert_bits_equal(_codes(fmt)[finite], elements.encode(values[finite], fmt), what=f"{elem} encode(decode)")
 
 
 @pytest.mark.parametrize("elem", sorted(ML))
@@ -49,7 +68,8 @@ def test_elements_encode_rounding_midpoints_match_ml_dtypes(elem):
     float32 probes, as the MX cast sees: (ml_dtypes casts float64 through float32, so a float64
     probe one float64 ulp off a midpoint is rounded twice there and is no test of the oracle.)"""
     fmt = elements.ELEMENTS[elem]
-    pos = np.sort(elements.decode(ALL_CODES[:128], fmt)[np.isfinite(elements.decode(ALL_CODES[:128], fmt))])
+    positive = elements.decode(ALL_CODES[: fmt.sign_bit], fmt)
+    pos = np.sort(positive[np.isfinite(positive)])
     mids = ((pos[:-1] + pos[1:]) / 2).astype(np.float32)  # exact: a few significant bits
     probes = np.concatenate([mids, np.nextafter(mids, np.float32(0)), np.nextafter(mids, np.float32(np.inf))])
     probes = np.concatenate([probes, -probes])
@@ -81,7 +101,7 @@ def test_elements_case_table_elements_match_ml_dtypes(case):
 def _f32_probe_values(fmt, rng) -> np.ndarray:
     """Every float32 around each element code: the code, its midpoints to both neighbours and one
     float32 ulp either side of them, in every binade a scaled block can produce, plus random bits."""
-    codes = elements.decode(ALL_CODES, fmt)
+    codes = elements.decode(_codes(fmt), fmt)
     grid = np.unique(np.abs(codes[np.isfinite(codes)]))
     mids = (grid[:-1] + grid[1:]) / 2
     above = np.array([fmt.max_normal * 1.0625, fmt.max_normal * 2, fmt.max_normal * 4, np.inf])

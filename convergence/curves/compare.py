@@ -253,7 +253,7 @@ def compare_curves(baselines: list[Curve], candidate: Curve, options: CompareOpt
     if reps and o.metric != "val_loss":
         raise BadInput("candidate replicates are judged on validation loss only (--metric val_loss)")
     div_bases, div_cands = divergence_runs or (baselines, [candidate, *reps])
-    div = next((d for c in div_cands if (d := _divergence(c, o))), None)
+    div = next(((d | {"source": c.meta.source} if reps else d) for c in div_cands if (d := _divergence(c, o))), None)
     base_div = [{"source": b.meta.source, **d} for b in div_bases if (d := _divergence(b, o))]
     k = len(baselines)
     al = align([*baselines, *reps], candidate)

@@ -28,7 +28,8 @@ the baselines ``bf16`` + the replicates: ``verdict`` (the candidate and its repl
 (must be ``not_equivalent``), ``negative_control`` (the m held-out replicates: must be ``equivalent``). One
 candidate run cannot be resolved below ``z * spread`` however many baselines there are; m candidate runs
 can (``convergence.curves.paired``), so the negative control gets as many runs as the candidate, and the
-same resolution. ``replicates`` and ``candidate_replicates`` may grow between calls: the runs made stay.
+same resolution. ``replicates``, ``candidate_replicates`` and ``control`` may change between calls: the
+runs made stay.
 
 Pieces: a run is continued from its checkpoint until it has ``steps`` steps (``convergence.train.pieces``
 schedules them, one per GPU or ``--parallel`` per GPU); a checkpoint is written only when a piece stops and
@@ -212,12 +213,15 @@ def plan_from_dict(d: dict) -> ProtocolPlan:
 
 
 # ------------------------------------------------------------------ state of the runs
-GROWABLE = ("replicates", "candidate_replicates")  # more (or fewer) runs of the same kinds: the runs made stay valid
+# what may change on a folder that holds runs: how many replicates, and which recipe is the positive control.
+# Every run is named by what it is (recipe, change), so the runs made stay valid; a run no longer in the plan
+# is kept on disk and left out of the verdicts.
+CHANGEABLE = ("replicates", "candidate_replicates", "control")
 
 
 def open_protocol(plan: ProtocolPlan, out: Path, *, force: bool = False) -> str | None:
     """Make ``out`` hold ``plan`` (``out/protocol.json``): a new or empty folder gets it; a folder with the same
-    plan is continued, also when only ``GROWABLE`` counts differ (the plan is rewritten, every run made is
+    plan is continued, also when only ``CHANGEABLE`` fields differ (the plan is rewritten, every run made is
     kept; returns a line saying so); another plan, or a folder of something else, is refused (``force``
     deletes this protocol's own runs, logs and results first, nothing else)."""
     out = Path(out)
@@ -230,10 +234,10 @@ def open_protocol(plan: ProtocolPlan, out: Path, *, force: bool = False) -> str 
         have = plan_from_dict(json.loads(state.read_text())).as_dict()  # keys added since: their defaults
         want = plan.as_dict()
         for key, value in want.items():
-            if have.get(key) != value and key not in GROWABLE:
+            if have.get(key) != value and key not in CHANGEABLE:
                 raise BadInput(f"{out} holds a protocol run with {key}={have.get(key)!r}, the command line says "
                                f"{key}={value!r}: repeat its command to continue it, or pass --force to start again")
-        changed = [f"{key} {have[key]} -> {want[key]}" for key in GROWABLE if have[key] != want[key]]
+        changed = [f"{key} {have[key]} -> {want[key]}" for key in CHANGEABLE if have[key] != want[key]]
         if not changed:
             return None
         state.write_text(json.dumps(want, indent=1) + "\n")

@@ -244,3 +244,15 @@ def test_compare_cli_takes_candidate_replicates_and_their_per_batch_losses(tmp_p
     assert r["final_window"]["candidate_runs"] == 2 and r["final_window"]["se_set"] > 0
     assert "2 candidate runs" in out and rc == EXIT_CODES_VAL[r["verdict"]]
     assert [run["role"] for run in r["coverage"]["runs"]].count("candidate") == 2
+
+
+def test_a_diverged_candidate_replicate_makes_the_group_diverged_and_is_named(tmp_path):
+    curves, per_batch = _runs(np.random.default_rng(9), k=3, spread=1e-4, offset=0.0, batch_sd=0.002)
+    paths = []
+    for i, (c, pb) in enumerate(zip(curves, per_batch)):
+        paths.append(tmp_path / f"run{i}.jsonl")
+        _write(paths[-1], c, pb)
+    _write(tmp_path / "nan.jsonl", curves[-1], per_batch[-1], nan_at=900)
+    r = compare_paths(paths[:2], paths[2], metric="val_loss", candidate_replicates=[paths[3], tmp_path / "nan.jsonl"])
+    assert r["verdict"] == "diverged" and r["divergence"]["step"] == 900
+    assert r["divergence"]["source"].endswith("nan.jsonl")

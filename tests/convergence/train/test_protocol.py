@@ -66,6 +66,8 @@ def test_protocol_folder_grows_its_replicates_and_keeps_the_runs_made(tmp_path):
     assert pr.load_plan(tmp_path) == more
     with pytest.raises(Exception, match="lr"):
         pr.open_protocol(dataclasses.replace(more, overrides=(("lr", 0.01),)), tmp_path)
+    assert "control mxfp8-head -> mxfp8-e2m1" in pr.open_protocol(dataclasses.replace(more, control="mxfp8-e2m1"),
+                                                                  tmp_path)
 
 
 def test_protocol_run_commands_reproduce_the_runs_it_makes():

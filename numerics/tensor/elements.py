@@ -57,7 +57,7 @@ class ElementFormat:
 E4M3 = ElementFormat("e4m3", 4, 3, 7, 8, 448.0, False, 0x7F)
 # E5M2: S.EEEEE.MM, bias 15, IEEE-style; largest normal 1.75 * 2^15 = 57344; 0x7E is a quiet NaN.
 E5M2 = ElementFormat("e5m2", 5, 2, 15, 15, 57344.0, True, 0x7E)
-# E2M1 (MXFP4's element, spec section 5.3.3): S.EE.M, bias 1; 0.5 is its only subnormal, 6 = 1.5 * 2^2 the largest.
+# E2M1 (MXFP4's element in the spec): S.EE.M, bias 1; 0.5 is its only subnormal, 6 = 1.5 * 2^2 the largest.
 E2M1 = ElementFormat("e2m1", 2, 1, 1, 2, 6.0, False, 0x0, has_nan=False)
 ELEMENTS = {"e4m3": E4M3, "e5m2": E5M2, "e2m1": E2M1}
 

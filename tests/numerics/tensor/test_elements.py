@@ -29,7 +29,7 @@ def test_elements_decode_every_code_matches_ml_dtypes(elem):
 
 
 def test_elements_e2m1_by_hand():
-    """E2M1 (OCP MX v1.0 section 5.3.3): 0, 0.5 (the one subnormal), 1, 1.5, 2, 3, 4, 6; no Inf, no NaN, so
+    """E2M1 (MXFP4's element, OCP MX v1.0): 0, 0.5 (the one subnormal), 1, 1.5, 2, 3, 4, 6; no Inf, no NaN, so
     conversion saturates; ties go to the even code (2.5 -> 2, 5 -> 4, 0.25 -> 0, 0.75 -> 1); bit 3 is the sign;
     codes beyond 4 bits are not E2M1 codes."""
     fmt = elements.ELEMENTS["e2m1"]

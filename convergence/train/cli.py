@@ -75,7 +75,7 @@ def config_from_args(args) -> TrainConfig:
                        device=args.device, data=spec, ep=args.ep or 0, ep_backend=args.ep_backend,
                        deterministic=args.deterministic, mxfp8_kernel=args.mxfp8_kernel,
                        data_seed=args.data_seed, row_order=args.row_order,
-                       activation_checkpointing=checkpointing, **d)
+                       activation_checkpointing=checkpointing, phase_times=args.phase_times, **d)
 
 
 class _RankParser(ArgumentParser):
@@ -114,6 +114,9 @@ def train_parser() -> ArgumentParser:
     p.add_argument("--ep-backend", default="reference",
                    help="reference (all-to-all), deepep (V1 Buffer) or deepep-v2 (numerics.ep.backends)")
     p.add_argument("--deterministic", action="store_true", help="deterministic algorithms, fixed seeds")
+    p.add_argument("--phase-times", action="store_true",
+                   help="log each step's forward, backward and optimizer seconds (phase_s); on a GPU the step "
+                   "waits for its kernels between phases, so tokens/s drops a little")
     p.add_argument("--activation-checkpointing", action=argparse.BooleanOptionalAction, default=None,
                    help="keep only each block's input and recompute the block in backward (same bits, less "
                    "memory, ~1/3 more compute); default: on for 16b, off otherwise")

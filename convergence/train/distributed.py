@@ -194,6 +194,12 @@ class Distributed(Single):
             dist.all_reduce(t, op=dist.ReduceOp.MAX)  # rank 0's clock is not the others'
         return bool(t)
 
+    def max(self, values: list[float]) -> list[float]:
+        t = torch.tensor(values, dtype=torch.float64, device=self.device)
+        if self.world > 1:
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return [float(v) for v in t]
+
     def comm_seconds(self) -> float:
         return self.timer.take()
 

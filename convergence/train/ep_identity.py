@@ -5,16 +5,16 @@ Two claims of the suite are checked with it: DeepEP changes speed, not results (
 emulated`` and ``fast``). Both need ``--deterministic`` runs; the report shows each side's backend, kernel
 and whether it was deterministic.
 
-Public: ``TIMING_FIELDS``, ``compare_runs(a, b, recipes=None) -> dict``, ``report(result) -> str``.
+Public: ``compare_runs(a, b, recipes=None) -> dict``, ``report(result) -> str``.
 
-Each argument is a run directory (``OUT`` of ``convergence train``, holding ``<recipe>/metrics.jsonl``)
-or one ``metrics.jsonl``. Every record's fields are compared for equality except ``TIMING_FIELDS``
-(wall time and what derives from it); JSON floats are written with ``repr``, so equal values are equal
-bits. The report names the compared fields, the first differing step and field (value in A and in B),
-and, from the same run, each side's median tokens/s and share of step time in dispatch/combine
-(steps after the first ``WARMUP``). Exit 0 identical, 1 different, 2 bad input. ``--json`` writes the
-result with versions and hardware, in the shape kept under ``golden/training/``; an existing file is
-never overwritten without ``--force``.
+Each argument is a run directory (``OUT`` of ``convergence train``, holding ``<recipe>/metrics.jsonl``) or one
+``metrics.jsonl``. Every record's fields are compared for equality except
+``convergence.train.loop.MEASURED_FIELDS`` (wall time, memory, and what derives from them); JSON floats are
+written with ``repr``, so equal values are equal bits. The report names the compared fields, the first
+differing step and field (value in A and in B), and, from the same run, each side's median tokens/s and share
+of step time in dispatch/combine (steps after the first ``WARMUP``). Exit 0 identical, 1 different, 2 bad
+input. ``--json`` writes the result with versions and hardware, in the shape kept under ``golden/training/``;
+an existing file is never overwritten without ``--force``.
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ import statistics
 from collections.abc import Sequence
 from pathlib import Path
 
+from convergence.train.loop import MEASURED_FIELDS
 from numerics.errors import BadInput
 
-TIMING_FIELDS = ("tokens_per_s", "dispatch_combine_s", "dispatch_combine_share")
 WARMUP = 2  # first steps left out of the speed medians (allocator and communicator warm-up)
 
 
@@ -90,7 +90,7 @@ def _speed(recs: list[dict]) -> dict:
 def first_difference(a: list[dict], b: list[dict]) -> dict | None:
     for i, (ra, rb) in enumerate(zip(a, b)):
         for key in sorted(set(ra) | set(rb)):
-            if key in TIMING_FIELDS:
+            if key in MEASURED_FIELDS:
                 continue
             if ra.get(key, "<absent>") != rb.get(key, "<absent>"):
                 return {"step": ra.get("step", i + 1), "field": key, "a": ra.get(key, "<absent>"),
@@ -109,12 +109,12 @@ def compare_runs(a: Path, b: Path, recipes: Sequence[str] | None = None) -> dict
         pairs = [(na if na != "run" else nb, pa, pb)]
     else:
         raise BadInput(f"the runs hold different recipes: {', '.join(runs_a)} vs {', '.join(runs_b)}")
-    result: dict = {"a": str(a), "b": str(b), "excluded_fields": list(TIMING_FIELDS), "recipes": {}}
+    result: dict = {"a": str(a), "b": str(b), "excluded_fields": list(MEASURED_FIELDS), "recipes": {}}
     fields: set[str] = set()
     for name, pa, pb in pairs:
         ra, rb = _records(pa), _records(pb)
         for r in ra + rb:
-            fields.update(k for k in r if k not in TIMING_FIELDS)
+            fields.update(k for k in r if k not in MEASURED_FIELDS)
         diff = first_difference(ra, rb)
         result["recipes"][name] = {
             "steps": [len(ra), len(rb)], "identical": diff is None, "first_difference": diff,

@@ -20,8 +20,9 @@ What a run is:
 * AdamW (beta 0.9/0.95, weight decay on matrices only), linear warmup then cosine decay to 10 % of the
   peak learning rate, gradient-norm clipping;
 * outputs under ``OUT/<recipe>/``: ``metrics.jsonl`` (one line per step: step, loss, grad_norm, lr,
-  tokens, tokens_per_s, expert_load_max_share per MoE layer; every ``val_every`` steps val_loss,
-  val_loss_se and val_batch_losses),
+  tokens, tokens_per_s, expert_load_max_share per MoE layer, host_peak_gib and on a GPU gpu_peak_gib (the
+  run's peak so far, the largest rank's), with ``phase_times`` phase_s (forward / backward / optimizer);
+  every ``val_every`` steps val_loss, val_loss_se and val_batch_losses),
   ``probes.jsonl`` (every ``probe_every`` steps), ``config.json`` (run config, recipe, versions),
   ``checkpoint.pt`` (every ``ckpt_every`` steps and at the end; never with ``ckpt_every=0``); then
   ``OUT/verdict.json`` and ``OUT/curves.png`` from the curve comparison;
@@ -84,6 +85,7 @@ class TrainConfig:
     data_seed: int | None = None  # order of the training windows; None: ``seed`` (what every run did before)
     row_order: int | None = None  # None: batch rows as drawn; N: permuted by (N, step), a benign reduction order
     activation_checkpointing: bool = False  # blocks recomputed in backward (the CLI turns it on for 16b)
+    phase_times: bool = False  # time forward / backward / optimizer apart (synchronizes between them on a GPU)
 
     @property
     def order_seed(self) -> int:
@@ -94,6 +96,7 @@ class TrainConfig:
         """What must match for --resume to continue a run (everything that shapes the curve)."""
         d = dataclasses.asdict(self)
         d.pop("recipes")
+        d.pop("phase_times")  # a measurement, not the curve
         return d
 
 
@@ -213,6 +216,46 @@ def _progress(recipe: str, step: int, total: int, loss: float, tps: float) -> No
     sys.stderr.flush()
 
 
+# what the machine measured (time, memory) rather than what the run computed: two runs with the same
+# arithmetic differ only here (ep-identity, the resume and kernel identity tests compare everything else)
+MEASURED_FIELDS = ("tokens_per_s", "dispatch_combine_s", "dispatch_combine_share", "host_peak_gib", "gpu_peak_gib",
+                   "phase_s")
+
+
+def computed(record: dict) -> dict:
+    """A metrics record without its ``MEASURED_FIELDS``: the part two identical runs share bit for bit."""
+    return {k: v for k, v in record.items() if k not in MEASURED_FIELDS}
+
+
+class _PhaseClock:
+    """Seconds of each phase of a step, when ``device`` is given (None: nothing is timed or synchronized):
+    on a GPU each mark waits for the queued work, so a phase is charged for its own kernels."""
+
+    def __init__(self, device: torch.device | None):
+        self.device, self.spans = device, {}
+        self._last = time.perf_counter()
+
+    def mark(self, name: str) -> None:
+        if self.device is None:
+            return
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        now = time.perf_counter()
+        self.spans[name], self._last = now - self._last, now
+
+
+def _peak_memory(device: torch.device, place) -> dict:
+    """The run's peak so far, the largest over ranks: GPU memory PyTorch allocated (on CUDA) and the process's
+    resident host memory (Linux ru_maxrss, KiB), in GiB."""
+    import resource
+
+    host = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    if device.type != "cuda":
+        return {"host_peak_gib": place.max([host])[0]}
+    gpu, host = place.max([torch.cuda.max_memory_allocated(device) / 2**30, host])
+    return {"gpu_peak_gib": gpu, "host_peak_gib": host}
+
+
 def train_recipe(cfg: TrainConfig, recipe_name: str, run_dir: Path, tokens: data_mod.TokenData, *,
                  place: Single | None = None, resume: bool, progress: bool = True,
                  stop_after_s: float | None = None) -> bool:
@@ -252,15 +295,19 @@ def train_recipe(cfg: TrainConfig, recipe_name: str, run_dir: Path, tokens: data
             torch.cuda.synchronize()
         place.comm_seconds()  # start this step's dispatch / combine clock
         t0 = time.perf_counter()
+        clock = _PhaseClock(device if cfg.phase_times else None)
         batch = batches.batch_at(step)
         loss = loss_of(model, place.rows(batch), device)
+        clock.mark("forward")
         loss.backward()
         place.scale_expert_grads(experts)
         grad_norm = place.clip(params, cfg.grad_clip)
+        clock.mark("backward")
         lr = sched.get_last_lr()[0]
         opt.step()
         sched.step()
         opt.zero_grad(set_to_none=True)
+        clock.mark("optimizer")
         place.sum_counts([m.tokens_per_expert for _, m in moe_layers])
         shares = {f"layer{i}": m.end_step(coeff) for i, m in moe_layers}
         loss_f = place.mean(loss)
@@ -272,7 +319,9 @@ def train_recipe(cfg: TrainConfig, recipe_name: str, run_dir: Path, tokens: data
             "step": done, "loss": loss_f, "grad_norm": float(grad_norm), "lr": lr,
             "tokens": done * cfg.batch * cfg.seq, "tokens_per_s": cfg.batch * cfg.seq / dt,
             "expert_load_max_share": shares,
-        }
+        } | _peak_memory(device, place)
+        if cfg.phase_times:  # the slowest rank's, each phase
+            rec["phase_s"] = dict(zip(clock.spans, place.max(list(clock.spans.values()))))
         comm = place.comm_seconds()
         if comm is not None:
             rec |= {"dispatch_combine_s": comm, "dispatch_combine_share": comm / dt}

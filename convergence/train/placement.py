@@ -91,6 +91,10 @@ class Single:
         """Whether any rank's flag is set (clocks differ between ranks)."""
         return flag
 
+    def max(self, values: list[float]) -> list[float]:
+        """Each value's largest over ranks (peak memory, a phase's seconds)."""
+        return list(values)
+
     def comm_seconds(self) -> float | None:
         """Seconds spent in dispatch / combine since the last call; None without expert parallelism."""
         return None

@@ -107,11 +107,15 @@ def test_ep2_rerun_is_bit_identical(ep2_run, common, tmp_path):
 def test_ep2_with_activation_checkpointing_is_bit_identical(ep2_run, common, tmp_path):
     """FSDP2 + EP with every block recomputed in backward (the 16B's default, issue #19): the same bits in
     every metric, expert load included (the recompute's dispatch must not count tokens twice)."""
-    r = torchrun(2, [*common, "--out", str(tmp_path), "--ep", "2", "--deterministic", "--activation-checkpointing"])
+    r = torchrun(2, [*common, "--out", str(tmp_path), "--ep", "2", "--deterministic", "--activation-checkpointing",
+                     "--phase-times"])
     assert r.returncode == 0, r.stderr[-3000:]
     assert json.loads((tmp_path / "bf16" / "config.json").read_text())["train"]["activation_checkpointing"]
     result = compare_runs(ep2_run, tmp_path)
     assert result["identical"], result["recipes"]["bf16"]["first_difference"]
+    # the measurements (the slowest rank's phases, the largest rank's peak) are logged, outside the comparison
+    rec = _records(tmp_path / "bf16" / "metrics.jsonl")[-1]
+    assert set(rec["phase_s"]) == {"forward", "backward", "optimizer"} and rec["host_peak_gib"] > 0
 
 
 def test_ep2_matches_single_process_within_tolerance(ep2_run, single_run):

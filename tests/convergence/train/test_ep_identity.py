@@ -6,7 +6,8 @@ import json
 from pathlib import Path
 
 from convergence.__main__ import main as convergence_main
-from convergence.train.ep_identity import TIMING_FIELDS, compare_runs
+from convergence.train.ep_identity import compare_runs
+from convergence.train.loop import MEASURED_FIELDS
 
 
 def _run(root: Path, backend: str, losses: list[float], tps: float) -> Path:
@@ -29,7 +30,7 @@ def test_ep_identity_ignores_only_timing_fields(tmp_path, capsys):
     assert "IDENTICAL" in text and "compared fields: expert_load_max_share, grad_norm, loss, step" in text
     assert "tokens/s B / A: 1.500" in text  # medians after the warm-up steps, from the same files
     result = json.loads(out.read_text())
-    assert result["identical"] and result["excluded_fields"] == list(TIMING_FIELDS)
+    assert result["identical"] and result["excluded_fields"] == list(MEASURED_FIELDS)
     assert "environment" in result and result["recipes"]["bf16"]["b"]["ep_backend"] == "deepep"
 
 

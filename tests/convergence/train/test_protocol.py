@@ -11,6 +11,7 @@ import pytest
 from convergence.__main__ import main as convergence_main
 from convergence.train import protocol as pr
 from convergence.train.cli import config_from_args, train_parser
+from convergence.train.loop import computed
 
 
 def test_protocol_pairs_the_candidate_and_the_control_and_varies_one_thing_per_replicate():
@@ -162,7 +163,7 @@ def test_pieces_resume_a_stopped_run_bit_identically(tmp_path):
     assert set(pieces.execute(plan, split, progress=False).values()) == {"done"}
 
     def curve(root, s):
-        return [{k: v for k, v in r.items() if k != "tokens_per_s"}
+        return [computed(r)
                 for r in map(json.loads, pr.metrics_path(root, s).read_text().splitlines())]
 
     for s in plan.runs():
@@ -261,5 +262,5 @@ def test_protocol_in_worker_processes_matches_one_process(tmp_path):
     assert set(pieces.execute(plan, two, slots=2, progress=False).values()) == {"done"}
     for s in plan.runs():
         a, b = (pr.metrics_path(root, s).read_text().splitlines() for root in (one, two))
-        strip = [{k: v for k, v in json.loads(line).items() if k != "tokens_per_s"} for line in a]
-        assert strip == [{k: v for k, v in json.loads(line).items() if k != "tokens_per_s"} for line in b], s.name
+        strip = [computed(json.loads(line)) for line in a]
+        assert strip == [computed(json.loads(line)) for line in b], s.name

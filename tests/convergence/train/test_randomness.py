@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from convergence.train import data as data_mod
-from convergence.train.loop import TrainConfig, build_model, defaults_for, fingerprint, train_recipe
+from convergence.train.loop import TrainConfig, build_model, computed, defaults_for, fingerprint, train_recipe
 
 STEPS = 3
 
@@ -32,7 +32,7 @@ def _run(tmp_path, tokens, name: str, steps: int = STEPS, **kw) -> tuple[list[di
         torch.set_num_threads(threads)
     recs = [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
     state = torch.load(tmp_path / name / "checkpoint.pt", weights_only=False)["model"]
-    return [{k: v for k, v in r.items() if k != "tokens_per_s"} for r in recs], state
+    return [computed(r) for r in recs], state
 
 
 def test_data_seed_by_default_follows_seed_so_earlier_runs_are_unchanged_bit_for_bit(tmp_path, tokens):

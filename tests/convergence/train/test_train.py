@@ -18,7 +18,7 @@ from filelock import FileLock
 
 from convergence.__main__ import main as convergence_main
 from convergence.train.checkpoint import load_checkpoint
-from convergence.train.loop import TrainConfig, defaults_for, lr_at, run
+from convergence.train.loop import TrainConfig, computed, defaults_for, lr_at, run
 from numerics.tolerances import floor
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -154,7 +154,7 @@ def test_resume_after_kill_is_bit_identical(tmp_path):
     assert done.returncode == 0, done.stderr.decode()[-2000:]
 
     def curve(d):
-        return [{k: v for k, v in r.items() if k != "tokens_per_s"}
+        return [computed(r)
                 for r in _records(d / "mxfp8" / "metrics.jsonl")]
 
     assert curve(tmp_path / "ref") == curve(tmp_path / "run")
@@ -326,7 +326,7 @@ def test_fast_kernel_trains_bit_identically_to_emulated(tmp_path):
     for kernel in ("emulated", "fast"):
         cfg = TrainConfig(model="tiny", recipes=("mxfp8",), steps=2, mxfp8_kernel=kernel, **d)
         run(cfg, tmp_path / kernel, progress=False)
-        metrics[kernel] = [{k: v for k, v in r.items() if k != "tokens_per_s"}
+        metrics[kernel] = [computed(r)
                            for r in _records(tmp_path / kernel / "mxfp8" / "metrics.jsonl")]
         assert json.loads((tmp_path / kernel / "mxfp8" / "config.json").read_text())["recipe"]["kernel"] == kernel
     assert len(metrics["fast"]) == 2 and "val_loss" in metrics["fast"][-1]
@@ -348,7 +348,7 @@ def test_emulated_mxfp8_is_identical_in_two_fresh_processes(tmp_path):
     for _, p in runs:
         _, err = p.communicate(timeout=180)
         assert p.returncode == 0, err.decode()[-2000:]
-    curves = [[{k: v for k, v in r.items() if k != "tokens_per_s"} for r in _records(out / "mxfp8" / "metrics.jsonl")]
+    curves = [[computed(r) for r in _records(out / "mxfp8" / "metrics.jsonl")]
               for out, _ in runs]
     assert len(curves[0]) == 4 and "val_loss" in curves[0][-1]
     assert curves[0] == curves[1]
@@ -372,3 +372,24 @@ def test_deterministic_flag_holds_for_the_run_on_one_process_and_is_restored(tmp
             progress=False)
         assert seen and all(s == (flag or before) for s in seen), (flag, seen)
         assert torch.are_deterministic_algorithms_enabled() == before
+
+
+def test_phase_times_and_peak_memory_are_measured_and_change_no_computed_bit(tmp_path):
+    """Issue #19 asks where a step's time goes and how much memory it takes: every record has the run's peak
+    host memory (and GPU memory on a GPU), and --phase-times adds forward / backward / optimizer seconds that
+    fit inside the step; none of it changes the curve, which is bit-identical without them."""
+    args = ["train", "--model", "tiny", "--recipe", "bf16", "--steps", "3", "--batch", "4", "--seq", "32",
+            "--val-every", "3", "--val-batches", "1", "--threads", "1"]
+    assert convergence_main([*args, "--out", str(tmp_path / "plain")]) == 0
+    assert convergence_main([*args, "--out", str(tmp_path / "timed"), "--phase-times"]) == 0
+    plain, timed = (_records(tmp_path / d / "bf16" / "metrics.jsonl") for d in ("plain", "timed"))
+    assert [computed(r) for r in plain] == [computed(r) for r in timed]
+    assert "phase_s" not in plain[0] and "gpu_peak_gib" not in plain[0]  # a CPU run has no GPU figure
+    hosts = [r["host_peak_gib"] for r in timed]
+    assert 0 < hosts[0] <= hosts[-1] < 1024  # a peak: it never falls
+    for r in timed:
+        phases = r["phase_s"]
+        assert set(phases) == {"forward", "backward", "optimizer"} and all(v > 0 for v in phases.values())
+        step_s = 4 * 32 / r["tokens_per_s"]
+        assert sum(phases.values()) <= step_s * 1.001  # the phases are parts of the timed step
+    assert json.loads((tmp_path / "timed" / "bf16" / "config.json").read_text())["train"]["phase_times"] is True

@@ -19,7 +19,7 @@ import torch
 
 from convergence.curves.compare import EXIT_CODES
 from convergence.train import data as data_mod
-from convergence.train.loop import TrainConfig, defaults_for, run
+from convergence.train.loop import REAL_VOCAB_MODELS, TrainConfig, defaults_for, run
 from numerics.cli import EXIT_BAD_INPUT, ArgumentParser, CLIError
 from numerics.errors import BadInput
 from numerics.files import atomic_write, check_writable
@@ -69,7 +69,9 @@ def config_from_args(args) -> TrainConfig:
         v = getattr(args, flag)
         if v is not None and v < 0:
             raise CLIError(f"--{flag.replace('_', '-')} must be >= 0, got {v}")
-    spec = data_mod.DataSpec(path=args.data, tokenizer=args.tokenizer, bin_dtype=args.data_dtype)
+    tokenizer = args.tokenizer or ("bpe" if args.model in REAL_VOCAB_MODELS else "byte")
+    bpe_vocab = CONFIGS[args.model]().vocab_size if args.model in REAL_VOCAB_MODELS else data_mod.DataSpec.bpe_vocab
+    spec = data_mod.DataSpec(path=args.data, tokenizer=tokenizer, bpe_vocab=bpe_vocab, bin_dtype=args.data_dtype)
     checkpointing = args.model == "16b" if args.activation_checkpointing is None else args.activation_checkpointing
     return TrainConfig(model=args.model, recipes=recipes, steps=args.steps, seed=args.seed,
                        device=args.device, data=spec, ep=args.ep or 0, ep_backend=args.ep_backend,
@@ -103,7 +105,10 @@ def train_parser() -> ArgumentParser:
     p.add_argument("--force", action="store_true", help="overwrite the runs in --out")
     p.add_argument("--data", help="text / .jsonl / .parquet / pre-tokenized .bin (default: Python stdlib)")
     p.add_argument("--data-dtype", default="uint16", help="token dtype of a .bin: uint16 or uint32")
-    p.add_argument("--tokenizer", default="byte", help="byte (default) or bpe")
+    p.add_argument("--tokenizer", default=None, choices=["byte", "bpe"],
+                   help="byte, or a byte-level BPE trained on the data's train split and cached (pip install "
+                   "'mxval[bpe]'); default: bpe for 16b (as many ids as the model's 102,400 rows the corpus "
+                   "yields), byte otherwise")
     for key in defaults_for("tiny"):
         p.add_argument(f"--{key.replace('_', '-')}", type=float if key == "lr" else int, default=None)
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")

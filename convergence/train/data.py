@@ -142,7 +142,8 @@ def bpe_tokenizer(train_docs: list[str], vocab_size: int, cache_dir: Path) -> _B
     try:
         from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     except ImportError:
-        raise BadInput("--tokenizer bpe needs the tokenizers package: pip install 'mxval[bpe]'") from None
+        raise BadInput("the BPE tokenizer (--tokenizer bpe, the 16b's default) needs the tokenizers package: "
+                       "pip install 'mxval[bpe]', or pass --tokenizer byte") from None
     h = hashlib.sha256()
     for d in train_docs:
         h.update(d.encode())

@@ -72,3 +72,26 @@ def test_bpe_is_trained_once_and_cached(tmp_path):
     b = load_tokens(spec)
     assert cached[0].stat().st_mtime_ns == mtime and np.array_equal(a.train, b.train)
     assert len(a.train) < 0.5 * len("the quick brown fox jumps over the lazy dog\n" * 400)
+
+
+def test_the_16b_tokenizes_with_bpe_by_default_and_says_how_to_do_without(monkeypatch, tmp_path, capsys):
+    """Issue #19: the 16b trains on a BPE tokenizer (as many ids as its 102,400 rows the corpus yields) unless
+    --tokenizer says otherwise; other models keep bytes. Without the tokenizers package the default is one line
+    naming both ways out, exit 2, before any model is built."""
+    import sys
+
+    from convergence.__main__ import main as convergence_main
+    from convergence.train.cli import config_from_args, train_parser
+
+    def spec(*argv):
+        return config_from_args(train_parser().parse_args(["--steps", "1", "--out", str(tmp_path), *argv])).data
+
+    assert (spec("--model", "16b").tokenizer, spec("--model", "16b").bpe_vocab) == ("bpe", 102400)
+    assert spec("--model", "16b", "--tokenizer", "byte").tokenizer == "byte"
+    assert spec("--model", "proxy").tokenizer == "byte"
+    assert spec("--model", "tiny", "--tokenizer", "bpe").bpe_vocab == 4096
+    monkeypatch.setitem(sys.modules, "tokenizers", None)  # import fails as if it were not installed
+    rc = convergence_main(["train", "--model", "16b", "--steps", "1", "--out", str(tmp_path / "run")])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and "mxval[bpe]" in err and "--tokenizer byte" in err
+    assert not (tmp_path / "run").exists() or not any((tmp_path / "run").iterdir())  # nothing written

@@ -64,7 +64,7 @@ def config_from_args(args) -> TrainConfig:
                 raise CLIError(f"--{key.replace('_', '-')} must be > 0, got {v}")
             d[key] = v
     if args.ep is not None and args.probe_every is None:
-        d["probe_every"] = 0  # probes are single-process only
+        d["probe_every"] = 0  # with --ep, probes only when asked for: each costs every rank a step's work
     for flag in ("seed", "data_seed", "row_order"):
         v = getattr(args, flag)
         if v is not None and v < 0:

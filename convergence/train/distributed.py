@@ -71,8 +71,6 @@ def check_request(cfg, world: int) -> None:
     if cfg.batch % cfg.ep:
         raise BadInput(f"--batch {cfg.batch} must be divisible by --ep {cfg.ep} (each rank takes an equal "
                        "share of the rows)")
-    if cfg.probe_every:
-        raise BadInput("--probe-every is single-process only; drop it (or pass 0) with --ep")
     if cfg.ep_backend in DEEPEP and cfg.device != "cuda":
         raise BadInput(f"--ep-backend {cfg.ep_backend} needs --device cuda (DeepEP runs on NVLink-connected GPUs)")
     try:

@@ -331,9 +331,12 @@ def train_recipe(cfg: TrainConfig, recipe_name: str, run_dir: Path, tokens: data
             rec["diverged"] = True
         if place.writer:
             metrics.append(rec)
-        if cfg.probe_every and done % cfg.probe_every == 0:
-            probe_log.append({"step": done} | probes_mod.probe(model, batch, recipe=recipe, device=device,
-                                                                kernel=applied.get("kernel")))
+        if cfg.probe_every and done % cfg.probe_every == 0:  # every rank probes (collectives); rank 0 writes its own
+            probed = probes_mod.probe(model, place.rows(batch), recipe=recipe, device=device,
+                                      kernel=applied.get("kernel"))
+            if place.writer:
+                probe_log.append({"step": done} | probed | ({"rank": 0, "ranks": place.world} if place.world > 1
+                                                            else {}))
         out_of_time = place.any(stop_after_s is not None and time.monotonic() - t_start > stop_after_s)
         if cfg.ckpt_every and (done % cfg.ckpt_every == 0 or done == cfg.steps or out_of_time
                                or not math.isfinite(loss_f)):

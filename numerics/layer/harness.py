@@ -245,11 +245,13 @@ def run_suite(s: LayerSuite, *, device="cpu", recipes=RECIPES, kernel: str | Non
 # ---------------------------------------------------------------- one module, BF16 against MXFP8 (probes)
 
 def _plain_copy(module: nn.Module, device: torch.device) -> nn.Module:
-    """A copy with plain FP32 parameters on ``device``, no gradients and no MXFP8 op."""
+    """A copy with plain FP32 parameters on ``device``, no gradients and no MXFP8 op. A parameter sharded by
+    FSDP2 (a DTensor) is gathered whole: a collective, so every rank must copy the same modules in order."""
     twin = copy.deepcopy(module)
     for sub in twin.modules():
         for name, p in list(sub.named_parameters(recurse=False)):
-            setattr(sub, name, nn.Parameter(p.detach().float().to(device)))
+            whole = p.full_tensor() if callable(getattr(p, "full_tensor", None)) else p
+            setattr(sub, name, nn.Parameter(whole.detach().float().to(device)))
         if hasattr(sub, "mxfp8_op"):
             sub.mxfp8_op = None
     return twin

@@ -199,7 +199,15 @@ def test_mxfp8_ep2_trains(corpus, tmp_path):
     32, which torchao's grouped GEMM needs; EPDispatch pads them (see ep_dispatch.ROW_ALIGN)."""
     args = ["--model", "tiny", "--recipe", "mxfp8", "--steps", "2", "--val-every", "2", "--val-batches", "1",
             "--threads", "1", "--data", str(corpus)]
-    r = torchrun(2, [*args, "--out", str(tmp_path), "--ep", "2"])
+    r = torchrun(2, [*args, "--out", str(tmp_path), "--ep", "2", "--probe-every", "2"])
     assert r.returncode == 0, r.stderr[-3000:]
     recs = _records(tmp_path / "mxfp8" / "metrics.jsonl")
     assert len(recs) == 2 and all(5.0 < x["loss"] < 6.0 for x in recs)  # ln 256 = 5.55 at the start
+    # probes under FSDP2 + EP (issue #19): every rank probes, rank 0 writes once, sharded dense weights gathered
+    (probe,) = _records(tmp_path / "mxfp8" / "probes.jsonl")
+    assert probe["step"] == 2 and (probe["rank"], probe["ranks"]) == (0, 2)
+    layers = probe["layers"]
+    assert any("attention" in f for f in layers) and any("experts" in f for f in layers), sorted(layers)
+    # MXFP8 against BF16 on the layer's own inputs: E4M3 gives ~28 dB on Gaussian data; 15 dB is far below
+    # any healthy layer and far above a layer run on wrong (e.g. shard-sized) weights, which would not run
+    assert all(15 < v < 60 for rec in layers.values() for v in rec.values()), layers

@@ -26,7 +26,8 @@ One process per rank, ``N = --ep = WORLD_SIZE`` (1, 2, 4, 8; gloo on CPUs, NCCL 
   (``dist_checkpoint``), resumable with ``--resume`` on the same N;
 * ``--deterministic``: ``placement.deterministic_mode`` (as on one process), seeds fixed; DeepEP's calls run
   with ``fill_uninitialized_memory`` off (DeepEP issue #589, see numerics.ep.deepep).
-Probes (per-layer BF16 vs MXFP8 side runs) are single-process only.
+Probes (per-layer BF16 vs MXFP8 side runs) run on every rank (FSDP2-sharded weights gathered whole for the
+layer's twin); rank 0 writes its own rows' and experts' figures.
 """
 
 from __future__ import annotations

@@ -108,7 +108,6 @@ def test_check_request_ep_must_divide_experts(monkeypatch):
 @pytest.mark.parametrize(("kw", "match"), [
     ({"batch": 7}, "--batch 7 must be divisible by --ep 2"),
     ({"ep_backend": "nccl"}, "unknown backend 'nccl'"),
-    ({"probe_every": 5}, "single-process only"),
     ({"ep_backend": "deepep", "device": "cpu"}, "needs --device cuda"),
     ({"ep": 3}, "--ep must be 1, 2, 4 or 8"),
     ({"ep": 4, "world": 2}, "--ep 4 needs 4 processes but the world size is 2"),
@@ -117,6 +116,11 @@ def test_check_request_bad_input(kw, match):
     world = kw.pop("world", kw.get("ep", 2))
     with pytest.raises(BadInput, match=match):
         distributed.check_request(_cfg(**kw), world=world)
+
+
+def test_check_request_takes_probes_with_expert_parallelism():
+    """Probes were refused with --ep until issue #19 (every rank probes now; test_distributed runs them)."""
+    distributed.check_request(_cfg(probe_every=5), world=2)
 
 
 @pytest.mark.skipif(importlib.util.find_spec("deep_ep") is not None, reason="deep_ep is importable here")

@@ -38,6 +38,7 @@ import hashlib
 import json
 import math
 import os
+import resource
 import shutil
 import sys
 import time
@@ -247,8 +248,6 @@ class _PhaseClock:
 def _peak_memory(device: torch.device, place) -> dict:
     """The run's peak so far, the largest over ranks: GPU memory PyTorch allocated (on CUDA) and the process's
     resident host memory (Linux ru_maxrss, KiB), in GiB."""
-    import resource
-
     host = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
     if device.type != "cuda":
         return {"host_peak_gib": place.max([host])[0]}

@@ -129,12 +129,17 @@ def _write(path, curve: Curve, per_batch: dict | None, *, nan_at: int | None = N
                 break
 
 
+def _write_runs(tmp_path, curves, per_batch=None) -> list:
+    """Each run as ``run<i>.jsonl`` in ``tmp_path`` (per-batch validation losses when given); their paths."""
+    paths = [tmp_path / f"run{i}.jsonl" for i in range(len(curves))]
+    for path, c, pb in zip(paths, curves, per_batch or [None] * len(curves)):
+        _write(path, c, pb)
+    return paths
+
+
 def test_compare_paths_val_loss_reads_per_batch_losses_and_judges_divergence_on_training_loss(tmp_path):
     curves, per_batch = _runs(np.random.default_rng(5), k=3, spread=1e-4, offset=0.0, batch_sd=0.002)
-    paths = []
-    for i, (c, pb) in enumerate(zip(curves, per_batch)):
-        paths.append(tmp_path / f"run{i}.jsonl")
-        _write(paths[-1], c, pb)
+    paths = _write_runs(tmp_path, curves, per_batch)
     r = compare_paths(paths[:-1], paths[-1], metric="val_loss")
     assert r["metric"] == "val_loss" and r["final_window"]["se_set"] > 0
     _write(tmp_path / "nan.jsonl", curves[-1], per_batch[-1], nan_at=700)
@@ -144,10 +149,7 @@ def test_compare_paths_val_loss_reads_per_batch_losses_and_judges_divergence_on_
 
 def test_compare_cli_val_loss_prints_the_resolution_on_the_verdict_line(tmp_path, capsys):
     curves, _ = _runs(np.random.default_rng(6), k=3, spread=2e-4, offset=0.01)
-    paths = []
-    for i, c in enumerate(curves):
-        paths.append(tmp_path / f"run{i}.jsonl")
-        _write(paths[-1], c, None)
+    paths = _write_runs(tmp_path, curves)
     rc = compare_main([str(paths[0]), str(paths[-1]), "--baseline", str(paths[1]), "--baseline", str(paths[2]),
                        "--metric", "val_loss", "--json", str(tmp_path / "v.json")])
     first = capsys.readouterr().out.splitlines()[0]
@@ -232,10 +234,7 @@ def test_candidate_replicates_only_on_validation_loss():
 def test_compare_cli_takes_candidate_replicates_and_their_per_batch_losses(tmp_path, capsys):
     rng = np.random.default_rng(8)
     curves, per_batch = _runs(rng, k=4, spread=2e-4, offset=0.0, batch_sd=0.002)
-    paths = []
-    for i, (c, pb) in enumerate(zip(curves, per_batch)):
-        paths.append(tmp_path / f"run{i}.jsonl")
-        _write(paths[-1], c, pb)
+    paths = _write_runs(tmp_path, curves, per_batch)
     rc = compare_main([str(paths[0]), str(paths[3]), "--baseline", str(paths[1]), "--baseline", str(paths[2]),
                        "--candidate-replicate", str(paths[4]), "--metric", "val_loss",
                        "--json", str(tmp_path / "v.json")])
@@ -248,10 +247,7 @@ def test_compare_cli_takes_candidate_replicates_and_their_per_batch_losses(tmp_p
 
 def test_a_diverged_candidate_replicate_makes_the_group_diverged_and_is_named(tmp_path):
     curves, per_batch = _runs(np.random.default_rng(9), k=3, spread=1e-4, offset=0.0, batch_sd=0.002)
-    paths = []
-    for i, (c, pb) in enumerate(zip(curves, per_batch)):
-        paths.append(tmp_path / f"run{i}.jsonl")
-        _write(paths[-1], c, pb)
+    paths = _write_runs(tmp_path, curves, per_batch)
     _write(tmp_path / "nan.jsonl", curves[-1], per_batch[-1], nan_at=900)
     r = compare_paths(paths[:2], paths[2], metric="val_loss", candidate_replicates=[paths[3], tmp_path / "nan.jsonl"])
     assert r["verdict"] == "diverged" and r["divergence"]["step"] == 900

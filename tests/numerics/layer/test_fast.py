@@ -243,40 +243,50 @@ def _torchao_mx(t: torch.Tensor, elem) -> torch.Tensor:
     return MXTensor.to_mx(t.contiguous(), elem, 32, ScaleCalculationMode.RCEIL, _emulated()).dequantize(t.dtype)
 
 
+def _linear_of_casts(cast, x, w, grad) -> dict:
+    """Output, dX and dW of an MX linear as plain GEMMs of ``cast`` operands (``cast`` blocks along the last
+    dim), each operand cast along the dim torchao's MXFP8 linear blocks it: K forward, N for dX, tokens for dW."""
+    along_tokens = {name: cast(t.t()).t() for name, t in (("x", x), ("grad", grad))}
+    return {
+        "output": torch.mm(cast(x), cast(w).t()),
+        "dX": torch.mm(cast(grad), cast(w.t()).t()),
+        "dW": torch.mm(along_tokens["grad"].t(), along_tokens["x"]),
+    }
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_fast_linear_with_e5m2_elements_is_the_gemms_of_torchaos_e5m2_casts(device):
     """The positive control's op (recipe mxfp8-e5m2, which torchao's training ops do not offer): output, dX and
     dW are the GEMMs of operands cast by torchao's own to_mx with E5M2 elements, each along the dim torchao's
     MXFP8 linear blocks it, in the same layouts -- bit for bit."""
-    e5m2 = torch.float8_e5m2
     g = torch.Generator().manual_seed(3)
     x, w, grad = (_rand(s, g, "spread", device) for s in ((64, 96), (32, 96), (64, 32)))
     got = _fwd_bwd(lambda a, b: ops.linear(a, b, wgrad_with_hp=False, elem="e5m2"), x, w, grad)
-    along_tokens = {name: _torchao_mx(t.t(), e5m2).t() for name, t in (("x", x), ("grad", grad))}
-    expected = {
-        "output": torch.mm(_torchao_mx(x, e5m2), _torchao_mx(w, e5m2).t()),
-        "dX": torch.mm(_torchao_mx(grad, e5m2), _torchao_mx(w.t(), e5m2).t()),
-        "dW": torch.mm(along_tokens["grad"].t(), along_tokens["x"]),
-    }
-    _assert_same(expected, got, "linear e5m2")
+    _assert_same(_linear_of_casts(lambda t: _torchao_mx(t, torch.float8_e5m2), x, w, grad), got, "linear e5m2")
 
 
-def test_e5m2_control_loses_about_6_db_per_gemm_against_e4m3():
-    """What makes mxfp8-e5m2 worse by construction, measured: with one element mantissa bit fewer every
-    operand's rounding step doubles, so output, dX and dW each lose about 20*log10(2) = 6.0 dB of SQNR
-    against an FP32 GEMM. The window (4.5-7.5 dB) leaves room for saturation and the sample; an op that
-    ignored ``elem`` would lose 0 dB and fail."""
+@pytest.mark.parametrize(("elem", "low", "high"), [
+    # one mantissa bit fewer doubles every operand's rounding step: 20*log10(2) = 6.0 dB (measured 5.9)
+    ("e5m2", 4.5, 7.5),
+    # two bits fewer quadruple it (12.0 dB), and E2M1's grid (0.5 its only subnormal, 6 its largest value)
+    # flushes a block's values under a quarter of its scale: measured 12.7 dB (28.4 -> 15.8 dB)
+    ("e2m1", 10.5, 14.5),
+])
+def test_control_elements_lose_their_mantissa_bits_worth_of_sqnr_per_gemm(elem, low, high):
+    """What makes mxfp8-e5m2 and mxfp8-e2m1 worse by construction, measured: output, dX and dW each lose the
+    dB above against an FP32 GEMM, compared with E4M3. The windows leave room for saturation and the sample;
+    an op that ignored ``elem`` would lose 0 dB, and each window excludes the other element's loss."""
     from numerics.metrics import sqnr_db
 
     g = torch.Generator().manual_seed(0)
     x, w, grad = (torch.randn(s, generator=g).bfloat16() for s in ((512, 256), (384, 256), (512, 384)))
     exact = _fwd_bwd(lambda a, b: torch.mm(a.float(), b.float().t()), x, w, grad.float())
     loss = {}
-    for elem in ("e4m3", "e5m2"):
-        got = _fwd_bwd(lambda a, b, e=elem: ops.linear(a, b, wgrad_with_hp=False, elem=e), x, w, grad)
-        loss[elem] = {k: sqnr_db(exact[k].float(), got[k].float()) for k in exact}
-    drop = {k: loss["e4m3"][k] - loss["e5m2"][k] for k in exact}
-    assert all(4.5 < d < 7.5 for d in drop.values()), (drop, loss)
+    for e in ("e4m3", elem):
+        got = _fwd_bwd(lambda a, b, e=e: ops.linear(a, b, wgrad_with_hp=False, elem=e), x, w, grad)
+        loss[e] = {k: sqnr_db(exact[k].float(), got[k].float()) for k in exact}
+    drop = {k: loss["e4m3"][k] - loss[elem][k] for k in exact}
+    assert all(low < d < high for d in drop.values()), (drop, loss)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -319,29 +329,4 @@ def test_fast_linear_with_e2m1_elements_is_the_gemms_of_the_specs_casts(device):
     g = torch.Generator().manual_seed(4)
     x, w, grad = (_rand(s, g, "spread", device) for s in ((64, 96), (32, 96), (64, 32)))
     got = _fwd_bwd(lambda a, b: ops.linear(a, b, wgrad_with_hp=False, elem="e2m1"), x, w, grad)
-    along_tokens = {name: _spec_mx(t.t(), "e2m1").t() for name, t in (("x", x), ("grad", grad))}
-    expected = {
-        "output": torch.mm(_spec_mx(x, "e2m1"), _spec_mx(w, "e2m1").t()),
-        "dX": torch.mm(_spec_mx(grad, "e2m1"), _spec_mx(w.t(), "e2m1").t()),
-        "dW": torch.mm(along_tokens["grad"].t(), along_tokens["x"]),
-    }
-    _assert_same(expected, got, "linear e2m1")
-
-
-def test_e2m1_control_loses_about_12_db_per_gemm_against_e4m3():
-    """What makes mxfp8-e2m1 worse by construction, measured: two element mantissa bits fewer quadruple the
-    rounding step (2 * 6.0 dB), and E2M1's grid (0.5 is its only subnormal, 6 its largest value) flushes a
-    block's values under a quarter of its scale: measured 12.7 dB lost per GEMM on Gaussian operands
-    (28.4 -> 15.8 dB). The window (10.5-14.5 dB) leaves room for the sample; an op that ignored ``elem``
-    loses 0 dB, and E5M2 (one bit) 6 dB: both fail."""
-    from numerics.metrics import sqnr_db
-
-    g = torch.Generator().manual_seed(0)
-    x, w, grad = (torch.randn(s, generator=g).bfloat16() for s in ((512, 256), (384, 256), (512, 384)))
-    exact = _fwd_bwd(lambda a, b: torch.mm(a.float(), b.float().t()), x, w, grad.float())
-    loss = {}
-    for elem in ("e4m3", "e2m1"):
-        got = _fwd_bwd(lambda a, b, e=elem: ops.linear(a, b, wgrad_with_hp=False, elem=e), x, w, grad)
-        loss[elem] = {k: sqnr_db(exact[k].float(), got[k].float()) for k in exact}
-    drop = {k: loss["e4m3"][k] - loss["e2m1"][k] for k in exact}
-    assert all(10.5 < d < 14.5 for d in drop.values()), (drop, loss)
+    _assert_same(_linear_of_casts(lambda t: _spec_mx(t, "e2m1"), x, w, grad), got, "linear e2m1")

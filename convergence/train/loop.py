@@ -460,8 +460,9 @@ def check_memory(cfg: TrainConfig, vocab_size: int, place: Single) -> None:
 
     share = 1.0
     if place.device.type == "cuda":
-        share = getattr(torch.cuda, "get_per_process_memory_fraction", lambda _d: 1.0)(place.device)
-        capacity, where = torch.cuda.get_device_properties(place.device).total_memory * share, "GPU"
+        index = place.device.index if place.device.index is not None else torch.cuda.current_device()
+        share = getattr(torch.cuda, "get_per_process_memory_fraction", lambda _d: 1.0)(index)  # needs an index
+        capacity, where = torch.cuda.get_device_properties(index).total_memory * share, "GPU"
     else:
         capacity, where = memory.host_bytes() / int(os.environ.get("LOCAL_WORLD_SIZE", "1")), "CPU process"
     for measure in (False, True):  # the exact model states first: a model that cannot fit stops in a second

@@ -104,3 +104,28 @@ def test_a_cpu_run_is_checked_against_its_share_of_host_memory_and_fails_in_seco
                                        r"has 64 GiB: .*train it on GPUs"):
         check_memory(TrainConfig(model="16b", recipes=("bf16",), steps=1, batch=4, seq=2048), 256, Single("cpu"))
     assert time.monotonic() - t0 < 5
+
+
+def test_a_gpu_run_on_cuda_without_an_index_is_checked_against_its_share_of_the_current_gpu(monkeypatch):
+    """The GPU tier found ``--device cuda`` (no index) refused by torch's memory-fraction query, which wants
+    an index: the check asks for the current device's."""
+    import types
+
+    import torch
+
+    from convergence.train.loop import TrainConfig, check_memory
+    from convergence.train.placement import Single
+
+    def indexed(value):
+        def get(device):
+            assert isinstance(device, int), device  # torch raises ValueError for torch.device("cuda")
+            return value
+        return get
+
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_per_process_memory_fraction", indexed(0.5))
+    monkeypatch.setattr(torch.cuda, "get_device_properties", indexed(types.SimpleNamespace(total_memory=64 * memory.GIB)))
+    monkeypatch.setattr(memory, "activation_bytes_per_token", lambda *a, **k: pytest.fail("measured activations"))
+    with pytest.raises(BadInput, match=r"held to 50% of the GPU.*has 32 GiB"):
+        check_memory(TrainConfig(model="16b", recipes=("bf16",), steps=1, batch=4, seq=2048, device="cuda"), 256,
+                     Single("cuda"))

@@ -293,7 +293,7 @@ def _protocol_parser() -> ArgumentParser:
     p.add_argument("--replicates", type=int, default=d.replicates, help="BF16 baselines, the paired one included")
     p.add_argument("--candidate-replicates", type=int, default=d.candidate_replicates,
                    help="candidate runs, the paired one included, each with a replicate's change (and as many "
-                        "held-out BF16 runs for the negative control): below the one-run floor (README)")
+                        "control runs and held-out BF16 runs): below the one-run floor (README)")
     p.add_argument("--design", default=d.design, help=f"what a replicate changes: {', '.join(DESIGNS)}")
     p.add_argument("--candidate", default=d.candidate, help="the recipe judged (default mxfp8)")
     p.add_argument("--control", default=d.control, help="the positive control recipe (default mxfp8-head)")

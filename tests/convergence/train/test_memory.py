@@ -124,7 +124,8 @@ def test_a_gpu_run_on_cuda_without_an_index_is_checked_against_its_share_of_the_
 
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "get_per_process_memory_fraction", indexed(0.5))
-    monkeypatch.setattr(torch.cuda, "get_device_properties", indexed(types.SimpleNamespace(total_memory=64 * memory.GIB)))
+    gpu = types.SimpleNamespace(total_memory=64 * memory.GIB)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", indexed(gpu))
     monkeypatch.setattr(memory, "activation_bytes_per_token", lambda *a, **k: pytest.fail("measured activations"))
     with pytest.raises(BadInput, match=r"held to 50% of the GPU.*has 32 GiB"):
         check_memory(TrainConfig(model="16b", recipes=("bf16",), steps=1, batch=4, seq=2048, device="cuda"), 256,

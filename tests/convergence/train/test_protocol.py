@@ -35,21 +35,24 @@ def test_protocol_pairs_the_candidate_and_the_control_and_varies_one_thing_per_r
 def test_candidate_replicates_carry_the_replicates_changes_and_the_negative_control_gets_as_many_runs():
     plan = pr.ProtocolPlan(model="tiny", steps=20, replicates=3, candidate_replicates=4, design="rounding").check()
     names = [r.name for r in plan.runs()]
-    assert names == ["bf16", "mxfp8", "mxfp8-head", "bf16_rounding1", "mxfp8_rounding1", "bf16_rounding2",
-                     "mxfp8_rounding2", "mxfp8_rounding3", "bf16_rounding3", "bf16_rounding4", "bf16_rounding5",
-                     "bf16_rounding6"]
+    assert names == ["bf16", "mxfp8", "mxfp8-head", "bf16_rounding1", "mxfp8_rounding1", "mxfp8-head_rounding1",
+                     "bf16_rounding2", "mxfp8_rounding2", "mxfp8-head_rounding2", "mxfp8_rounding3",
+                     "mxfp8-head_rounding3", "bf16_rounding3", "bf16_rounding4", "bf16_rounding5", "bf16_rounding6"]
     by = {r.name: r for r in plan.runs()}
-    for i in (1, 2):  # candidate replicate i has BF16 replicate i's change, nothing else differs
-        assert dataclasses.replace(by[f"mxfp8_rounding{i}"], name="x", role="x", recipe="x") == \
-            dataclasses.replace(by[f"bf16_rounding{i}"], name="x", role="x", recipe="x")
+    for i in (1, 2):  # candidate and control replicate i have BF16 replicate i's change, nothing else differs
+        for recipe in ("mxfp8", "mxfp8-head"):
+            assert dataclasses.replace(by[f"{recipe}_rounding{i}"], name="x", role="x", recipe="x") == \
+                dataclasses.replace(by[f"bf16_rounding{i}"], name="x", role="x", recipe="x")
     assert [r.name for r in plan.judged("verdict")] == ["mxfp8", "mxfp8_rounding1", "mxfp8_rounding2",
                                                         "mxfp8_rounding3"]
     assert [r.name for r in plan.judged("negative_control")] == ["bf16_rounding3", "bf16_rounding4",
                                                                  "bf16_rounding5", "bf16_rounding6"]
-    assert [r.name for r in plan.judged("positive_control")] == ["mxfp8-head"]
+    assert [r.name for r in plan.judged("positive_control")] == ["mxfp8-head", "mxfp8-head_rounding1",
+                                                                 "mxfp8-head_rounding2", "mxfp8-head_rounding3"]
     assert "--candidate-replicates 4" in plan.command("OUT")
     one = pr.ProtocolPlan(model="tiny", steps=20, replicates=3).check()
     assert "--candidate-replicates" not in one.command("OUT") and len(one.judged("negative_control")) == 1
+    assert [r.name for r in one.judged("positive_control")] == ["mxfp8-head"]
 
 
 def test_protocol_folder_grows_its_replicates_and_keeps_the_runs_made(tmp_path):
@@ -197,8 +200,8 @@ def test_protocol_cli_runs_to_the_end_and_exits_with_the_candidates_verdict(tmp_
 
 @pytest.mark.timeout(300)
 def test_protocol_cli_grows_to_candidate_replicates_and_judges_the_groups(tmp_path, capsys):
-    """A finished protocol given --candidate-replicates 2 runs only the new runs (a candidate replicate and a
-    second held-out run) and judges the candidate and the negative control as groups of two."""
+    """A finished protocol given --candidate-replicates 2 runs only the new runs (a candidate replicate, a control
+    replicate and a second held-out run) and judges the candidate and both controls as groups of two."""
     out = tmp_path / "p"
     argv = ["protocol", "--model", "tiny", "--steps", "4", "--replicates", "3", "--batch", "4", "--seq", "32",
             "--val-every", "2", "--val-batches", "3", "--probe-every", "0", "--mxfp8-kernel", "emulated",
@@ -211,12 +214,15 @@ def test_protocol_cli_grows_to_candidate_replicates_and_judges_the_groups(tmp_pa
     assert "candidate_replicates 1 -> 2" in printed and "protocol complete" in printed
     assert all(p.read_bytes() == b for p, b in first.items())  # the runs made are kept as they were
     assert {p.parts[-3] for p in (out / "runs").rglob("metrics.jsonl")} - {p.parts[-3] for p in first} == {
-        "mxfp8_rounding1", "bf16_rounding4"}
+        "mxfp8_rounding1", "mxfp8-head_rounding1", "bf16_rounding4"}
     verdict = json.loads((out / "results" / "tiny_long_verdict__cpu.json").read_text())
     assert verdict["protocol"]["judged_runs"] == ["mxfp8", "mxfp8_rounding1"]
     assert verdict["final_window"]["candidate_runs"] == 2 and rc in (0, 1, 3)
     neg = json.loads((out / "results" / "tiny_long_negative_control__cpu.json").read_text())
     assert neg["protocol"]["judged_runs"] == ["bf16_rounding3", "bf16_rounding4"]
+    pos = json.loads((out / "results" / "tiny_long_positive_control__cpu.json").read_text())
+    assert pos["protocol"]["judged_runs"] == ["mxfp8-head", "mxfp8-head_rounding1"]
+    assert pos["final_window"]["candidate_runs"] == 2
 
 
 def test_protocol_worker_command_is_the_piece_entry_point(tmp_path):

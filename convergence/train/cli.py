@@ -20,6 +20,7 @@ import torch
 from convergence.curves.compare import EXIT_CODES
 from convergence.train import data as data_mod
 from convergence.train.loop import REAL_VOCAB_MODELS, TrainConfig, defaults_for, run
+from convergence.train.placement import OPTIMIZER_STATES
 from numerics.cli import EXIT_BAD_INPUT, ArgumentParser, CLIError
 from numerics.errors import BadInput
 from numerics.files import atomic_write, check_writable
@@ -77,7 +78,8 @@ def config_from_args(args) -> TrainConfig:
                        device=args.device, data=spec, ep=args.ep or 0, ep_backend=args.ep_backend,
                        deterministic=args.deterministic, mxfp8_kernel=args.mxfp8_kernel,
                        data_seed=args.data_seed, row_order=args.row_order,
-                       activation_checkpointing=checkpointing, phase_times=args.phase_times, **d)
+                       activation_checkpointing=checkpointing, phase_times=args.phase_times,
+                       optimizer_state=args.optimizer_state, **d)
 
 
 class _RankParser(ArgumentParser):
@@ -125,6 +127,10 @@ def train_parser() -> ArgumentParser:
     p.add_argument("--activation-checkpointing", action=argparse.BooleanOptionalAction, default=None,
                    help="keep only each block's input and recompute the block in backward (same bits, less "
                    "memory, ~1/3 more compute); default: on for 16b, off otherwise")
+    p.add_argument("--optimizer-state", default="auto", choices=OPTIMIZER_STATES,
+                   help="where AdamW's moments wait between steps: device, host (pinned host memory, each "
+                   "parameter's brought to the GPU for its update: the same bits, slower), or auto: device when "
+                   "the memory check says they fit, else host")
     p.add_argument("--mxfp8-kernel", default="auto", choices=["auto", *MXFP8_KERNELS],
                    help="emulated (torchao's eager ops), fast (fused casts, bit-identical), real (SM100); auto: "
                    "real on SM100, emulated elsewhere")

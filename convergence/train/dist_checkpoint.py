@@ -135,4 +135,5 @@ def load(path: Path, model: nn.Module, opt: torch.optim.Optimizer, *, expert_par
         raise FileNotFoundError(f"no checkpoint at {path}")
     init_optimizer_state(opt)
     dcp.load(_state(model, opt, expert_params, mesh), checkpoint_id=str(found))
+    getattr(opt, "settle", lambda: None)()  # HostStateAdamW: the loaded moments go to host memory
     return json.loads((found / "meta.json").read_text())

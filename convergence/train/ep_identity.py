@@ -66,15 +66,16 @@ def _runs(path: Path, recipes: Sequence[str] | None) -> dict[str, Path]:
 
 
 def _settings(metrics: Path) -> dict:
-    """From the run's config.json: what two runs may differ in on purpose (the EP backend, the MXFP8 kernel)
-    and whether the run asked for --deterministic (without it, identity is not expected)."""
+    """From the run's config.json: what two runs may differ in on purpose (the EP backend, the MXFP8 kernel,
+    where AdamW's moments wait) and whether the run asked for --deterministic (without it, identity is not
+    expected)."""
     cfg = metrics.parent / "config.json"
     if not cfg.exists():
         return {}
     d = json.loads(cfg.read_text())
     dist, train, recipe = d.get("distributed", {}), d.get("train", {}), d.get("recipe", {})
     return {"ep": dist.get("ep"), "ep_backend": dist.get("ep_backend"), "backend_class": dist.get("backend_class"),
-            "mxfp8_kernel": recipe.get("kernel"),
+            "mxfp8_kernel": recipe.get("kernel"), "optimizer_state": train.get("optimizer_state"),
             "deterministic": train.get("deterministic", dist.get("deterministic"))}
 
 

@@ -53,7 +53,7 @@ import torch.nn.functional as F
 from convergence.train import data as data_mod
 from convergence.train.checkpoint import JsonlLog
 from convergence.train.model import Transformer
-from convergence.train.placement import Single, deterministic_mode
+from convergence.train.placement import HostStateAdamW, Single, deterministic_mode
 from numerics.errors import BadInput
 from numerics.files import atomic_write, writable_dir
 from numerics.layer.configs import get_config
@@ -87,6 +87,7 @@ class TrainConfig:
     row_order: int | None = None  # None: batch rows as drawn; N: permuted by (N, step), a benign reduction order
     activation_checkpointing: bool = False  # blocks recomputed in backward (the CLI turns it on for 16b)
     phase_times: bool = False  # time forward / backward / optimizer apart (synchronizes between them on a GPU)
+    optimizer_state: str = "auto"  # convergence.train.placement: device, host, or auto (what the memory check fits)
 
     @property
     def order_seed(self) -> int:
@@ -98,6 +99,7 @@ class TrainConfig:
         d = dataclasses.asdict(self)
         d.pop("recipes")
         d.pop("phase_times")  # a measurement, not the curve
+        d.pop("optimizer_state")  # where AdamW's moments wait between steps: the same bits either way
         return d
 
 
@@ -169,10 +171,12 @@ def write_run_config(run_dir: Path, cfg: TrainConfig, recipe, applied: dict, mod
 
 
 def make_optimizer(model: torch.nn.Module, cfg: TrainConfig):
-    """AdamW (0.9, 0.95), weight decay on matrices only, and the warmup + cosine schedule."""
+    """AdamW (0.9, 0.95), weight decay on matrices only, and the warmup + cosine schedule; its moments in host
+    memory between steps with ``optimizer_state="host"`` (the same bits, ``convergence.train.placement``)."""
     decay = [p for p in model.parameters() if p.ndim >= 2]
     no_decay = [p for p in model.parameters() if p.ndim < 2]
-    opt = torch.optim.AdamW(
+    adamw = HostStateAdamW if cfg.optimizer_state == "host" else torch.optim.AdamW
+    opt = adamw(
         [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
         lr=cfg.lr, betas=(0.9, 0.95), eps=1e-8, foreach=False,
     )
@@ -452,29 +456,54 @@ def run(cfg: TrainConfig, out: Path, *, resume: bool = False, force: bool = Fals
         return _run_recipes(cfg, out, Single(torch.device(cfg.device)), resume, progress, stop_after_s)
 
 
-def check_memory(cfg: TrainConfig, vocab_size: int, place: Single) -> None:
+def check_memory(cfg: TrainConfig, vocab_size: int, place: Single) -> TrainConfig:
     """Before the first step: one line (BadInput) when the run cannot fit its GPU's memory, or on CPU its
     share of the host's (``convergence.train.memory``); an estimate that itself fails only warns, it never
-    stops a run."""
+    stops a run. Returns ``cfg`` with ``optimizer_state`` decided: ``auto`` keeps AdamW's moments on the GPU
+    when they fit there, else in host memory (``convergence.train.placement``; the same bits, slower)."""
     from convergence.train import memory
 
-    share = 1.0
-    if place.device.type == "cuda":
+    share, gpu = 1.0, place.device.type == "cuda"
+    if gpu:
         index = place.device.index if place.device.index is not None else torch.cuda.current_device()
         share = getattr(torch.cuda, "get_per_process_memory_fraction", lambda _d: 1.0)(index)  # needs an index
         capacity, where = torch.cuda.get_device_properties(index).total_memory * share, "GPU"
     else:
         capacity, where = memory.host_bytes() / int(os.environ.get("LOCAL_WORLD_SIZE", "1")), "CPU process"
-    for measure in (False, True):  # the exact model states first: a model that cannot fit stops in a second
+    if cfg.optimizer_state == "host" and not gpu:
+        raise BadInput("--optimizer-state host needs --device cuda (on a CPU the moments are in host memory already)")
+    choices = {"auto": ("device", "host") if gpu else ("device",)}.get(cfg.optimizer_state, (cfg.optimizer_state,))
+    host_share = memory.host_bytes() / int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    shared = f" (held to {share:.0%} of the GPU: protocol --parallel)" if share < 1 else ""
+    for i, state in enumerate(choices):
         try:
-            need = memory.estimate(model_config(cfg, vocab_size), batch=cfg.batch, seq=cfg.seq, ranks=place.world,
-                                   ep=cfg.ep or 1, device=place.device, checkpointing=cfg.activation_checkpointing,
-                                   activations=measure)
-        except Exception as exc:  # noqa: BLE001 - the estimate is advice; training decides
-            warnings.warn(f"memory estimate failed ({type(exc).__name__}: {exc}); starting anyway", stacklevel=2)
-            return
-        shared = f" (held to {share:.0%} of the GPU: protocol --parallel)" if share < 1 else ""
-        memory.check_fits(need, capacity, model=f"--model {cfg.model}{shared}", where=where)
+            for measure in (False, True):  # the exact model states first: a model that cannot fit stops in a second
+                try:
+                    need = memory.estimate(model_config(cfg, vocab_size), batch=cfg.batch, seq=cfg.seq,
+                                           ranks=place.world, ep=cfg.ep or 1, device=place.device,
+                                           checkpointing=cfg.activation_checkpointing, activations=measure,
+                                           optimizer_state=state)
+                except Exception as exc:  # noqa: BLE001 - the estimate is advice; training decides
+                    warnings.warn(f"memory estimate failed ({type(exc).__name__}: {exc}); starting anyway",
+                                  stacklevel=2)
+                    return _placed(cfg, state, place)
+                memory.check_fits(need, capacity, model=f"--model {cfg.model}{shared}", where=where)
+                memory.check_host(need, host_share)
+        except BadInput:
+            if i + 1 == len(choices):
+                raise  # the last placement tried (auto: host, the one that needs the least GPU memory)
+            continue
+        return _placed(cfg, state, place)
+    raise AssertionError("unreachable")
+
+
+def _placed(cfg: TrainConfig, state: str, place: Single) -> TrainConfig:
+    """``cfg`` with its optimizer placement decided, refusing what that placement cannot do yet."""
+    if state == "host" and place.world > 1 and cfg.ckpt_every:
+        raise BadInput("AdamW's moments in host memory (--optimizer-state host, or auto when they do not fit the "
+                       "GPU) are not written to distributed checkpoints yet (DTensor.from_local would copy them all "
+                       "back to the GPU): pass --ckpt-every 0, or --optimizer-state device where the model fits")
+    return dataclasses.replace(cfg, optimizer_state=state)
 
 
 def _run_recipes(cfg: TrainConfig, out: Path, place: Single, resume: bool, progress: bool,
@@ -482,7 +511,7 @@ def _run_recipes(cfg: TrainConfig, out: Path, place: Single, resume: bool, progr
     tokens = data_mod.load_tokens(cfg.data)
     data_mod.Batches(tokens.train, batch=cfg.batch, seq=cfg.seq, seed=cfg.order_seed)  # fail early: too few
     data_mod.Batches(tokens.val, batch=cfg.batch, seq=cfg.seq, seed=cfg.seed)
-    check_memory(cfg, tokens.vocab_size, place)
+    cfg = check_memory(cfg, tokens.vocab_size, place)
     t0 = time.monotonic()
     for i, name in enumerate(cfg.recipes):
         left = None if stop_after_s is None else stop_after_s - (time.monotonic() - t0)

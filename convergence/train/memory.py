@@ -1,13 +1,16 @@
 """How much GPU memory a training run needs, known before its first step: one clear line when it cannot fit.
 
-Public: ``MemoryNeed``, ``state_bytes(model_cfg, ranks, ep)``, ``activation_bytes_per_token(model_cfg, seq,
-device)``, ``estimate(model_cfg, *, batch, seq, ranks, ep, device, checkpointing, activations)``,
-``check_fits(need, gpu_bytes, where)``, ``host_bytes()``.
+Public: ``MemoryNeed``, ``state_bytes(model_cfg, ranks, ep, optimizer_state)``, ``activation_bytes_per_token(
+model_cfg, seq, device)``, ``estimate(model_cfg, *, batch, seq, ranks, ep, device, checkpointing, activations,
+optimizer_state)``, ``check_fits(need, gpu_bytes, where)``, ``check_host(need, host_bytes_per_rank)``,
+``host_bytes()``.
 
 * **Model states, exact.** FP32 master weights (4 bytes), their FP32 gradients (4) and AdamW's two moments
   (8): 16 bytes per parameter (``convergence.train.loop``'s mixed precision). Dense parameters are sharded
   over the FSDP2 ranks, routed experts over the expert-parallel ranks (``convergence.train.distributed``).
-  FSDP2 also gathers one block's dense weights (FP32) at a time, two with prefetching.
+  FSDP2 also gathers one block's dense weights (FP32) at a time, two with prefetching. With the moments in
+  host memory (``optimizer_state="host"``, ``convergence.train.placement``) the GPU keeps 8 bytes per
+  parameter plus the largest parameter's moments during its update, and each rank's host memory the 8.
 * **Activations, measured.** What autograd saves for backward, counted with ``saved_tensors_hooks`` on
   the model's own blocks (``numerics.layer.modules``) at the run's widths and sequence length, on the run's
   device (the attention kernel decides what attention saves), for one and two sequences: the difference is
@@ -34,6 +37,7 @@ from numerics.layer.configs import ModelConfig, param_count
 
 GIB = 2**30
 STATE_BYTES_PER_PARAM = 4 + 4 + 8  # FP32 weight, FP32 gradient, AdamW exp_avg and exp_avg_sq
+MOMENT_BYTES_PER_PARAM = 8  # AdamW's exp_avg and exp_avg_sq, FP32: what optimizer_state="host" moves off the GPU
 HEADROOM = 0.10  # of the GPU kept free for what is not counted (module docstring); a guess, to be measured
 RESIDUAL_BYTES = 4  # the residual stream between blocks is FP32 (FP32 embedding plus BF16 block outputs)
 
@@ -51,6 +55,8 @@ class MemoryNeed:
     activation_per_token: float
     checkpointing: bool = False
     measured: bool = True  # False: activations not measured (estimate(activations=False)), counted as 0
+    optimizer_state: str = "device"  # where AdamW's moments wait between steps (device or host)
+    host_states: float = 0.0  # bytes per rank in host memory (the moments, with optimizer_state="host")
 
     @property
     def total(self) -> float:
@@ -69,10 +75,17 @@ def _param_split(cfg: ModelConfig) -> tuple[int, int, int]:
     return parts["total"] - experts, experts, per_layer + max(dense_ffn, moe)
 
 
-def state_bytes(cfg: ModelConfig, ranks: int = 1, ep: int = 1) -> tuple[float, float, int, int]:
-    """(model-state bytes per GPU, gathered-weights bytes per GPU, dense params, expert params)."""
+def state_bytes(cfg: ModelConfig, ranks: int = 1, ep: int = 1,
+                optimizer_state: str = "device") -> tuple[float, float, int, int]:
+    """(model-state bytes per GPU, gathered-weights bytes per GPU, dense params, expert params). With the
+    moments in host memory the GPU holds, besides weights and gradients, one parameter's moments at a time:
+    the largest, a routed-expert weight of one layer ([experts / ep, out, in], three per MoE layer)."""
     dense, experts, block = _param_split(cfg)
-    states = STATE_BYTES_PER_PARAM * (dense / ranks + experts / ep)
+    local = dense / ranks + experts / ep
+    states = STATE_BYTES_PER_PARAM * local
+    if optimizer_state == "host":
+        largest = max(experts / ep / max(3 * cfg.n_moe_layers, 1), block)
+        states -= MOMENT_BYTES_PER_PARAM * (local - largest)
     gathered = 0.0 if ranks == 1 else 2 * 4 * block
     return states, gathered, dense, experts
 
@@ -145,15 +158,19 @@ def _measure(cfg: ModelConfig, small: ModelConfig, seq: int, dev: torch.device, 
 
 
 def estimate(cfg: ModelConfig, *, batch: int, seq: int, ranks: int = 1, ep: int = 1,
-             device: torch.device | str = "cpu", checkpointing: bool = False, activations: bool = True) -> MemoryNeed:
+             device: torch.device | str = "cpu", checkpointing: bool = False, activations: bool = True,
+             optimizer_state: str = "device") -> MemoryNeed:
     """Per-GPU bytes of a run whose ``batch`` sequences are split over ``ranks``. With activation checkpointing
     a block keeps only its input (the FP32 residual stream: ``RESIDUAL_BYTES`` per width) until backward runs
     it again, when one block's activations live at a time: the largest one's. ``activations=False``: the
     model states only, exact and instant (the measurement takes half a minute at 16B widths on a CPU)."""
-    states, gathered, dense, experts = state_bytes(cfg, ranks, ep)
+    states, gathered, dense, experts = state_bytes(cfg, ranks, ep, optimizer_state)
+    place = dict(optimizer_state=optimizer_state, host_states=(MOMENT_BYTES_PER_PARAM * (dense / ranks + experts / ep)
+                                                               if optimizer_state == "host" else 0.0))
     tokens = -(-batch // ranks) * seq
     if not activations:
-        return MemoryNeed(dense, experts, ranks, ep, tokens, states, gathered, 0.0, 0.0, checkpointing, False)
+        return MemoryNeed(dense, experts, ranks, ep, tokens, states, gathered, 0.0, 0.0, checkpointing, False,
+                          **place)
     per = activation_bytes_per_token(cfg, seq, device)
     blocks = {"dense_block": cfg.n_dense_layers, "moe_block": cfg.n_moe_layers}
     if checkpointing:
@@ -162,7 +179,7 @@ def estimate(cfg: ModelConfig, *, batch: int, seq: int, ranks: int = 1, ep: int 
     else:
         per_token = sum(n * per.get(b, 0.0) for b, n in blocks.items()) + per["head"]
     return MemoryNeed(dense, experts, ranks, ep, tokens, states, gathered, per_token * tokens, per_token,
-                      checkpointing)
+                      checkpointing, **place)
 
 
 def host_bytes() -> int:
@@ -178,8 +195,9 @@ def check_fits(need: MemoryNeed, gpu_bytes: float, *, model: str = "the model", 
     if need.total <= usable:
         return
     params = (need.params_dense + need.params_experts) / 1e9
+    adamw = "AdamW state" if need.optimizer_state == "device" else "AdamW state of one parameter (the rest in host)"
     what = (f"{model} needs about {need.total / GIB:.0f} GiB per {where} ({need.states / GIB:.0f} GiB of FP32 "
-            f"weights, gradients and AdamW state for {params:.2f}B parameters over {need.ranks} rank(s), "
+            f"weights, gradients and {adamw} for {params:.2f}B parameters over {need.ranks} rank(s), "
             f"expert-parallel {need.ep}; " + (f"{need.activations / GIB:.0f} GiB of activations for "
             f"{need.tokens_per_rank} tokens" if need.measured else "activations not counted")
             + f"), the {where} has {gpu_bytes / GIB:.0f} GiB")
@@ -190,12 +208,25 @@ def check_fits(need: MemoryNeed, gpu_bytes: float, *, model: str = "the model", 
                 "its model states fit but no activations do")
         if not need.checkpointing:
             hint += ", or pass --activation-checkpointing"
+        if need.optimizer_state == "device":
+            hint += ", or --optimizer-state host (AdamW's moments in host memory)"
     elif where != "GPU":
         hint = "its model states alone do not fit: train it on GPUs (--device cuda, torchrun with --ep N)"
     else:
-        gpus = 1
-        while STATE_BYTES_PER_PARAM * (need.params_dense + need.params_experts) / gpus > usable and gpus < 4096:
+        gpus, per = 1, STATE_BYTES_PER_PARAM - (MOMENT_BYTES_PER_PARAM if need.optimizer_state == "host" else 0)
+        while per * (need.params_dense + need.params_experts) / gpus > usable and gpus < 4096:
             gpus *= 2
-        hint = (f"its model states alone need {gpus} GPUs or more (torchrun --nproc-per-node N with --ep N), or "
-                "optimizer state in host memory")
+        hint = f"its model states alone need {gpus} GPUs or more (torchrun --nproc-per-node N with --ep N)"
+        if need.optimizer_state == "device":
+            hint += ", or --optimizer-state host (AdamW's moments in host memory)"
     raise BadInput(f"{what}: {hint}")
+
+
+def check_host(need: MemoryNeed, host_bytes_per_rank: float) -> None:
+    """BadInput with one line when the moments a rank keeps in host memory do not fit its share of the host
+    (less ``HEADROOM``: the process, its pinned staging and the data need some too)."""
+    if need.host_states <= host_bytes_per_rank * (1 - HEADROOM):
+        return
+    raise BadInput(f"--optimizer-state host keeps {need.host_states / GIB:.0f} GiB of AdamW moments in host memory "
+                   f"per rank, and each rank's share of the host is {host_bytes_per_rank / GIB:.0f} GiB: use more "
+                   "GPUs (torchrun --nproc-per-node N with --ep N)")

@@ -11,6 +11,14 @@ expert counts are reduced over ranks, and how checkpoints are written.
 
 ``deterministic_mode(enabled, device)``: what ``--deterministic`` means on either placement, for the
 duration of a run.
+
+``HostStateAdamW`` (``--optimizer-state host``; ``OPTIMIZER_STATES``): where AdamW's two moments wait between
+steps. AdamW keeps two FP32 moments per parameter, 8 of the 16 bytes per parameter the loop holds
+(``convergence.train.memory``): for the 16b over two H200s, 63 GB per GPU. ``HostStateAdamW`` keeps them in
+pinned host memory and brings one parameter's moments to its device for that parameter's update, then copies
+them back: the update is ``torch.optim.AdamW``'s own step (single-tensor, on the parameter's device, the same
+kernels), so the run is bit-identical to one with the moments on the device, and only the largest parameter's
+moments are on the GPU at a time. The price is moving them across PCIe twice a step.
 """
 
 from __future__ import annotations
@@ -150,3 +158,68 @@ def _set_rng_state(state: dict) -> None:
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+# ------------------------------------------------------------------ where AdamW's moments wait
+OPTIMIZER_STATES = ("auto", "device", "host")  # auto: device when the memory check says it fits, else host
+MOMENTS = ("exp_avg", "exp_avg_sq")
+
+
+def _home(on_device: torch.Tensor, home: torch.Tensor | None) -> torch.Tensor:
+    """``on_device``'s values in host memory: into ``home`` when there is one (no new allocation)."""
+    if on_device.device.type == "cpu":
+        return on_device
+    if home is None:
+        home = torch.empty(on_device.shape, dtype=on_device.dtype, pin_memory=True)
+    home.copy_(on_device, non_blocking=True)
+    return home
+
+
+class HostStateAdamW(torch.optim.AdamW):
+    """``torch.optim.AdamW`` (``foreach=False``) whose moments stay in host memory between steps."""
+
+    def __init__(self, params, **kwargs):
+        if kwargs.get("foreach") or kwargs.get("fused"):
+            raise ValueError("HostStateAdamW steps one parameter at a time: foreach and fused do not apply")
+        super().__init__(params, **(kwargs | {"foreach": False}))
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        groups, devices = self.param_groups, set()
+        try:
+            for group in groups:
+                for p in group["params"]:
+                    if p.grad is None:
+                        continue
+                    state = self.state[p]
+                    home = {k: state[k] for k in MOMENTS if k in state}
+                    for k, t in home.items():
+                        state[k] = t.to(p.device, non_blocking=True)
+                    self.param_groups = [{**group, "params": [p]}]  # AdamW's own step, for this parameter only
+                    super().step()
+                    for k in MOMENTS:
+                        state[k] = _home(state[k], home.get(k))
+                    devices.add(p.device)
+        finally:
+            self.param_groups = groups
+        for d in devices:
+            if d.type == "cuda":
+                torch.cuda.synchronize(d)  # the copies home are done before anyone reads them
+        return loss
+
+    def settle(self) -> None:
+        """Move moments that are on a device (a checkpoint just loaded them there) to host memory."""
+        for state in self.state.values():
+            for k in MOMENTS:
+                if k in state:
+                    state[k] = _home(state[k], None)
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.synchronize()
+
+    def load_state_dict(self, state_dict) -> None:
+        super().load_state_dict(state_dict)  # torch puts each moment on its parameter's device
+        self.settle()

@@ -130,3 +130,59 @@ def test_a_gpu_run_on_cuda_without_an_index_is_checked_against_its_share_of_the_
     with pytest.raises(BadInput, match=r"held to 50% of the GPU.*has 32 GiB"):
         check_memory(TrainConfig(model="16b", recipes=("bf16",), steps=1, batch=4, seq=2048, device="cuda"), 256,
                      Single("cuda"))
+
+
+def test_moments_in_host_memory_leave_8_bytes_per_parameter_and_the_largest_parameters_moments_on_the_gpu():
+    cfg = get_config("16b")
+    device, *_ = memory.state_bytes(cfg, ranks=2, ep=2)
+    host, *_ = memory.state_bytes(cfg, ranks=2, ep=2, optimizer_state="host")
+    largest = param_count(cfg)["routed_experts"] / 2 / (3 * cfg.n_moe_layers)  # one layer's w1 on one EP rank
+    assert host == pytest.approx(device / 2 + 8 * largest)
+    need = memory.estimate(cfg, batch=4, seq=2048, ranks=2, ep=2, activations=False, optimizer_state="host")
+    assert need.host_states == pytest.approx(device / 2) and need.host_states / GIB == pytest.approx(58.5, abs=0.1)
+    memory.check_host(need, 128 * GIB)  # each of the x2 machine's two ranks: half of its 256 GiB
+    with pytest.raises(BadInput, match=r"keeps 59 GiB of AdamW moments in host memory per rank.*share of the host "
+                                       r"is 32 GiB"):
+        memory.check_host(need, 32 * GIB)
+
+
+def _check_16b_on_two_gpus(monkeypatch, gpu_gib: float, **cfg_over):
+    """check_memory for the 16b under --ep 2 on two (mocked) GPUs of ``gpu_gib`` and a 256 GiB host, with the
+    activations a fixed 3 MB per token, 11.4 GiB per rank (what matters here is where the states go)."""
+    import types
+
+    import torch
+
+    from convergence.train.loop import TrainConfig, check_memory
+
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    monkeypatch.setattr(torch.cuda, "get_per_process_memory_fraction", lambda _i: 1.0)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda _i: types.SimpleNamespace(
+        total_memory=gpu_gib * GIB))
+    monkeypatch.setattr(memory, "host_bytes", lambda: 256 * GIB)
+    monkeypatch.setattr(memory, "activation_bytes_per_token", lambda *a, **k: {
+        "dense_block": 3e6 / 27, "moe_block": 3e6 / 27, "head": 0.0})
+    cfg = TrainConfig(model="16b", recipes=("bf16",), steps=20, batch=4, seq=2048, device="cuda", ep=2,
+                      **cfg_over)
+    return check_memory(cfg, 102400, types.SimpleNamespace(device=torch.device("cuda", 0), world=2))
+
+
+def test_auto_keeps_the_moments_on_the_gpu_when_they_fit_and_moves_them_to_the_host_when_not(monkeypatch):
+    # device: 117 GiB of states + 0.6 gathered + 11.4 of activations = 129 GiB; host: 59 + 0.6 + 11.4 = 71 GiB
+    assert _check_16b_on_two_gpus(monkeypatch, 160).optimizer_state == "device"  # 144 GiB usable
+    assert _check_16b_on_two_gpus(monkeypatch, 139, ckpt_every=0).optimizer_state == "host"  # 125 GiB usable
+    with pytest.raises(BadInput, match=r"not written to distributed checkpoints yet.*--ckpt-every 0"):
+        _check_16b_on_two_gpus(monkeypatch, 139, ckpt_every=100)
+    with pytest.raises(BadInput, match=r"needs about 129 GiB per GPU.*--optimizer-state host"):
+        _check_16b_on_two_gpus(monkeypatch, 139, optimizer_state="device")
+    with pytest.raises(BadInput, match=r"state of one parameter \(the rest in host\).*need 4 GPUs or more"):
+        _check_16b_on_two_gpus(monkeypatch, 40, ckpt_every=0)  # 8 B x 15.7B = 117 GiB of weights and gradients
+
+
+def test_moments_in_host_memory_need_a_gpu():
+    from convergence.train.loop import TrainConfig, check_memory
+    from convergence.train.placement import Single
+
+    with pytest.raises(BadInput, match="--optimizer-state host needs --device cuda"):
+        check_memory(TrainConfig(model="tiny", recipes=("bf16",), steps=1, optimizer_state="host"), 256,
+                     Single("cpu"))

@@ -298,6 +298,24 @@ def test_paired_run_on_cuda(tmp_path):
         assert json.loads((tmp_path / recipe / "config.json").read_text())["environment"]["gpus"]
 
 
+@pytest.mark.gpu
+def test_adamw_moments_in_host_memory_train_and_resume_the_same_bits_on_cuda(tmp_path):
+    """--optimizer-state host on one GPU: the same bits as the moments on the GPU, also across a checkpoint
+    (pinned host tensors saved, loaded back to host memory) and a resume."""
+    from convergence.train.ep_identity import compare_runs
+
+    cfg = TrainConfig(model="tiny", recipes=("bf16",), steps=6, device="cuda", deterministic=True,
+                      **(defaults_for("tiny") | {"probe_every": 0, "val_every": 2, "ckpt_every": 2}))
+    run(cfg, tmp_path / "device", progress=False)
+    host = dataclasses.replace(cfg, optimizer_state="host")
+    assert run(host, tmp_path / "host", progress=False, stop_after_s=0) is None  # a checkpoint after step 1
+    run(host, tmp_path / "host", resume=True, progress=False)
+    for where, state in (("device", "device"), ("host", "host")):  # auto chose the GPU for the tiny model
+        assert json.loads((tmp_path / where / "bf16" / "config.json").read_text())["train"]["optimizer_state"] == state
+    result = compare_runs(tmp_path / "device", tmp_path / "host")
+    assert result["identical"], result["recipes"]["bf16"]["first_difference"]
+
+
 def test_bench_smoke_prints_the_step_time_ratio(capsys):
     from convergence.train.bench import step_flops
     from convergence.train.cli import bench_main

@@ -57,6 +57,10 @@ def config_from_args(args) -> TrainConfig:
         if problem:
             raise CLIError(f"--mxfp8-kernel: {problem}")
     check_recipe_kernels(recipes, args.mxfp8_kernel)
+    base = CONFIGS[args.model]()
+    if args.layers is not None and not base.n_dense_layers < args.layers <= base.n_layers:
+        raise CLIError(f"--layers must be from {base.n_dense_layers + 1} (the dense layers and one MoE layer) to "
+                       f"{base.n_layers} (model {args.model}'s depth), got {args.layers}")
     d = defaults_for(args.model)
     for key in d:
         v = getattr(args, key, None)
@@ -79,7 +83,7 @@ def config_from_args(args) -> TrainConfig:
                        deterministic=args.deterministic, mxfp8_kernel=args.mxfp8_kernel,
                        data_seed=args.data_seed, row_order=args.row_order,
                        activation_checkpointing=checkpointing, phase_times=args.phase_times,
-                       optimizer_state=args.optimizer_state, **d)
+                       optimizer_state=args.optimizer_state, layers=args.layers or 0, **d)
 
 
 class _RankParser(ArgumentParser):
@@ -127,6 +131,9 @@ def train_parser() -> ArgumentParser:
     p.add_argument("--activation-checkpointing", action=argparse.BooleanOptionalAction, default=None,
                    help="keep only each block's input and recompute the block in backward (same bits, less "
                    "memory, ~1/3 more compute); default: on for 16b, off otherwise")
+    p.add_argument("--layers", type=int, default=None,
+                   help="train the model's first N layers only, every width as the model's (default: all): a 16b "
+                   "whose checkpoint fits a disk, for checking checkpoint and resume at its real widths")
     p.add_argument("--optimizer-state", default="auto", choices=OPTIMIZER_STATES,
                    help="where AdamW's moments wait between steps: device, host (pinned host memory, each "
                    "parameter's brought to the GPU for its update: the same bits, slower), or auto: device when "

@@ -88,6 +88,7 @@ class TrainConfig:
     activation_checkpointing: bool = False  # blocks recomputed in backward (the CLI turns it on for 16b)
     phase_times: bool = False  # time forward / backward / optimizer apart (synchronizes between them on a GPU)
     optimizer_state: str = "auto"  # convergence.train.placement: device, host, or auto (what the memory check fits)
+    layers: int = 0  # 0: the model's depth; N: its first N layers at the model's widths (model_config)
 
     @property
     def order_seed(self) -> int:
@@ -128,11 +129,12 @@ REAL_VOCAB_MODELS = ("16b",)  # models that keep their own vocabulary size whate
 def model_config(cfg: TrainConfig, vocab_size: int):
     """The run's ``ModelConfig``: its model's shapes with the tokenizer's vocabulary, except that the 16b keeps
     the real model's 102,400 rows when the tokenizer has fewer ids (issue #19: the embedding and the output
-    head, 0.4B parameters, at their real size; the rows no token uses are still trained by the softmax)."""
+    head, 0.4B parameters, at their real size; the rows no token uses are still trained by the softmax), and
+    only its first ``cfg.layers`` layers when that is set (a 16b checkpoint is 176 GiB at 27 layers)."""
     base = get_config(cfg.model)
     if cfg.model in REAL_VOCAB_MODELS:
         vocab_size = max(vocab_size, base.vocab_size)
-    return dataclasses.replace(base, vocab_size=vocab_size)
+    return dataclasses.replace(base, vocab_size=vocab_size, n_layers=cfg.layers or base.n_layers)
 
 
 def build_model(cfg: TrainConfig, vocab_size: int) -> Transformer:

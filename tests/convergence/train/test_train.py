@@ -174,6 +174,24 @@ def _bad(capsys, *argv) -> str:
 BASE = ["--model", "tiny", "--steps", "1"]
 
 
+def test_layers_trains_the_models_first_layers_at_its_widths_and_refuses_a_depth_it_does_not_have(capsys, tmp_path):
+    """--layers N (issue #19: a 16b whose checkpoint fits the disk): the model's first N layers, every width
+    and the vocabulary as the model's; a depth below one MoE layer or above the model's is one line."""
+    from numerics.layer.configs import get_config
+
+    full = get_config("tiny")
+    assert convergence_main(["train", *BASE, "--recipe", "bf16", "--layers", "2", "--ckpt-every", "0",
+                             "--out", str(tmp_path / "r")]) == 0
+    capsys.readouterr()
+    model = json.loads((tmp_path / "r" / "bf16" / "config.json").read_text())["model"]
+    assert model["n_layers"] == 2 and model["n_dense_layers"] == full.n_dense_layers == 1
+    assert {k: v for k, v in model.items() if k != "n_layers"} == {
+        k: v for k, v in dataclasses.asdict(full).items() if k != "n_layers"} | {"vocab_size": model["vocab_size"]}
+    for layers in ("1", str(full.n_layers + 1)):
+        assert "--layers must be from 2 (the dense layers and one MoE layer) to 3" in _bad(
+            capsys, *BASE, "--layers", layers, "--out", str(tmp_path / "x"))
+
+
 def test_unknown_model_and_recipe_list_the_valid_ones(capsys, tmp_path):
     assert "tiny, proxy, 16b" in _bad(capsys, "--model", "huge", "--steps", "1", "--out", str(tmp_path))
     assert "bf16, mxfp8, mxfp8-wgrad-hp" in _bad(capsys, *BASE, "--recipe", "fp4", "--out", str(tmp_path))

@@ -166,13 +166,28 @@ MOMENTS = ("exp_avg", "exp_avg_sq")
 
 
 def _home(on_device: torch.Tensor, home: torch.Tensor | None) -> torch.Tensor:
-    """``on_device``'s values in host memory: into ``home`` when there is one (no new allocation)."""
-    if on_device.device.type == "cpu":
+    """``on_device``'s values (its local shard, for an FSDP2 DTensor) in pinned host memory: into ``home`` when
+    there is one (no new allocation). On a CPU nothing moves."""
+    from torch.distributed.tensor import DTensor
+
+    local = on_device.to_local() if isinstance(on_device, DTensor) else on_device
+    if local.device.type == "cpu":
         return on_device
     if home is None:
-        home = torch.empty(on_device.shape, dtype=on_device.dtype, pin_memory=True)
-    home.copy_(on_device, non_blocking=True)
+        home = torch.empty(local.shape, dtype=local.dtype, pin_memory=True)
+    home.copy_(local, non_blocking=True)
     return home
+
+
+def _to_device(home: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
+    """A moment from host memory on ``param``'s device, laid out as ``param`` (a DTensor's local shard is
+    wrapped with its mesh and placements, as AdamW's own state would be)."""
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(param, DTensor) and not isinstance(home, DTensor):
+        return DTensor.from_local(home.to(param.device, non_blocking=True), param.device_mesh, param.placements,
+                                  run_check=False, shape=param.shape, stride=param.stride())
+    return home.to(param.device, non_blocking=True)
 
 
 class HostStateAdamW(torch.optim.AdamW):
@@ -198,7 +213,7 @@ class HostStateAdamW(torch.optim.AdamW):
                     state = self.state[p]
                     home = {k: state[k] for k in MOMENTS if k in state}
                     for k, t in home.items():
-                        state[k] = t.to(p.device, non_blocking=True)
+                        state[k] = _to_device(t, p)
                     self.param_groups = [{**group, "params": [p]}]  # AdamW's own step, for this parameter only
                     super().step()
                     for k in MOMENTS:

@@ -1,5 +1,5 @@
-"""python -m convergence train | compare | calibrate | bench | ep-identity | protocol | power: thin dispatch to each
-main()."""
+"""python -m convergence train | compare | calibrate | bench | ep-identity | protocol | power | probes: thin
+dispatch to each main()."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
                     "are two runs (e.g. reference vs deepep EP) identical step for step"),
     "bench": ("convergence.train.cli:bench_main", "tokens/s of bf16 and mxfp8 (per kernel) training steps, one run"),
     "power": ("convergence.curves.cli:power_main", "replicates and steps a margin needs, from measured spreads"),
+    "probes": ("convergence.curves.probes", "per-layer BF16-vs-MXFP8 SQNRs of a run's probes: a table and a figure"),
     "protocol": ("convergence.train.cli:protocol_main",
                  "paired candidate, BF16 replicates, positive and negative controls: verdicts on validation loss"),
 }

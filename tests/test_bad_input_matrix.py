@@ -85,6 +85,8 @@ CASES = [
                                      "--out", "{tmp}/r"], "SM100"),
     ("train-recipe-kernel", "convergence", ["train", "--model", "tiny", "--steps", "1", "--recipe", "mxfp8-e5m2",
                                             "--mxfp8-kernel", "emulated", "--out", "{tmp}/r"], "kernel 'fast' only"),
+    ("train-val-percent", "convergence", ["train", "--model", "tiny", "--steps", "1", "--val-percent", "0",
+                                          "--out", "{tmp}/r"], "--val-percent must be from 1 to 50"),
     ("train-optimizer-state-cpu", "convergence", ["train", "--model", "tiny", "--steps", "1", "--optimizer-state",
                                                   "host", "--out", "{tmp}/r"], "needs --device cuda"),
     ("train-optimizer-state-choice", "convergence", ["train", "--model", "tiny", "--steps", "1", "--optimizer-state",

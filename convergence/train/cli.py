@@ -76,7 +76,10 @@ def config_from_args(args) -> TrainConfig:
             raise CLIError(f"--{flag.replace('_', '-')} must be >= 0, got {v}")
     tokenizer = args.tokenizer or ("bpe" if args.model in REAL_VOCAB_MODELS else "byte")
     bpe_vocab = CONFIGS[args.model]().vocab_size if args.model in REAL_VOCAB_MODELS else data_mod.DataSpec.bpe_vocab
-    spec = data_mod.DataSpec(path=args.data, tokenizer=tokenizer, bpe_vocab=bpe_vocab, bin_dtype=args.data_dtype)
+    if args.val_percent is not None and not 1 <= args.val_percent <= 50:
+        raise CLIError(f"--val-percent must be from 1 to 50, got {args.val_percent}")
+    spec = data_mod.DataSpec(path=args.data, tokenizer=tokenizer, bpe_vocab=bpe_vocab, bin_dtype=args.data_dtype,
+                             val_percent=args.val_percent)
     checkpointing = args.model == "16b" if args.activation_checkpointing is None else args.activation_checkpointing
     return TrainConfig(model=args.model, recipes=recipes, steps=args.steps, seed=args.seed,
                        device=args.device, data=spec, ep=args.ep or 0, ep_backend=args.ep_backend,
@@ -110,6 +113,9 @@ def train_parser() -> ArgumentParser:
     p.add_argument("--resume", action="store_true", help="continue the runs in --out from their checkpoints")
     p.add_argument("--force", action="store_true", help="overwrite the runs in --out")
     p.add_argument("--data", help="text / .jsonl / .parquet / pre-tokenized .bin (default: Python stdlib)")
+    p.add_argument("--val-percent", type=int, default=None,
+                   help="documents held out for validation, percent (default 2; 1 %% of a .bin): a larger held-out "
+                   "set has a smaller sampling error (README, the convergence protocol) and less to train on")
     p.add_argument("--data-dtype", default="uint16", help="token dtype of a .bin: uint16 or uint32")
     p.add_argument("--tokenizer", default=None, choices=["byte", "bpe"],
                    help="byte, or a byte-level BPE trained on the data's train split and cached (pip install "
@@ -315,6 +321,7 @@ def _protocol_parser() -> ArgumentParser:
     p.add_argument("--margin", type=float, default=d.margin, help="relative equivalence margin (DeepSeek-V3: 0.0025)")
     p.add_argument("--name", default="", help="prefix of the result files (default <model>_long)")
     p.add_argument("--data", help="as convergence train --data (default: the Python standard library)")
+    p.add_argument("--val-percent", type=int, default=None, help="as convergence train --val-percent")
     for key in ("batch", "seq", "lr", "warmup", "val_every", "val_batches", "probe_every"):
         p.add_argument(f"--{key.replace('_', '-')}", type=float if key == "lr" else int, default=None)
     p.add_argument("--gpus", type=int, default=None, help="runs at once, one per GPU (default: every visible GPU)")
@@ -359,7 +366,7 @@ def protocol_main(argv: Sequence[str] | None = None) -> int:
                            candidate_replicates=args.candidate_replicates,
                            design=args.design, candidate=args.candidate, control=args.control, device=args.device,
                            mxfp8_kernel=args.mxfp8_kernel, margin=args.margin, name=args.name, data=args.data,
-                           overrides=overrides).check()
+                           val_percent=args.val_percent, overrides=overrides).check()
     if args.device == "cuda" and not torch.cuda.is_available():
         raise CLIError("--device cuda: no CUDA device is visible")
     gpus = (args.gpus or torch.cuda.device_count()) if args.device == "cuda" else 0

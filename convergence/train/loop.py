@@ -397,13 +397,18 @@ def check_run_dir(cfg: TrainConfig, out: Path, resume: bool, force: bool) -> Non
         _check_resumable(d)
     if resume:
         want = json.loads(json.dumps(cfg.fields_for_resume(), default=str))
+        # a field added since the run started is absent from its config: it ran with that field's default
+        defaults = json.loads(json.dumps(dataclasses.asdict(TrainConfig(cfg.model, cfg.recipes, cfg.steps)),
+                                         default=str))
         for d in existing:
             path = d / "config.json"
             if not path.exists():
                 continue
             have = json.loads(path.read_text())["train"]
             for key, value in want.items():
-                if have.get(key) != value:
+                if isinstance(value, dict) and isinstance(have.get(key), dict):
+                    have[key] = defaults[key] | have[key]
+                if have.setdefault(key, defaults.get(key)) != value:
                     raise BadInput(
                         f"--resume: {path} was run with {key}={have.get(key)!r}, the command line says "
                         f"{key}={value!r}"

@@ -97,6 +97,7 @@ class ProtocolPlan:
     margin: float = 0.0025  # DeepSeek-V3's 0.25 % (numerics/tolerances.py, training/any/loss_curve)
     name: str = ""  # prefix of the verdict files; "" -> "<model>_long"
     data: str | None = None  # as convergence train --data (None: the standard-library corpus)
+    val_percent: int | None = None  # as convergence train --val-percent (None: its default, 2 %)
     overrides: tuple[tuple[str, float], ...] = ()  # TRAIN_OVERRIDES given on the command line
 
     def check(self) -> ProtocolPlan:
@@ -122,6 +123,8 @@ class ProtocolPlan:
         for key, value in self.overrides:
             if key not in TRAIN_OVERRIDES or value < 0 or (value == 0 and key not in ("warmup", "probe_every")):
                 raise BadInput(f"--{key.replace('_', '-')} {value}: out of range")
+        if self.val_percent is not None and not 1 <= self.val_percent <= 50:
+            raise BadInput(f"--val-percent must be from 1 to 50, got {self.val_percent}")
         if self.train_defaults()["val_every"] > self.steps:
             raise BadInput(f"--val-every {self.train_defaults()['val_every']} is more than --steps {self.steps}: the "
                            "verdict compares validation losses")
@@ -170,7 +173,9 @@ class ProtocolPlan:
         ints = {k: (v if k == "lr" else int(v)) for k, v in d.items()}
         return TrainConfig(model=self.model, recipes=(spec.recipe,), steps=self.steps, seed=spec.seed,
                            device=self.device, mxfp8_kernel=self.mxfp8_kernel, data_seed=spec.data_seed,
-                           row_order=spec.row_order, data=data_mod.DataSpec(path=self.data), **ints)
+                           row_order=spec.row_order,
+                           data=data_mod.DataSpec(path=self.data, val_percent=self.val_percent),
+                           **ints)
 
     def train_command(self, spec: RunSpec, out: str) -> str:
         """The ``python -m convergence train`` command that makes this run on its own."""
@@ -186,6 +191,8 @@ class ProtocolPlan:
             argv += ["--mxfp8-kernel", self.mxfp8_kernel]
         if self.data:
             argv += ["--data", self.data]
+        if self.val_percent is not None:
+            argv += ["--val-percent", str(self.val_percent)]
         return shlex.join(argv)
 
     def command(self, out: str, *, gpus: int = 0, per_gpu: int = 1, stop_after_minutes: float | None = None) -> str:
@@ -199,7 +206,8 @@ class ProtocolPlan:
         for key, value in self.overrides:
             argv += [f"--{key.replace('_', '-')}", str(value if key == "lr" else int(value))]
         for flag, value in (("--mxfp8-kernel", self.mxfp8_kernel if self.mxfp8_kernel != "auto" else None),
-                            ("--data", self.data), ("--name", self.name or None), ("--gpus", gpus or None),
+                            ("--data", self.data), ("--val-percent", self.val_percent),
+                            ("--name", self.name or None), ("--gpus", gpus or None),
                             ("--parallel", per_gpu if per_gpu > 1 else None),
                             ("--stop-after-minutes", stop_after_minutes)):
             if value is not None:

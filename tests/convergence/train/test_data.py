@@ -30,6 +30,39 @@ def test_batches_are_a_function_of_seed_and_step():
     assert len(set(epoch.tolist())) == len(epoch)  # one epoch visits each window once
 
 
+def test_a_larger_held_out_share_holds_out_a_superset_of_the_documents_and_trains_on_the_rest(tmp_path):
+    import re
+
+    (tmp_path / "d.jsonl").write_text("".join(json.dumps({"text": f"document <{i:04d}> ends\n"}) + "\n"
+                                              for i in range(400)))
+
+    def split(percent):
+        t = load_tokens(DataSpec(path=str(tmp_path / "d.jsonl"), val_percent=percent))
+        ids = [set(re.findall(r"<(\d{4})>", bytes(part.astype(np.uint8)).decode())) for part in (t.train, t.val)]
+        return t, *ids
+
+    default, train2, val2 = split(None)
+    _, _, explicit2 = split(2)
+    large, train20, val20 = split(20)
+    assert val2 == explicit2 and default.meta["documents"]["val"] == len(val2)  # None is the default 2 %
+    assert val2 < val20 and 60 <= len(val20) <= 100  # a larger share holds out a superset
+    assert not train20 & val20 and len(train20 | val20) == 400 and not train2 & val2
+    ids = np.arange(10_000, dtype=np.uint32)
+    ids.tofile(tmp_path / "t.bin")
+    b = load_tokens(DataSpec(path=str(tmp_path / "t.bin"), bin_dtype="uint32", val_percent=10))
+    assert len(b.val) == 1000 and np.array_equal(b.val, ids[-1000:])
+
+
+def test_validation_batches_are_spread_over_the_held_out_split_and_the_same_every_time():
+    tokens = np.arange(100 * 16 + 1, dtype=np.uint16)  # 100 windows of 16: 25 batches of 4
+    val = Batches(tokens, batch=4, seq=16, seed=0)
+    every = list(val.eval_batches(1000))
+    assert len(every) == 25 and [int(b[0, 0]) for b in every] == [16 * 4 * i for i in range(25)]  # all, in order
+    five = list(val.eval_batches(5))
+    assert [int(b[0, 0]) // 64 for b in five] == [0, 5, 10, 15, 20]  # spread, not the first five
+    assert all(np.array_equal(x, y) for x, y in zip(five, val.eval_batches(5)))
+
+
 def test_too_few_tokens_is_reported():
     with pytest.raises(BadInput, match="fewer than one batch"):
         Batches(np.zeros(100, np.uint16), batch=4, seq=32, seed=0)

@@ -55,6 +55,18 @@ def test_candidate_replicates_carry_the_replicates_changes_and_the_negative_cont
     assert [r.name for r in one.judged("positive_control")] == ["mxfp8-head"]
 
 
+def test_a_larger_held_out_share_reaches_every_run_and_its_command():
+    plan = pr.ProtocolPlan(model="tiny", steps=20, val_percent=20).check()
+    assert all(plan.train_config(r).data.val_percent == 20 for r in plan.runs())
+    assert "--val-percent 20" in plan.train_command(plan.runs()[0], "OUT") and "--val-percent 20" in plan.command("O")
+    assert pr.plan_from_dict(plan.as_dict()) == plan
+    default = pr.ProtocolPlan(model="tiny", steps=20).check()
+    assert "--val-percent" not in default.command("O")
+    assert default.train_config(default.runs()[0]).data.val_percent is None
+    with pytest.raises(pr.BadInput, match="--val-percent must be from 1 to 50"):
+        pr.ProtocolPlan(model="tiny", steps=20, val_percent=80).check()
+
+
 def test_protocol_folder_grows_its_replicates_and_keeps_the_runs_made(tmp_path):
     """More replicates (or candidate replicates) on a folder continue it; any other change is still refused, and
     a protocol.json written before candidate_replicates existed reads as one candidate run."""

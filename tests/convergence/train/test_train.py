@@ -305,6 +305,26 @@ def test_resume_of_a_finished_run_changes_nothing(tmp_path, paired):
     assert (out / "bf16" / "metrics.jsonl").read_bytes() == before
 
 
+def test_a_run_started_before_a_field_existed_resumes_with_that_fields_default(capsys, tmp_path, paired):
+    """config.json of a run made before --layers, --optimizer-state and --val-percent lacks them: it ran with
+    their defaults, so --resume accepts it; a field that differs is still named."""
+    out = tmp_path / "copy"
+    shutil.copytree(paired, out)
+    path = out / "bf16" / "config.json"
+    config = json.loads(path.read_text())
+    for key in ("layers", "optimizer_state"):
+        del config["train"][key]
+    del config["train"]["data"]["val_percent"]
+    path.write_text(json.dumps(config))
+    before = (out / "bf16" / "metrics.jsonl").read_bytes()
+    run(TrainConfig(model="tiny", recipes=("bf16",), steps=30, **defaults_for("tiny")), out, resume=True,
+        progress=False)
+    assert (out / "bf16" / "metrics.jsonl").read_bytes() == before
+    err = _bad(capsys, "--model", "tiny", "--steps", "30", "--recipe", "bf16", "--val-percent", "20", "--resume",
+               "--out", str(out))
+    assert "'val_percent': None" in err and "'val_percent': 20" in err
+
+
 @pytest.mark.gpu
 def test_paired_run_on_cuda(tmp_path):
     cfg = TrainConfig(model="tiny", recipes=("bf16", "mxfp8"), steps=5, device="cuda",

@@ -82,14 +82,17 @@ def summarise(records: Sequence[dict], name: str) -> dict:
             continue
         for q, v in qs.items():
             layers.setdefault(layer, {}).setdefault(q, []).append((v, fqn))
-    by_layer = {layer: {q: {"median": statistics.median(v for v, _ in vs), "lowest": min(vs)[0],
-                            "lowest_module": min(vs)[1]} for q, vs in qs.items()}
-                for layer, qs in sorted(layers.items())}
-    overall = {q: statistics.median(v for rec in records for vals in rec["layers"].values()
-                                    if isinstance(vals, dict) and isinstance(v := vals.get(q), (int, float)))
-               for q in QUANTITIES if any(q in qs for qs in modules.values())}
+    by_layer = {layer: {q: _layer_part(vs) for q, vs in qs.items()} for layer, qs in sorted(layers.items())}
+    overall = {q: statistics.median(v for qs in per_module.values() for v in qs.get(q, ()))
+               for q in QUANTITIES if any(q in qs for qs in per_module.values())}
     return {"name": name, "steps": [rec["step"] for rec in records], "modules": modules, "layers": by_layer,
             "overall": overall, "worst": worst}
+
+
+def _layer_part(values: list[tuple[float, str]]) -> dict:
+    """A layer's (module median, module) pairs -> its median and its lowest module."""
+    lowest, module = min(values)
+    return {"median": statistics.median(v for v, _ in values), "lowest": lowest, "lowest_module": module}
 
 
 def report(summary: dict) -> str:

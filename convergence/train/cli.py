@@ -75,7 +75,7 @@ def config_from_args(args) -> TrainConfig:
         if v is not None and v < 0:
             raise CLIError(f"--{flag.replace('_', '-')} must be >= 0, got {v}")
     tokenizer = args.tokenizer or ("bpe" if args.model in REAL_VOCAB_MODELS else "byte")
-    bpe_vocab = CONFIGS[args.model]().vocab_size if args.model in REAL_VOCAB_MODELS else data_mod.DataSpec.bpe_vocab
+    bpe_vocab = base.vocab_size if args.model in REAL_VOCAB_MODELS else data_mod.DataSpec.bpe_vocab
     if args.val_percent is not None and not 1 <= args.val_percent <= 50:
         raise CLIError(f"--val-percent must be from 1 to 50, got {args.val_percent}")
     spec = data_mod.DataSpec(path=args.data, tokenizer=tokenizer, bpe_vocab=bpe_vocab, bin_dtype=args.data_dtype,

@@ -471,37 +471,39 @@ def check_memory(cfg: TrainConfig, vocab_size: int, place: Single) -> TrainConfi
     from convergence.train import memory
 
     share, gpu = 1.0, place.device.type == "cuda"
+    host_share = memory.host_bytes() / int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     if gpu:
         index = place.device.index if place.device.index is not None else torch.cuda.current_device()
         share = getattr(torch.cuda, "get_per_process_memory_fraction", lambda _d: 1.0)(index)  # needs an index
         capacity, where = torch.cuda.get_device_properties(index).total_memory * share, "GPU"
     else:
-        capacity, where = memory.host_bytes() / int(os.environ.get("LOCAL_WORLD_SIZE", "1")), "CPU process"
+        capacity, where = host_share, "CPU process"
     if cfg.optimizer_state == "host" and not gpu:
         raise BadInput("--optimizer-state host needs --device cuda (on a CPU the moments are in host memory already)")
-    choices = {"auto": ("device", "host") if gpu else ("device",)}.get(cfg.optimizer_state, (cfg.optimizer_state,))
-    host_share = memory.host_bytes() / int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     shared = f" (held to {share:.0%} of the GPU: protocol --parallel)" if share < 1 else ""
-    for i, state in enumerate(choices):
+
+    def check(state: str) -> None:
+        for measure in (False, True):  # the exact model states first: a model that cannot fit stops in a second
+            try:
+                need = memory.estimate(model_config(cfg, vocab_size), batch=cfg.batch, seq=cfg.seq, ranks=place.world,
+                                       ep=cfg.ep or 1, device=place.device, checkpointing=cfg.activation_checkpointing,
+                                       activations=measure, optimizer_state=state)
+            except Exception as exc:  # noqa: BLE001 - the estimate is advice; training decides
+                warnings.warn(f"memory estimate failed ({type(exc).__name__}: {exc}); starting anyway", stacklevel=3)
+                return
+            memory.check_fits(need, capacity, model=f"--model {cfg.model}{shared}", where=where)
+            memory.check_host(need, host_share)
+
+    *first, last = {"auto": ("device", "host") if gpu else ("device",)}.get(cfg.optimizer_state,
+                                                                            (cfg.optimizer_state,))
+    for state in first:  # auto: the moments on the GPU when they fit there
         try:
-            for measure in (False, True):  # the exact model states first: a model that cannot fit stops in a second
-                try:
-                    need = memory.estimate(model_config(cfg, vocab_size), batch=cfg.batch, seq=cfg.seq,
-                                           ranks=place.world, ep=cfg.ep or 1, device=place.device,
-                                           checkpointing=cfg.activation_checkpointing, activations=measure,
-                                           optimizer_state=state)
-                except Exception as exc:  # noqa: BLE001 - the estimate is advice; training decides
-                    warnings.warn(f"memory estimate failed ({type(exc).__name__}: {exc}); starting anyway",
-                                  stacklevel=2)
-                    return _placed(cfg, state, place)
-                memory.check_fits(need, capacity, model=f"--model {cfg.model}{shared}", where=where)
-                memory.check_host(need, host_share)
+            check(state)
+            return _placed(cfg, state, place)
         except BadInput:
-            if i + 1 == len(choices):
-                raise  # the last placement tried (auto: host, the one that needs the least GPU memory)
             continue
-        return _placed(cfg, state, place)
-    raise AssertionError("unreachable")
+    check(last)  # the last placement tried (auto: host, the one that needs the least GPU memory) says why not
+    return _placed(cfg, last, place)
 
 
 def _placed(cfg: TrainConfig, state: str, place: Single) -> TrainConfig:

@@ -308,10 +308,11 @@ def judge(plan: ProtocolPlan, out: Path) -> dict[str, dict]:
     baselines = [metrics_path(out, r) for r in plan.runs() if r.role in ("baseline", "replicate")]
     result = {}
     for name, (_role, expected, shows) in VERDICTS.items():
-        first, *more = (metrics_path(out, r) for r in plan.judged(name))
+        judged = plan.judged(name)
+        first, *more = (metrics_path(out, r) for r in judged)
         r = compare_paths(baselines, first, margin=plan.margin, metric="val_loss", candidate_replicates=more)
-        r["protocol"] = {"verdict": name, "judged_run": plan.judged(name)[0].name,
-                         "judged_runs": [s.name for s in plan.judged(name)], "expected": expected, "shows": shows,
+        r["protocol"] = {"verdict": name, "judged_run": judged[0].name,
+                         "judged_runs": [s.name for s in judged], "expected": expected, "shows": shows,
                          "as_expected": as_expected(r["verdict"], expected),
                          "plan": plan.as_dict(),
                          "runs": [dataclasses.asdict(s) for s in plan.runs()]}

@@ -330,6 +330,9 @@ def _protocol_parser() -> ArgumentParser:
                         "memory; a small model leaves a GPU idle between its kernels)")
     p.add_argument("--stop-after-minutes", type=float, default=None,
                    help="stop every run at a checkpoint by then; the same command continues")
+    p.add_argument("--whole-runs", action="store_true",
+                   help="with --stop-after-minutes: start a run only when this folder's pace of its recipe says it "
+                        "ends by then (for a machine whose disk, so a stopped run's checkpoint, ends with the call)")
     p.add_argument("--hardware", default=None, help="hardware tag in the result names (default: detected, e.g. h200x2)")
     p.add_argument("--force", action="store_true", help="delete this protocol's runs in --out and start again")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads per process")
@@ -374,6 +377,8 @@ def protocol_main(argv: Sequence[str] | None = None) -> int:
         raise CLIError(f"--gpus {args.gpus}: this machine has {torch.cuda.device_count()}")
     if args.parallel < 1 or (args.stop_after_minutes is not None and args.stop_after_minutes <= 0):
         raise CLIError("--parallel must be >= 1 and --stop-after-minutes > 0")
+    if args.whole_runs and args.stop_after_minutes is None:
+        raise CLIError("--whole-runs needs --stop-after-minutes (without a deadline every run is whole)")
     kernels = {plan.mxfp8_kernel} - {"auto"}
     for k in kernels:
         problem = mxfp8_problem(k, args.device)
@@ -394,6 +399,7 @@ def protocol_main(argv: Sequence[str] | None = None) -> int:
     stop = None if args.stop_after_minutes is None else 60 * args.stop_after_minutes
     try:
         status = pieces.execute(plan, args.out, slots=slots, per_gpu=per_gpu, stop_after_s=stop,
+                                whole_runs=args.whole_runs,
                                 worker_argv=pieces.protocol_worker(args.out, threads, gpu_share=per_gpu))
     except pieces.RunFailed as exc:
         print(f"error: a run failed: {exc}", file=sys.stderr)

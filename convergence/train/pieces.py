@@ -1,8 +1,8 @@
 """Run a protocol's runs in resumable pieces: at most ``slots`` at a time, each stopping by one deadline.
 
-Public: ``execute(plan, out, *, slots, per_gpu, stop_after_s, worker_argv, progress) -> dict`` (name -> "done" or
-steps logged), ``protocol_worker(out, threads, gpu_share)``, ``gpus_of_slots(slots, per_gpu)``, ``RunFailed``,
-``STARTUP_S``.
+Public: ``execute(plan, out, *, slots, per_gpu, stop_after_s, whole_runs, worker_argv, progress) -> dict`` (name ->
+"done" or steps logged), ``expected_wall_s(out, recipe, steps, per_gpu)``, ``protocol_worker(out, threads, gpu_share)``,
+``gpus_of_slots(slots, per_gpu)``, ``RunFailed``, ``STARTUP_S``, ``PACE_FILE``.
 
 * One slot: the pieces run in this process, one after another, on the token stream loaded once.
 * Several slots: one worker process per slot (``worker_argv(name, minutes)``, by default
@@ -13,10 +13,15 @@ steps logged), ``protocol_worker(out, threads, gpu_share)``, ``gpus_of_slots(slo
 * Time: a piece is told to stop ``STARTUP_S`` before the deadline (what it spends outside its training clock:
   starting, loading, building the model, writing its checkpoint); none starts with less than ``MIN_PIECE_S``
   of training time left. The next call continues every run from its checkpoint.
+* Pace: every piece appends its recipe, steps and wall seconds to ``OUT/pace.jsonl``. With ``whole_runs``, a
+  run not yet started is started only when that pace says it ends before the deadline (other runs that fit
+  go first): for a machine whose disk does not outlive the call, where a stopped run's checkpoint is lost
+  with it and its minutes with it. A recipe with no pace yet is started (the first piece measures it).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -32,10 +37,51 @@ from convergence.train import protocol as pr
 # training steps, so ~60 s went to start-up, 30 evaluations and the exit; 16b: an estimate, not yet measured.
 STARTUP_S = {"tiny": 10.0, "proxy": 60.0, "16b": 180.0}
 MIN_PIECE_S = 5.0  # below this a piece would spend more time starting than training
+PACE_FILE = "pace.jsonl"
+# A whole run's pace varies between runs of one recipe by a few percent on one GPU (proxy on an H200,
+# 2026-12-01: BF16 whole runs 263 and 274 s, with the evaluations and start-up); 10 % more leaves that room.
+PACE_MARGIN = 1.10
 
 
 class RunFailed(Exception):
     """A worker exited with an error (its log names the cause)."""
+
+
+def record_pace(out: Path, spec: pr.RunSpec, steps_before, steps_after, wall_s: float, per_gpu: int,
+                total_steps: int) -> None:
+    """Append one piece's pace (the steps it added and its wall seconds, start-up included) to ``OUT/pace.jsonl``."""
+    def count(v):
+        return total_steps if v == "done" else int(v)
+
+    entry = {"run": spec.name, "recipe": spec.recipe, "per_gpu": per_gpu, "from_step": count(steps_before),
+             "to_step": count(steps_after), "wall_s": round(wall_s, 2)}
+    with open(Path(out) / PACE_FILE, "a") as f:
+        f.write(json.dumps(entry) + "\n")
+
+
+def expected_wall_s(out: Path, recipe: str, steps: int, per_gpu: int = 1) -> tuple[float, str] | None:
+    """(wall seconds, how it was estimated) a whole run of ``recipe`` is expected to take, start-up included, from
+    the pieces in ``OUT/pace.jsonl`` run ``per_gpu`` to a GPU; None when there are none. Whole runs (step 0 to the
+    end in one piece) are used when there are any (the slowest of them); otherwise the pieces' seconds per step,
+    which counts each piece's start-up again and so overestimates."""
+    path = Path(out) / PACE_FILE
+    if not path.is_file():
+        return None
+    pieces = []
+    for line in path.read_text().splitlines():
+        try:
+            e = json.loads(line)
+        except json.JSONDecodeError:  # a line cut short by a killed process: the others still count
+            continue
+        if e.get("recipe") == recipe and e.get("per_gpu", 1) == per_gpu and e.get("to_step", 0) > e.get("from_step", 0):
+            pieces.append(e)
+    whole = [e["wall_s"] for e in pieces if e["from_step"] == 0 and e["to_step"] == steps]
+    if whole:
+        return PACE_MARGIN * max(whole), f"the slowest of {len(whole)} whole {recipe} runs, +{PACE_MARGIN - 1:.0%}"
+    if not pieces:
+        return None
+    rate = sum(e["wall_s"] for e in pieces) / sum(e["to_step"] - e["from_step"] for e in pieces)
+    return PACE_MARGIN * rate * steps, f"{len(pieces)} {recipe} pieces' seconds per step, +{PACE_MARGIN - 1:.0%}"
 
 
 def _order(plan: pr.ProtocolPlan, status: dict) -> list[pr.RunSpec]:
@@ -67,15 +113,31 @@ def protocol_worker(out: Path, threads: int | None = None,
 
 
 def execute(plan: pr.ProtocolPlan, out: Path, *, slots: int = 1, per_gpu: int = 1, stop_after_s: float | None = None,
-            worker_argv: Callable[[str, float | None], list[str]] | None = None, progress: bool = True) -> dict:
+            whole_runs: bool = False, worker_argv: Callable[[str, float | None], list[str]] | None = None,
+            progress: bool = True) -> dict:
     out = Path(out)
     start = time.monotonic()
     deadline = None if stop_after_s is None else start + stop_after_s
     startup = STARTUP_S.get(plan.model, 60.0)
+    told = set()
 
     def budget() -> float | None:
         """Training seconds a piece starting now may take, or None for no limit."""
         return None if deadline is None else deadline - time.monotonic() - startup
+
+    def fits(spec: pr.RunSpec, steps_logged) -> bool:
+        """False when ``whole_runs`` and a run not yet started would not end by the deadline at its pace."""
+        if not whole_runs or deadline is None or steps_logged != 0:
+            return True
+        need = expected_wall_s(out, spec.recipe, plan.steps, per_gpu)
+        left = deadline - time.monotonic()
+        if need is None or need[0] <= left:
+            return True
+        if spec.name not in told:
+            told.add(spec.name)
+            _line(progress, f"{spec.name}: not started: a whole run should take {need[0]:.0f} s ({need[1]}), "
+                            f"{left:.0f} s are left")
+        return False
 
     if slots <= 1:
         tokens = None
@@ -83,19 +145,24 @@ def execute(plan: pr.ProtocolPlan, out: Path, *, slots: int = 1, per_gpu: int = 
             left = budget()
             if left is not None and left < MIN_PIECE_S:
                 break
+            before = pr.run_status(plan, out)[spec.name]
+            if not fits(spec, before):
+                continue
             t0 = time.monotonic()
             if tokens is None:
                 from convergence.train import data as data_mod
 
                 tokens = data_mod.load_tokens(plan.train_config(spec).data)
             done = pr.run_piece(plan, spec, out, stop_after_s=left, tokens=tokens, progress=progress)
-            _line(progress, f"{spec.name}: {'finished' if done else 'stopped'} at "
-                            f"{pr.run_status(plan, out)[spec.name]} ({time.monotonic() - t0:.0f} s)")
+            after = pr.run_status(plan, out)[spec.name]
+            record_pace(out, spec, before, after, time.monotonic() - t0, per_gpu, plan.steps)
+            _line(progress, f"{spec.name}: {'finished' if done else 'stopped'} at {after} "
+                            f"({time.monotonic() - t0:.0f} s)")
             if not done:
                 break
         return pr.run_status(plan, out)
-    return _parallel(plan, out, slots, budget, worker_argv or protocol_worker(out), progress,
-                     gpus=gpus_of_slots(slots, per_gpu))
+    return _parallel(plan, out, slots, budget, fits, worker_argv or protocol_worker(out), progress,
+                     gpus=gpus_of_slots(slots, per_gpu), per_gpu=per_gpu)
 
 
 def gpus_of_slots(slots: int, per_gpu: int = 1) -> list[str]:
@@ -106,10 +173,12 @@ def gpus_of_slots(slots: int, per_gpu: int = 1) -> list[str]:
     return [visible[i % len(visible)] for i in range(slots)]
 
 
-def _parallel(plan, out: Path, slots: int, budget, worker_argv, progress, *, gpus: list[str]) -> dict:
+def _parallel(plan, out: Path, slots: int, budget, fits, worker_argv, progress, *, gpus: list[str],
+              per_gpu: int) -> dict:
     (out / "logs").mkdir(parents=True, exist_ok=True)
-    queue = _order(plan, pr.run_status(plan, out))
-    running: dict[int, tuple[pr.RunSpec, subprocess.Popen, float, object]] = {}
+    status = pr.run_status(plan, out)
+    queue = _order(plan, status)
+    running: dict[int, tuple[pr.RunSpec, subprocess.Popen, float, object, object]] = {}
     failures, last_report = [], time.monotonic()
     try:
         while running or (queue and not failures):  # after a failure: let the running pieces end, start no more
@@ -120,35 +189,40 @@ def _parallel(plan, out: Path, slots: int, budget, worker_argv, progress, *, gpu
                 if left is not None and left < MIN_PIECE_S:
                     queue = []
                     break
-                spec = queue.pop(0)
+                pick = next((i for i, q in enumerate(queue) if fits(q, status[q.name])), None)
+                if pick is None:  # nothing left fits: a pace only grows more certain and the time only shorter
+                    queue = []
+                    break
+                spec = queue.pop(pick)
                 env = dict(os.environ)
                 if plan.device == "cuda":
                     env["CUDA_VISIBLE_DEVICES"] = gpus[slot]
                 log = open(out / "logs" / f"{spec.name}.log", "ab")
                 minutes = None if left is None else left / 60
                 proc = subprocess.Popen(worker_argv(spec.name, minutes), env=env, stdout=log, stderr=log)
-                running[slot] = (spec, proc, time.monotonic(), log)
+                running[slot] = (spec, proc, time.monotonic(), log, status[spec.name])
                 where = f"GPU {gpus[slot]}" if plan.device == "cuda" else f"worker {slot}"
                 _line(progress, f"{spec.name}: piece started on {where}")
-            for slot, (spec, proc, t0, log) in list(running.items()):
+            for slot, (spec, proc, t0, log, before) in list(running.items()):
                 if proc.poll() is None:
                     continue
                 log.close()
                 del running[slot]
                 state = pr.run_status(plan, out)[spec.name]
+                record_pace(out, spec, before, state, time.monotonic() - t0, per_gpu, plan.steps)
                 _line(progress, f"{spec.name}: piece ended ({'finished' if state == 'done' else f'at step {state}'}, "
                                 f"{time.monotonic() - t0:.0f} s wall, exit {proc.returncode})")
                 if proc.returncode != 0:
                     log_path = out / "logs" / f"{spec.name}.log"
                     failures.append(f"{spec.name} exited {proc.returncode} (log: {log_path})")
             if running and time.monotonic() - last_report >= 30:
-                status = pr.run_status(plan, out)
-                _line(progress, "  running: " + ", ".join(f"{s.name} {status[s.name]}/{plan.steps}"
+                now = pr.run_status(plan, out)
+                _line(progress, "  running: " + ", ".join(f"{s.name} {now[s.name]}/{plan.steps}"
                                                           for s, *_ in running.values()))
                 last_report = time.monotonic()
             time.sleep(0.2)
     finally:  # left running only by an exception or Ctrl-C: no worker outlives this process
-        for _spec, proc, _t0, log in running.values():
+        for _spec, proc, _t0, log, _before in running.values():
             proc.terminate()
             proc.wait()
             log.close()

@@ -235,12 +235,14 @@ def open_protocol(plan: ProtocolPlan, out: Path, *, force: bool = False) -> str 
     """Make ``out`` hold ``plan`` (``out/protocol.json``): a new or empty folder gets it; a folder with the same
     plan is continued, also when only ``CHANGEABLE`` fields differ (the plan is rewritten, every run made is
     kept; returns a line saying so); another plan, or a folder of something else, is refused (``force``
-    deletes this protocol's own runs, logs and results first, nothing else)."""
+    deletes this protocol's own runs, logs, results and pace first, nothing else)."""
     out = Path(out)
     state = out / "protocol.json"
-    if force and state.exists():
+    forced = force and state.exists()
+    if forced:
         for sub in ("runs", "logs", "results"):
             shutil.rmtree(out / sub, ignore_errors=True)
+        (out / "pace.jsonl").unlink(missing_ok=True)  # pieces.PACE_FILE: the paces of runs no longer there
         state.unlink()
     if state.exists():
         have = plan_from_dict(json.loads(state.read_text())).as_dict()  # keys added since: their defaults
@@ -254,7 +256,7 @@ def open_protocol(plan: ProtocolPlan, out: Path, *, force: bool = False) -> str 
             return None
         state.write_text(json.dumps(want, indent=1) + "\n")
         return f"{out}: the plan now has {', '.join(changed)}; the runs already made are kept"
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+    if not forced and out.exists() and (not out.is_dir() or any(out.iterdir())):  # forced: others' files stay
         raise BadInput(f"{out} is not empty and holds no protocol run; choose another --out")
     out.mkdir(parents=True, exist_ok=True)
     state.write_text(json.dumps(plan.as_dict(), indent=1) + "\n")

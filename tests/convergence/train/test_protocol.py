@@ -282,3 +282,90 @@ def test_protocol_in_worker_processes_matches_one_process(tmp_path):
         a, b = (pr.metrics_path(root, s).read_text().splitlines() for root in (one, two))
         strip = [computed(json.loads(line)) for line in a]
         assert strip == [computed(json.loads(line)) for line in b], s.name
+
+
+def _pace(out, *entries) -> None:
+    (out / "pace.jsonl").write_text("".join(json.dumps(e) + "\n" for e in entries))
+
+
+def test_a_whole_runs_pace_comes_from_whole_runs_first_then_from_pieces(tmp_path):
+    from convergence.train.pieces import PACE_MARGIN, expected_wall_s
+
+    assert expected_wall_s(tmp_path, "bf16", 1500) is None  # no pace file
+    _pace(tmp_path, {"run": "bf16", "recipe": "bf16", "per_gpu": 1, "from_step": 0, "to_step": 500, "wall_s": 100},
+          {"run": "bf16", "recipe": "bf16", "per_gpu": 1, "from_step": 500, "to_step": 1500, "wall_s": 200},
+          {"run": "x", "recipe": "bf16", "per_gpu": 3, "from_step": 0, "to_step": 1500, "wall_s": 900})
+    need, how = expected_wall_s(tmp_path, "bf16", 1500)
+    assert need == pytest.approx(PACE_MARGIN * 300) and "2 bf16 pieces" in how  # 0.2 s per step; --parallel 3 apart
+    assert expected_wall_s(tmp_path, "mxfp8", 1500) is None
+    with open(tmp_path / "pace.jsonl", "a") as f:
+        f.write(json.dumps({"run": "r1", "recipe": "bf16", "per_gpu": 1, "from_step": 0, "to_step": 1500,
+                            "wall_s": 270}) + "\n")
+        f.write(json.dumps({"run": "r2", "recipe": "bf16", "per_gpu": 1, "from_step": 0, "to_step": 1500,
+                            "wall_s": 280}) + "\n")
+        f.write('{"run": "r3", "recipe": "bf16", "wall')  # cut short by a killed process
+    need, how = expected_wall_s(tmp_path, "bf16", 1500)
+    assert need == pytest.approx(PACE_MARGIN * 280) and "slowest of 2 whole" in how
+
+
+def test_whole_runs_start_only_the_runs_that_end_by_the_deadline(tmp_path):
+    """With a pace that says a whole BF16 run takes longer than the time left, no BF16 run starts, while the
+    recipes with no pace yet and the runs already started go on; without --whole-runs the same call starts
+    the BF16 run (the control that the skip is the option's doing). Each piece adds its pace."""
+    from convergence.train import pieces
+
+    plan = _small_plan()
+    slow = {"recipe": "bf16", "per_gpu": 1, "from_step": 0, "to_step": plan.steps, "wall_s": 1e6}
+    for whole_runs in (True, False):
+        out = tmp_path / str(whole_runs)
+        pr.open_protocol(plan, out)
+        _pace(out, {"run": "earlier", **slow})
+        status = pieces.execute(plan, out, stop_after_s=600, whole_runs=whole_runs, progress=False)
+        bf16 = {s.name for s in plan.runs() if s.recipe == "bf16"}
+        if whole_runs:
+            assert all(status[n] == 0 for n in bf16) and all(status[n] == "done" for n in status if n not in bf16)
+        else:
+            assert set(status.values()) == {"done"}
+        paced = [json.loads(line)["run"] for line in (out / "pace.jsonl").read_text().splitlines()[1:]]
+        assert sorted(paced) == sorted(n for n in status if status[n] == "done")
+
+
+@pytest.mark.timeout(120)
+def test_whole_runs_in_worker_processes_skip_what_does_not_fit(tmp_path):
+    import sys
+
+    from convergence.train import pieces
+
+    plan = _small_plan()
+    pr.open_protocol(plan, tmp_path)
+    _pace(tmp_path, *({"run": "earlier", "recipe": s.recipe, "per_gpu": 1, "from_step": 0, "to_step": plan.steps,
+                       "wall_s": 1e6 if s.recipe == "bf16" else 1.0} for s in plan.runs()))
+    started = []
+
+    def worker(name: str, minutes: float) -> list[str]:
+        started.append(name)
+        return [sys.executable, "-c", "pass"]  # a piece that adds no step
+
+    pieces.execute(plan, tmp_path, slots=2, stop_after_s=600, whole_runs=True, worker_argv=worker, progress=False)
+    assert sorted(started) == sorted(s.name for s in plan.runs() if s.recipe != "bf16")
+
+
+def test_whole_runs_without_a_deadline_is_one_line(capsys, tmp_path):
+    assert "--whole-runs needs --stop-after-minutes" in _bad(capsys, "--model", "tiny", "--steps", "20", "--whole-runs",
+                                                             "--out", str(tmp_path / "p"))
+
+
+def test_force_deletes_the_protocols_own_files_and_nothing_else(tmp_path):
+    plan = _small_plan()
+    pr.open_protocol(plan, tmp_path)
+    for sub in ("runs/bf16/bf16", "logs", "results"):
+        (tmp_path / sub).mkdir(parents=True, exist_ok=True)
+        (tmp_path / sub / "f").write_text("x")
+    _pace(tmp_path, {"run": "bf16", "recipe": "bf16", "from_step": 0, "to_step": 4, "wall_s": 1.0})
+    (tmp_path / "mine.txt").write_text("a user's file")
+    other = dataclasses.replace(plan, steps=6)
+    with pytest.raises(Exception, match="--force"):
+        pr.open_protocol(other, tmp_path)
+    assert (tmp_path / "pace.jsonl").exists()
+    pr.open_protocol(other, tmp_path, force=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine.txt", "protocol.json"]

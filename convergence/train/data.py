@@ -1,7 +1,7 @@
 """Token streams for training: the embedded default corpus, user datasets, tokenizers, batching.
 
 Public: ``load_tokens(spec) -> TokenData``, ``DataSpec``, ``Batches``, ``ByteTokenizer``,
-``bpe_tokenizer(texts, vocab_size, cache_dir)``, ``default_corpus_documents()``.
+``bpe_tokenizer(texts, vocab_size, cache_dir)``, ``default_corpus_documents()``, ``check_same_data(config, meta)``.
 
 * Default corpus: the running Python's standard library — its ``.py`` sources (code and docstrings) and
   its documentation topics (``pydoc_data/topics.py``) — present on every machine with no download. Test
@@ -210,6 +210,26 @@ def load_tokens(spec: DataSpec) -> TokenData:
         tok = ByteTokenizer()
     meta.update(documents={"train": len(train_docs), "val": len(val_docs)})
     return _finish(tok.encode_documents(train_docs), tok.encode_documents(val_docs), tok.vocab_size, meta)
+
+
+def check_same_data(config_path: Path, meta: dict) -> None:
+    """Refuse (one line) to continue or join the run whose ``config.json`` is ``config_path`` on other tokens than
+    it trained on: the default corpus is the running Python's standard library, so another Python version (or an
+    edited data file) gives other tokens under the same command line. Runs recorded before digests were
+    written are not checked."""
+    try:
+        had = json.loads(Path(config_path).read_text()).get("data") or {}
+    except (OSError, ValueError):
+        return  # a run without a readable config is refused, or rewritten, by its own checks
+    if not had.get("digest") or had.get("digest") == meta.get("digest"):
+        return
+
+    def what(m: dict) -> str:
+        src = m.get("source", "?") + (f" of Python {m['python']}" if m.get("python") else "")
+        return f"{src} (train {m.get('digest', {}).get('train')}, val {m.get('digest', {}).get('val')})"
+
+    raise BadInput(f"{config_path.parent} trained on {what(had)}, this machine reads {what(meta)}: continue it where "
+                   "the data are the same (for the default corpus, the same Python version), or start again")
 
 
 def _finish(train: np.ndarray, val: np.ndarray, vocab: int, meta: dict) -> TokenData:

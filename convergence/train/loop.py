@@ -281,6 +281,7 @@ def train_recipe(cfg: TrainConfig, recipe_name: str, run_dir: Path, tokens: data
     metrics, probe_log = JsonlLog(run_dir / "metrics.jsonl"), JsonlLog(run_dir / "probes.jsonl")
     start = 0
     if resume and place.has_checkpoint(run_dir):
+        data_mod.check_same_data(run_dir / "config.json", tokens.meta)
         start = place.load(run_dir, model, opt, sched)["step"]
     if place.writer:
         run_dir.mkdir(parents=True, exist_ok=True)

@@ -287,6 +287,11 @@ def run_piece(plan: ProtocolPlan, spec: RunSpec, out: Path, *, stop_after_s: flo
     The checkpoint of a finished run is deleted."""
     cfg = plan.train_config(spec)
     tokens = tokens or data_mod.load_tokens(cfg.data)
+    for other in plan.runs():  # the folder's runs are compared with each other: all on the same tokens
+        made = Path(out) / "runs" / other.name / other.recipe / "config.json"
+        if made.is_file():
+            data_mod.check_same_data(made, tokens.meta)
+            break
     run_dir = Path(out) / "runs" / spec.name / spec.recipe
     done = train_recipe(cfg, spec.recipe, run_dir, tokens, resume=True, progress=progress, stop_after_s=stop_after_s)
     if done:

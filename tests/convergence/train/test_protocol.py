@@ -369,3 +369,25 @@ def test_force_deletes_the_protocols_own_files_and_nothing_else(tmp_path):
     assert (tmp_path / "pace.jsonl").exists()
     pr.open_protocol(other, tmp_path, force=True)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mine.txt", "protocol.json"]
+
+
+def test_a_protocol_folder_is_continued_only_on_the_tokens_its_runs_trained_on(tmp_path):
+    """Its runs are compared with each other: one made on another Python's standard library (another corpus under
+    the same command) must not join them; on the same tokens the next run starts (the control)."""
+    from numerics.errors import BadInput
+
+    plan = _small_plan()
+    pr.open_protocol(plan, tmp_path)
+    first, second = plan.runs()[:2]
+    assert pr.run_piece(plan, first, tmp_path, stop_after_s=None, progress=False)
+    path = tmp_path / "runs" / first.name / first.recipe / "config.json"
+    config = json.loads(path.read_text())
+    real = dict(config["data"])
+    config["data"].update(python="3.99.0", digest={"train": "0" * 16, "val": "1" * 16})
+    path.write_text(json.dumps(config))
+    with pytest.raises(BadInput, match="Python 3.99.0"):
+        pr.run_piece(plan, second, tmp_path, stop_after_s=None, progress=False)
+    assert pr.run_status(plan, tmp_path)[second.name] == 0
+    config["data"] = real
+    path.write_text(json.dumps(config))
+    assert pr.run_piece(plan, second, tmp_path, stop_after_s=None, progress=False)

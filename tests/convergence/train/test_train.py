@@ -305,6 +305,22 @@ def test_resume_of_a_finished_run_changes_nothing(tmp_path, paired):
     assert (out / "bf16" / "metrics.jsonl").read_bytes() == before
 
 
+def test_resume_on_other_tokens_is_refused_in_one_line_and_changes_nothing(capsys, tmp_path, paired):
+    """The default corpus is the running Python's standard library: a run continued under another Python version
+    would train its second half on other text under the same command line. Here the recorded digest is changed,
+    as another Python's corpus would have it (test_resume_of_a_finished_run_changes_nothing is the control)."""
+    out = tmp_path / "copy"
+    shutil.copytree(paired, out)
+    path = out / "bf16" / "config.json"
+    config = json.loads(path.read_text())
+    config["data"].update(python="3.99.0", digest={"train": "0" * 16, "val": "1" * 16})
+    path.write_text(json.dumps(config))
+    before = (out / "bf16" / "metrics.jsonl").read_bytes()
+    err = _bad(capsys, "--model", "tiny", "--steps", "30", "--recipe", "bf16", "--resume", "--out", str(out))
+    assert "Python 3.99.0 (train 0000000000000000" in err and "same Python version" in err
+    assert (out / "bf16" / "metrics.jsonl").read_bytes() == before and json.loads(path.read_text()) == config
+
+
 def test_a_run_started_before_a_field_existed_resumes_with_that_fields_default(capsys, tmp_path, paired):
     """config.json of a run made before --layers, --optimizer-state and --val-percent lacks them: it ran with
     their defaults, so --resume accepts it; a field that differs is still named."""

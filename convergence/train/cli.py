@@ -333,6 +333,8 @@ def _protocol_parser() -> ArgumentParser:
     p.add_argument("--whole-runs", action="store_true",
                    help="with --stop-after-minutes: start a run only when this folder's pace of its recipe says it "
                         "ends by then (for a machine whose disk, so a stopped run's checkpoint, ends with the call)")
+    p.add_argument("--status", action="store_true",
+                   help="say how far the protocol in --out is (runs done, GPU time left at its pace); run nothing")
     p.add_argument("--hardware", default=None, help="hardware tag in the result names (default: detected, e.g. h200x2)")
     p.add_argument("--force", action="store_true", help="delete this protocol's runs in --out and start again")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads per process")
@@ -361,6 +363,11 @@ def protocol_main(argv: Sequence[str] | None = None) -> int:
             torch.cuda.set_per_process_memory_fraction(1 / args.gpu_share)
         stop = None if args.stop_after_minutes is None else 60 * args.stop_after_minutes
         pr.run_piece(plan, spec, args.out, stop_after_s=stop)
+        return 0
+    if args.status:
+        if not (args.out / "protocol.json").is_file():
+            raise CLIError(f"--status: {args.out} holds no protocol run")
+        print("\n".join(pieces.progress_report(pr.load_plan(args.out), args.out, per_gpu=args.parallel)))
         return 0
     if args.model is None or args.steps is None:
         raise CLIError("--model and --steps are required")

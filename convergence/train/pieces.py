@@ -1,8 +1,9 @@
 """Run a protocol's runs in resumable pieces: at most ``slots`` at a time, each stopping by one deadline.
 
 Public: ``execute(plan, out, *, slots, per_gpu, stop_after_s, whole_runs, worker_argv, progress) -> dict`` (name ->
-"done" or steps logged), ``expected_wall_s(out, recipe, steps, per_gpu)``, ``protocol_worker(out, threads, gpu_share)``,
-``gpus_of_slots(slots, per_gpu)``, ``RunFailed``, ``STARTUP_S``, ``PACE_FILE``.
+"done" or steps logged), ``expected_wall_s(out, recipe, steps, per_gpu)``, ``progress_report(plan, out, per_gpu)``,
+``protocol_worker(out, threads, gpu_share)``, ``gpus_of_slots(slots, per_gpu)``, ``RunFailed``, ``STARTUP_S``,
+``PACE_FILE``, ``PACE_MARGIN``.
 
 * One slot: the pieces run in this process, one after another, on the token stream loaded once.
 * Several slots: one worker process per slot (``worker_argv(name, minutes)``, by default
@@ -14,8 +15,8 @@ Public: ``execute(plan, out, *, slots, per_gpu, stop_after_s, whole_runs, worker
   starting, loading, building the model, writing its checkpoint); none starts with less than ``MIN_PIECE_S``
   of training time left. The next call continues every run from its checkpoint.
 * Pace: every piece appends its recipe, steps and wall seconds to ``OUT/pace.jsonl``. With ``whole_runs``, a
-  run not yet started is started only when that pace says it ends before the deadline (other runs that fit
-  go first): for a machine whose disk does not outlive the call, where a stopped run's checkpoint is lost
+  run not yet started is started only when that pace, +``PACE_MARGIN``, says it ends before the deadline (other
+  runs that fit go first): for a machine whose disk does not outlive the call, where a stopped run's checkpoint is lost
   with it and its minutes with it. A recipe with no pace yet is started (the first piece measures it).
 """
 
@@ -38,8 +39,9 @@ from convergence.train import protocol as pr
 STARTUP_S = {"tiny": 10.0, "proxy": 60.0, "16b": 180.0}
 MIN_PIECE_S = 5.0  # below this a piece would spend more time starting than training
 PACE_FILE = "pace.jsonl"
-# A whole run's pace varies between runs of one recipe by a few percent on one GPU (proxy on an H200,
-# 2026-12-01: BF16 whole runs 263 and 274 s, with the evaluations and start-up); 10 % more leaves that room.
+# --whole-runs asks for this much more than the expected time: a whole run's pace varies between runs of one
+# recipe by a few percent on one GPU (proxy on an H200, 2026-12-01: BF16 whole runs 263 and 274 s with the
+# evaluations and start-up, 4 % apart); 10 % leaves room for that and for a slower start.
 PACE_MARGIN = 1.10
 
 
@@ -62,8 +64,8 @@ def record_pace(out: Path, spec: pr.RunSpec, steps_before, steps_after, wall_s: 
 def expected_wall_s(out: Path, recipe: str, steps: int, per_gpu: int = 1) -> tuple[float, str] | None:
     """(wall seconds, how it was estimated) a whole run of ``recipe`` is expected to take, start-up included, from
     the pieces in ``OUT/pace.jsonl`` run ``per_gpu`` to a GPU; None when there are none. Whole runs (step 0 to the
-    end in one piece) are used when there are any (the slowest of them); otherwise the pieces' seconds per step,
-    which counts each piece's start-up again and so overestimates."""
+    end in one piece) are used when there are any (their mean); otherwise the pieces' seconds per step after
+    each piece's start-up (``STARTUP_S``), plus one start-up."""
     path = Path(out) / PACE_FILE
     if not path.is_file():
         return None
@@ -77,11 +79,60 @@ def expected_wall_s(out: Path, recipe: str, steps: int, per_gpu: int = 1) -> tup
             pieces.append(e)
     whole = [e["wall_s"] for e in pieces if e["from_step"] == 0 and e["to_step"] == steps]
     if whole:
-        return PACE_MARGIN * max(whole), f"the slowest of {len(whole)} whole {recipe} runs, +{PACE_MARGIN - 1:.0%}"
+        return sum(whole) / len(whole), f"{len(whole)} whole {recipe} run{'s' * (len(whole) > 1)}"
     if not pieces:
         return None
-    rate = sum(e["wall_s"] for e in pieces) / sum(e["to_step"] - e["from_step"] for e in pieces)
-    return PACE_MARGIN * rate * steps, f"{len(pieces)} {recipe} pieces' seconds per step, +{PACE_MARGIN - 1:.0%}"
+    startup = STARTUP_S.get(_plan_model(out), 60.0)
+    training = sum(max(e["wall_s"] - startup, 0.0) for e in pieces)
+    return startup + training * steps / sum(e["to_step"] - e["from_step"] for e in pieces), \
+        f"{len(pieces)} {recipe} pieces, each less its start-up"
+
+
+def _plan_model(out: Path) -> str | None:
+    """The model of the protocol in ``out``, or None where there is none."""
+    try:
+        return pr.load_plan(out).model
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+GROUPS = (("baselines (BF16 + replicates)", ("baseline", "replicate")),
+          ("candidate (+ replicates)", ("candidate", "candidate_replicate")),
+          ("positive control (+ replicates)", ("control", "control_replicate")),
+          ("negative control (held-out BF16)", ("heldout",)))
+
+
+def progress_report(plan: pr.ProtocolPlan, out: Path, per_gpu: int = 1) -> list[str]:
+    """Lines saying how far a protocol folder is: runs done per verdict group, runs started, and the GPU time
+    left to run at this folder's pace (whole runs, one after another; runs of a recipe with no pace yet are named)."""
+    status = pr.run_status(plan, out)
+    runs = plan.runs()
+    lines = [f"{plan.prefix} in {out}: {sum(v == 'done' for v in status.values())} of {len(runs)} runs done "
+             f"({plan.steps} steps each)"]
+    for title, roles in GROUPS:
+        group = [r for r in runs if r.role in roles]
+        lines.append(f"  {title}: {sum(status[r.name] == 'done' for r in group)} of {len(group)}")
+    started = [f"{r.name} {status[r.name]}/{plan.steps}" for r in runs if status[r.name] not in ("done", 0)]
+    if started:
+        lines.append("  started: " + ", ".join(started))
+    total, parts, unknown = 0.0, [], []
+    for recipe in dict.fromkeys(r.recipe for r in runs):
+        todo = [r for r in runs if r.recipe == recipe and status[r.name] != "done"]
+        if not todo:
+            continue
+        need = expected_wall_s(out, recipe, plan.steps, per_gpu)
+        if need is None:
+            unknown.append(f"{recipe} x {len(todo)}")
+            continue
+        share = sum(1 - int(status[r.name]) / plan.steps for r in todo)
+        total += need[0] * share
+        parts.append(f"{recipe} {need[0]:.0f} s x {share:.1f}")
+    if parts:
+        lines.append(f"  left: about {total / 3600:.1f} GPU-hours at this folder's pace (" + ", ".join(parts) + ")"
+                     + (f"; no pace yet for {', '.join(unknown)}" if unknown else ""))
+    elif unknown:
+        lines.append(f"  left: {', '.join(unknown)} runs, no pace measured yet")
+    return lines
 
 
 def _order(plan: pr.ProtocolPlan, status: dict) -> list[pr.RunSpec]:
@@ -131,12 +182,12 @@ def execute(plan: pr.ProtocolPlan, out: Path, *, slots: int = 1, per_gpu: int = 
             return True
         need = expected_wall_s(out, spec.recipe, plan.steps, per_gpu)
         left = deadline - time.monotonic()
-        if need is None or need[0] <= left:
+        if need is None or PACE_MARGIN * need[0] <= left:
             return True
         if spec.name not in told:
             told.add(spec.name)
-            _line(progress, f"{spec.name}: not started: a whole run should take {need[0]:.0f} s ({need[1]}), "
-                            f"{left:.0f} s are left")
+            _line(progress, f"{spec.name}: not started: a whole run should take {need[0]:.0f} s ({need[1]}; "
+                            f"{PACE_MARGIN - 1:.0%} more asked), {left:.0f} s are left")
         return False
 
     if slots <= 1:

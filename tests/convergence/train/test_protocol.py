@@ -289,14 +289,16 @@ def _pace(out, *entries) -> None:
 
 
 def test_a_whole_runs_pace_comes_from_whole_runs_first_then_from_pieces(tmp_path):
-    from convergence.train.pieces import PACE_MARGIN, expected_wall_s
+    from convergence.train.pieces import STARTUP_S, expected_wall_s
 
     assert expected_wall_s(tmp_path, "bf16", 1500) is None  # no pace file
+    pr.open_protocol(dataclasses.replace(_small_plan(), model="proxy"), tmp_path)
     _pace(tmp_path, {"run": "bf16", "recipe": "bf16", "per_gpu": 1, "from_step": 0, "to_step": 500, "wall_s": 100},
           {"run": "bf16", "recipe": "bf16", "per_gpu": 1, "from_step": 500, "to_step": 1500, "wall_s": 200},
           {"run": "x", "recipe": "bf16", "per_gpu": 3, "from_step": 0, "to_step": 1500, "wall_s": 900})
     need, how = expected_wall_s(tmp_path, "bf16", 1500)
-    assert need == pytest.approx(PACE_MARGIN * 300) and "2 bf16 pieces" in how  # 0.2 s per step; --parallel 3 apart
+    start = STARTUP_S["proxy"]  # each piece's start-up out, one whole run's in; --parallel 3's pace kept apart
+    assert need == pytest.approx(start + (100 - start) + (200 - start)) and "2 bf16 pieces" in how
     assert expected_wall_s(tmp_path, "mxfp8", 1500) is None
     with open(tmp_path / "pace.jsonl", "a") as f:
         f.write(json.dumps({"run": "r1", "recipe": "bf16", "per_gpu": 1, "from_step": 0, "to_step": 1500,
@@ -305,7 +307,7 @@ def test_a_whole_runs_pace_comes_from_whole_runs_first_then_from_pieces(tmp_path
                             "wall_s": 280}) + "\n")
         f.write('{"run": "r3", "recipe": "bf16", "wall')  # cut short by a killed process
     need, how = expected_wall_s(tmp_path, "bf16", 1500)
-    assert need == pytest.approx(PACE_MARGIN * 280) and "slowest of 2 whole" in how
+    assert need == pytest.approx(275) and "2 whole bf16 runs" in how
 
 
 def test_whole_runs_start_only_the_runs_that_end_by_the_deadline(tmp_path):
@@ -391,3 +393,22 @@ def test_a_protocol_folder_is_continued_only_on_the_tokens_its_runs_trained_on(t
     config["data"] = real
     path.write_text(json.dumps(config))
     assert pr.run_piece(plan, second, tmp_path, stop_after_s=None, progress=False)
+
+
+def test_status_says_how_far_a_folder_is_and_what_is_left_at_its_pace(tmp_path, capsys):
+    from convergence.train import pieces
+
+    plan = _small_plan()
+    pr.open_protocol(plan, tmp_path)
+    assert any("no pace measured yet" in line for line in pieces.progress_report(plan, tmp_path))
+    first = plan.runs()[0]
+    pr.run_piece(plan, first, tmp_path, stop_after_s=None, progress=False)
+    _pace(tmp_path, {"run": first.name, "recipe": "bf16", "per_gpu": 1, "from_step": 0, "to_step": plan.steps,
+                     "wall_s": 360.0})
+    assert convergence_main(["protocol", "--status", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    n_bf16 = sum(r.recipe == "bf16" for r in plan.runs())
+    assert f"1 of {len(plan.runs())} runs done" in out and "baselines (BF16 + replicates): 1 of 3" in out
+    assert f"bf16 360 s x {n_bf16 - 1}.0" in out and "no pace yet for mxfp8 x 1, mxfp8-head x 1" in out
+    assert f"about {360 * (n_bf16 - 1) / 3600:.1f} GPU-hours" in out
+    assert "--status" in _bad(capsys, "--status", "--out", str(tmp_path / "none"))

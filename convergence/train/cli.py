@@ -367,7 +367,9 @@ def protocol_main(argv: Sequence[str] | None = None) -> int:
     if args.status:
         if not (args.out / "protocol.json").is_file():
             raise CLIError(f"--status: {args.out} holds no protocol run")
-        print("\n".join(pieces.progress_report(pr.load_plan(args.out), args.out, per_gpu=args.parallel)))
+        plan = pr.load_plan(args.out)  # the pace is kept per runs per GPU (a CPU plan's workers: 1)
+        per_gpu = args.parallel if plan.device == "cuda" else 1
+        print("\n".join(pieces.progress_report(plan, args.out, per_gpu=per_gpu)))
         return 0
     if args.model is None or args.steps is None:
         raise CLIError("--model and --steps are required")

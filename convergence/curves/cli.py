@@ -155,11 +155,16 @@ def power_main(argv: Sequence[str] | None = None) -> int:
                    help="compare --metric val_loss JSON files, or protocol folders (their results/*_verdict__*.json)")
     p.add_argument("--margin", type=float, default=0.0025)
     p.add_argument("--confidence", type=float, default=0.95)
+    p.add_argument("--larger-set", type=float, default=None, metavar="TIMES",
+                   help="plan for a held-out set TIMES as many batches (its error / sqrt(TIMES); --val-batches, "
+                        "--val-percent)")
     p.add_argument("--json", type=Path, metavar="OUT", help="write the analysis as JSON")
     p.add_argument("--force", action="store_true", help="overwrite an existing --json file")
     args = p.parse_args(argv)
     if not 0 < args.margin < 1 or not 0.5 < args.confidence < 1:
         raise CLIError("--margin must be in (0, 1) and --confidence in (0.5, 1)")
+    if args.larger_set is not None and not args.larger_set > 0:
+        raise CLIError("--larger-set must be > 0 (times the held-out set's batches)")
     if args.json:
         check_writable(args.json, force=args.force)
     ms = []
@@ -173,6 +178,8 @@ def power_main(argv: Sequence[str] | None = None) -> int:
                 ms.append(power.measured(json.loads(f.read_text()), source=str(f)))
             except (OSError, ValueError) as exc:
                 raise BadInput(f"{f}: {exc}") from None
+    if args.larger_set is not None:
+        ms = [power.with_larger_set(m, args.larger_set) for m in ms]
     analysis = power.analyse(ms, margin=args.margin, confidence=args.confidence)
     print(power.report(analysis))
     if args.json:

@@ -71,3 +71,22 @@ def test_candidate_replicates_half_width_is_the_verdicts_and_has_only_the_sets_f
     k = power.replicates_needed(0.004, 0.0025, balanced=True, k_max=4096)
     assert k is not None and power.half_width(k, 0.004, m=k) <= 0.0025 < power.half_width(k - 1, 0.004, m=k - 1)
     assert power.replicates_needed(0.004, 0.0025, 0.002, balanced=True, k_max=4096) is None  # z * 0.2 % > 0.25 %
+
+
+def test_a_larger_held_out_set_divides_only_its_error_by_the_root_of_its_size(capsys):
+    """16x the batches: the set's error / 4, the spread as measured; the plan with it needs fewer runs (the
+    committed lr 3e-4 protocol's E2M1 control: its set error alone kept it from ever being not_equivalent)."""
+    from convergence.__main__ import main as convergence_main
+
+    path = GOLDEN / "proxy_long_lr3e-4_positive_control_mxfp8-e2m1__h200.json"
+    m = power.measured(json.loads(path.read_text()), source="e2m1")
+    big = power.with_larger_set(m, 16)
+    assert big.se_set == pytest.approx(m.se_set / 4) and big.spread == m.spread and "16x as large" in big.source
+    before, after = (power.analyse([x])["rows"][0] for x in (m, big))
+    assert after["floor_balanced"] == pytest.approx(before["floor_balanced"] / 4)
+    assert after["half_width_balanced"][16] < before["half_width_balanced"][16]
+    assert convergence_main(["power", str(path), "--larger-set", "16"]) == 0
+    assert "with a held-out set 16x as large (its error / 4.00)" in capsys.readouterr().out
+    assert convergence_main(["power", str(path), "--larger-set", "0"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--larger-set" in err

@@ -76,6 +76,8 @@ def record(log: Path, *, hardware: str, command: str, note: str, environment_fro
     from numerics.files import atomic_write
 
     root = Path(root or recorded.ROOT)
+    if not re.fullmatch(r"[a-z0-9][a-z0-9_.-]*", hardware):
+        raise BadInput(f"--hardware {hardware!r}: a tag such as h200 or h200x2 (lower-case letters, digits, . _ -)")
     try:
         text = Path(log).read_text(errors="replace")
     except OSError as exc:

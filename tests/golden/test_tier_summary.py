@@ -93,7 +93,8 @@ def test_bad_input_is_one_line_and_exit_2(capsys, tmp_path):
     (tmp_path / "tier.log").write_text(GREEN)
     for argv, words in (([str(tmp_path / "missing.log")], "missing.log"),
                         ([str(tmp_path / "tier.log"), "--environment-from", str(tmp_path / "env.json")],
-                         "mxval_commit")):
-        assert tier_summary.main([*argv, "--hardware", "h200", "--command", "c", "--note", "n"]) == 2
+                         "mxval_commit"),
+                        ([str(tmp_path / "tier.log"), "--hardware", "../ep/x"], "a tag such as h200")):
+        assert tier_summary.main(["--hardware", "h200", *argv, "--command", "c", "--note", "n"]) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and words in err, err

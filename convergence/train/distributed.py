@@ -109,6 +109,24 @@ def agree(error: str | None) -> None:
         raise PeerFailed(first)
 
 
+def agree_on_tokens(meta: dict) -> None:
+    """Collective: every rank trains on the same tokens. Each rank reads and tokenizes the data itself, and the
+    default corpus is its own host's Python's standard library (a data file, its own host's copy): ranks on hosts
+    with other Pythons or other copies would train one model on different text, silently. Different digests:
+    ``PeerFailed`` on every rank, rank 0 having printed which rank read what."""
+    seen: list = [None] * dist.get_world_size()
+    dist.all_gather_object(seen, {k: meta.get(k) for k in ("source", "python", "digest")})
+    error = None
+    if any(m != seen[0] for m in seen):
+        def what(m: dict) -> str:
+            py = f" of Python {m['python']}" if m.get("python") else ""
+            return f"{m.get('source')}{py} (train {(m.get('digest') or {}).get('train')})"
+
+        error = "the ranks read different tokens: " + "; ".join(f"rank {i} {what(m)}" for i, m in enumerate(seen)) + \
+            " (give every host the same data: the same Python for the default corpus, or the same --data file)"
+    agree(error)
+
+
 def backend_for(cfg, device: torch.device, timeout: datetime.timedelta):
     """The run's EP backend from the one factory, sized for the widest row training sends (the backward
     combine, ``combine_width``) and the tokens one rank holds."""
@@ -201,6 +219,9 @@ class Distributed(Single):
 
     def comm_seconds(self) -> float:
         return self.timer.take()
+
+    def same_tokens(self, meta: dict) -> None:
+        agree_on_tokens(meta)
 
     def extra_config(self) -> dict:
         cfg = self.cfg

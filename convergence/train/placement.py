@@ -107,6 +107,9 @@ class Single:
         """Seconds spent in dispatch / combine since the last call; None without expert parallelism."""
         return None
 
+    def same_tokens(self, meta: dict) -> None:
+        """Refuse ranks that read different tokens (``TokenData.meta``): nothing to compare on one rank."""
+
     def extra_config(self) -> dict:
         return {}
 

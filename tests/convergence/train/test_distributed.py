@@ -211,3 +211,40 @@ def test_mxfp8_ep2_trains(corpus, tmp_path):
     # MXFP8 against BF16 on the layer's own inputs: E4M3 gives ~28 dB on Gaussian data; 15 dB is far below
     # any healthy layer and far above a layer run on wrong (e.g. shard-sized) weights, which would not run
     assert all(15 < v < 60 for rec in layers.values() for v in rec.values()), layers
+
+
+def _tokens_rank(rank: int, init: str, metas: list, out: str) -> None:
+    """One rank of test_ranks_on_other_tokens_stop_together: agree on its meta, write what happened."""
+    import torch.distributed as dist
+
+    from convergence.train.distributed import PeerFailed, agree_on_tokens
+
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=len(metas))
+    try:
+        agree_on_tokens(metas[rank])
+        result = "agreed"
+    except PeerFailed as exc:
+        result = f"PeerFailed: {exc}"
+    finally:
+        dist.destroy_process_group()
+    Path(out, f"rank{rank}.txt").write_text(result)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("same", [True, False])
+def test_ranks_on_other_tokens_stop_together(tmp_path, capfd, same):
+    """Every rank tokenizes its own host's data: a rank on another Python's standard library (here its recorded
+    digest differs) stops every rank with one line from rank 0, instead of one model trained on two texts; ranks
+    on the same tokens go on (the control)."""
+    import torch.multiprocessing as mp
+
+    meta = {"source": "python-stdlib", "python": "3.12.3", "digest": {"train": "a" * 16, "val": "b" * 16}}
+    other = meta if same else {**meta, "python": "3.11.7", "digest": {"train": "c" * 16, "val": "d" * 16}}
+    mp.spawn(_tokens_rank, args=(f"file://{tmp_path / 'store'}", [meta, other], str(tmp_path)), nprocs=2, join=True)
+    results = [(tmp_path / f"rank{r}.txt").read_text() for r in range(2)]
+    if same:
+        assert results == ["agreed", "agreed"]
+    else:
+        assert all(r.startswith("PeerFailed") for r in results)
+        lines = [line for line in capfd.readouterr().err.splitlines() if line.startswith("error:")]
+        assert len(lines) == 1 and "rank 1 python-stdlib of Python 3.11.7 (train cccccccccccccccc)" in lines[0]

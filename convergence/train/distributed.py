@@ -109,13 +109,22 @@ def agree(error: str | None) -> None:
         raise PeerFailed(first)
 
 
-def agree_on_tokens(meta: dict) -> None:
-    """Collective: every rank trains on the same tokens. Each rank reads and tokenizes the data itself, and the
-    default corpus is its own host's Python's standard library (a data file, its own host's copy): ranks on hosts
-    with other Pythons or other copies would train one model on different text, silently. Different digests:
-    ``PeerFailed`` on every rank, rank 0 having printed which rank read what."""
+def load_tokens_everywhere(spec):
+    """Collective: every rank reads and tokenizes the data itself, and they must end with the same tokens. The
+    default corpus is each host's own Python's standard library, a ``--data`` file each host's own copy: a rank
+    that cannot read its data stops every rank with its error (instead of leaving the others waiting in the next
+    collective), and ranks that read different tokens stop too, rank 0 naming which read what (instead of one
+    model trained on two texts, silently). Errors: ``PeerFailed`` on every rank, rank 0 having printed them."""
+    from convergence.train import data as data_mod
+
+    tokens, error = None, None
+    try:
+        tokens = data_mod.load_tokens(spec)
+    except BadInput as exc:
+        error = f"rank {dist.get_rank()}: {exc}"
+    agree(error)
     seen: list = [None] * dist.get_world_size()
-    dist.all_gather_object(seen, {k: meta.get(k) for k in ("source", "python", "digest")})
+    dist.all_gather_object(seen, {k: tokens.meta.get(k) for k in ("source", "python", "digest")})
     error = None
     if any(m != seen[0] for m in seen):
         def what(m: dict) -> str:
@@ -125,6 +134,7 @@ def agree_on_tokens(meta: dict) -> None:
         error = "the ranks read different tokens: " + "; ".join(f"rank {i} {what(m)}" for i, m in enumerate(seen)) + \
             " (give every host the same data: the same Python for the default corpus, or the same --data file)"
     agree(error)
+    return tokens
 
 
 def backend_for(cfg, device: torch.device, timeout: datetime.timedelta):
@@ -220,8 +230,8 @@ class Distributed(Single):
     def comm_seconds(self) -> float:
         return self.timer.take()
 
-    def same_tokens(self, meta: dict) -> None:
-        agree_on_tokens(meta)
+    def load_tokens(self, spec):
+        return load_tokens_everywhere(spec)
 
     def extra_config(self) -> dict:
         cfg = self.cfg

@@ -518,8 +518,7 @@ def _placed(cfg: TrainConfig, state: str, place: Single) -> TrainConfig:
 
 def _run_recipes(cfg: TrainConfig, out: Path, place: Single, resume: bool, progress: bool,
                  stop_after_s: float | None) -> dict | None:
-    tokens = data_mod.load_tokens(cfg.data)
-    place.same_tokens(tokens.meta)
+    tokens = place.load_tokens(cfg.data)
     data_mod.Batches(tokens.train, batch=cfg.batch, seq=cfg.seq, seed=cfg.order_seed)  # fail early: too few
     data_mod.Batches(tokens.val, batch=cfg.batch, seq=cfg.seq, seed=cfg.seed)
     cfg = check_memory(cfg, tokens.vocab_size, place)

@@ -107,8 +107,11 @@ class Single:
         """Seconds spent in dispatch / combine since the last call; None without expert parallelism."""
         return None
 
-    def same_tokens(self, meta: dict) -> None:
-        """Refuse ranks that read different tokens (``TokenData.meta``): nothing to compare on one rank."""
+    def load_tokens(self, spec):
+        """The run's tokens (``convergence.train.data.load_tokens``); on several ranks, the same on every rank."""
+        from convergence.train import data as data_mod
+
+        return data_mod.load_tokens(spec)
 
     def extra_config(self) -> dict:
         return {}

@@ -213,15 +213,25 @@ def test_mxfp8_ep2_trains(corpus, tmp_path):
     assert all(15 < v < 60 for rec in layers.values() for v in rec.values()), layers
 
 
-def _tokens_rank(rank: int, init: str, metas: list, out: str) -> None:
-    """One rank of test_ranks_on_other_tokens_stop_together: agree on its meta, write what happened."""
+def _tokens_rank(rank: int, init: str, specs: list, metas: list, out: str) -> None:
+    """One rank of the token-agreement tests: load its spec's tokens (their meta replaced by its entry of
+    ``metas``, as another host's corpus would make it), write what happened."""
     import torch.distributed as dist
 
-    from convergence.train.distributed import PeerFailed, agree_on_tokens
+    from convergence.train import data as data_mod
+    from convergence.train.distributed import PeerFailed, load_tokens_everywhere
 
-    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=len(metas))
+    real = data_mod.load_tokens
+
+    def load(spec):
+        tokens = real(spec)
+        tokens.meta.update(metas[rank])
+        return tokens
+
+    data_mod.load_tokens = load
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=len(specs))
     try:
-        agree_on_tokens(metas[rank])
+        load_tokens_everywhere(specs[rank])
         result = "agreed"
     except PeerFailed as exc:
         result = f"PeerFailed: {exc}"
@@ -231,20 +241,28 @@ def _tokens_rank(rank: int, init: str, metas: list, out: str) -> None:
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("same", [True, False])
-def test_ranks_on_other_tokens_stop_together(tmp_path, capfd, same):
-    """Every rank tokenizes its own host's data: a rank on another Python's standard library (here its recorded
-    digest differs) stops every rank with one line from rank 0, instead of one model trained on two texts; ranks
-    on the same tokens go on (the control)."""
+@pytest.mark.parametrize("case", ["same", "other python", "missing file"])
+def test_ranks_that_read_other_tokens_or_none_stop_together(tmp_path, capfd, corpus, case):
+    """Every rank reads its own host's data: a rank on another Python's standard library (its digest differs), or
+    one whose data file is missing, stops every rank with one line from rank 0, instead of one model trained on
+    two texts or a rank left waiting; ranks on the same tokens go on (the control)."""
     import torch.multiprocessing as mp
 
-    meta = {"source": "python-stdlib", "python": "3.12.3", "digest": {"train": "a" * 16, "val": "b" * 16}}
-    other = meta if same else {**meta, "python": "3.11.7", "digest": {"train": "c" * 16, "val": "d" * 16}}
-    mp.spawn(_tokens_rank, args=(f"file://{tmp_path / 'store'}", [meta, other], str(tmp_path)), nprocs=2, join=True)
+    from convergence.train.data import DataSpec
+
+    good = DataSpec(path=str(corpus))
+    specs = [good, DataSpec(path=str(tmp_path / "absent.txt")) if case == "missing file" else good]
+    meta = {"python": "3.12.3"}
+    metas = [meta, {"python": "3.11.7", "digest": {"train": "c" * 16, "val": "d" * 16}} if case == "other python"
+             else meta]
+    mp.spawn(_tokens_rank, args=(f"file://{tmp_path / 'store'}", specs, metas, str(tmp_path)), nprocs=2, join=True)
     results = [(tmp_path / f"rank{r}.txt").read_text() for r in range(2)]
-    if same:
+    if case == "same":
         assert results == ["agreed", "agreed"]
-    else:
-        assert all(r.startswith("PeerFailed") for r in results)
-        lines = [line for line in capfd.readouterr().err.splitlines() if line.startswith("error:")]
-        assert len(lines) == 1 and "rank 1 python-stdlib of Python 3.11.7 (train cccccccccccccccc)" in lines[0]
+        return
+    assert all(r.startswith("PeerFailed") for r in results)
+    lines = [line for line in capfd.readouterr().err.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1, lines
+    want = (f"rank 1 {corpus} of Python 3.11.7 (train cccccccccccccccc)" if case == "other python"
+            else "rank 1: data path")
+    assert want in lines[0], lines[0]

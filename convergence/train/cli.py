@@ -76,8 +76,7 @@ def config_from_args(args) -> TrainConfig:
             raise CLIError(f"--{flag.replace('_', '-')} must be >= 0, got {v}")
     tokenizer = args.tokenizer or ("bpe" if args.model in REAL_VOCAB_MODELS else "byte")
     bpe_vocab = base.vocab_size if args.model in REAL_VOCAB_MODELS else data_mod.DataSpec.bpe_vocab
-    if args.val_percent is not None and not 1 <= args.val_percent <= 50:
-        raise CLIError(f"--val-percent must be from 1 to 50, got {args.val_percent}")
+    data_mod.check_val_percent(args.val_percent)
     spec = data_mod.DataSpec(path=args.data, tokenizer=tokenizer, bpe_vocab=bpe_vocab, bin_dtype=args.data_dtype,
                              val_percent=args.val_percent)
     checkpointing = args.model == "16b" if args.activation_checkpointing is None else args.activation_checkpointing

@@ -1,7 +1,8 @@
 """Token streams for training: the embedded default corpus, user datasets, tokenizers, batching.
 
 Public: ``load_tokens(spec) -> TokenData``, ``DataSpec``, ``Batches``, ``ByteTokenizer``,
-``bpe_tokenizer(texts, vocab_size, cache_dir)``, ``default_corpus_documents()``, ``check_same_data(config, meta)``.
+``bpe_tokenizer(texts, vocab_size, cache_dir)``, ``default_corpus_documents()``, ``check_same_data(config, meta)``,
+``describe_tokens(meta)``, ``check_val_percent(percent)``.
 
 * Default corpus: the running Python's standard library — its ``.py`` sources (code and docstrings) and
   its documentation topics (``pydoc_data/topics.py``) — present on every machine with no download. Test
@@ -223,13 +224,23 @@ def check_same_data(config_path: Path, meta: dict) -> None:
         return  # a run without a readable config is refused, or rewritten, by its own checks
     if not had.get("digest") or had.get("digest") == meta.get("digest"):
         return
+    raise BadInput(f"{config_path.parent} trained on {describe_tokens(had)}, this machine reads "
+                   f"{describe_tokens(meta)}: continue it where the data are the same (for the default corpus, the "
+                   "same Python version), or start again")
 
-    def what(m: dict) -> str:
-        src = m.get("source", "?") + (f" of Python {m['python']}" if m.get("python") else "")
-        return f"{src} (train {m.get('digest', {}).get('train')}, val {m.get('digest', {}).get('val')})"
 
-    raise BadInput(f"{config_path.parent} trained on {what(had)}, this machine reads {what(meta)}: continue it where "
-                   "the data are the same (for the default corpus, the same Python version), or start again")
+def describe_tokens(meta: dict) -> str:
+    """A ``TokenData.meta`` in words, to tell two token streams apart: source, Python, digests."""
+    digest = meta.get("digest") or {}
+    src = f"{meta.get('source', '?')}" + (f" of Python {meta['python']}" if meta.get("python") else "")
+    return f"{src} (train {digest.get('train')}, val {digest.get('val')})"
+
+
+def check_val_percent(percent: int | None) -> None:
+    """``--val-percent``: 1 to 50 (None: the default split); above half a run would hold out more than it
+    trains on."""
+    if percent is not None and not 1 <= percent <= 50:
+        raise BadInput(f"--val-percent must be from 1 to 50, got {percent}")
 
 
 def _finish(train: np.ndarray, val: np.ndarray, vocab: int, meta: dict) -> TokenData:

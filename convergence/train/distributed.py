@@ -127,11 +127,8 @@ def load_tokens_everywhere(spec):
     dist.all_gather_object(seen, {k: tokens.meta.get(k) for k in ("source", "python", "digest")})
     error = None
     if any(m != seen[0] for m in seen):
-        def what(m: dict) -> str:
-            py = f" of Python {m['python']}" if m.get("python") else ""
-            return f"{m.get('source')}{py} (train {(m.get('digest') or {}).get('train')})"
-
-        error = "the ranks read different tokens: " + "; ".join(f"rank {i} {what(m)}" for i, m in enumerate(seen)) + \
+        error = "the ranks read different tokens: " + "; ".join(
+            f"rank {i} {data_mod.describe_tokens(m)}" for i, m in enumerate(seen)) + \
             " (give every host the same data: the same Python for the default corpus, or the same --data file)"
     agree(error)
     return tokens

@@ -192,11 +192,12 @@ def execute(plan: pr.ProtocolPlan, out: Path, *, slots: int = 1, per_gpu: int = 
 
     if slots <= 1:
         tokens = None
-        for spec in _order(plan, pr.run_status(plan, out)):
+        status = pr.run_status(plan, out)  # a run's entry changes only by its own piece, read back after it
+        for spec in _order(plan, status):
             left = budget()
             if left is not None and left < MIN_PIECE_S:
                 break
-            before = pr.run_status(plan, out)[spec.name]
+            before = status[spec.name]
             if not fits(spec, before):
                 continue
             t0 = time.monotonic()
@@ -205,13 +206,13 @@ def execute(plan: pr.ProtocolPlan, out: Path, *, slots: int = 1, per_gpu: int = 
 
                 tokens = data_mod.load_tokens(plan.train_config(spec).data)
             done = pr.run_piece(plan, spec, out, stop_after_s=left, tokens=tokens, progress=progress)
-            after = pr.run_status(plan, out)[spec.name]
+            after = status[spec.name] = pr.run_state(plan, out, spec)
             record_pace(out, spec, before, after, time.monotonic() - t0, per_gpu, plan.steps)
             _line(progress, f"{spec.name}: {'finished' if done else 'stopped'} at {after} "
                             f"({time.monotonic() - t0:.0f} s)")
             if not done:
                 break
-        return pr.run_status(plan, out)
+        return status
     return _parallel(plan, out, slots, budget, fits, worker_argv or protocol_worker(out), progress,
                      gpus=gpus_of_slots(slots, per_gpu), per_gpu=per_gpu)
 
@@ -259,7 +260,7 @@ def _parallel(plan, out: Path, slots: int, budget, fits, worker_argv, progress, 
                     continue
                 log.close()
                 del running[slot]
-                state = pr.run_status(plan, out)[spec.name]
+                state = pr.run_state(plan, out, spec)
                 record_pace(out, spec, before, state, time.monotonic() - t0, per_gpu, plan.steps)
                 _line(progress, f"{spec.name}: piece ended ({'finished' if state == 'done' else f'at step {state}'}, "
                                 f"{time.monotonic() - t0:.0f} s wall, exit {proc.returncode})")
@@ -267,8 +268,7 @@ def _parallel(plan, out: Path, slots: int, budget, fits, worker_argv, progress, 
                     log_path = out / "logs" / f"{spec.name}.log"
                     failures.append(f"{spec.name} exited {proc.returncode} (log: {log_path})")
             if running and time.monotonic() - last_report >= 30:
-                now = pr.run_status(plan, out)
-                _line(progress, "  running: " + ", ".join(f"{s.name} {now[s.name]}/{plan.steps}"
+                _line(progress, "  running: " + ", ".join(f"{s.name} {pr.run_state(plan, out, s)}/{plan.steps}"
                                                           for s, *_ in running.values()))
                 last_report = time.monotonic()
             time.sleep(0.2)

@@ -2,8 +2,8 @@
 validation loss, run in resumable pieces.
 
 Public: ``ProtocolPlan``, ``RunSpec``, ``DESIGNS``, ``VERDICTS``, ``open_protocol(plan, out)``, ``load_plan(out)``,
-``run_status(plan, out)``, ``run_piece(plan, spec, out, ...)``, ``judge(plan, out)``, ``as_expected``,
-``write_results(plan, out, verdicts, command, hardware)``.
+``run_status(plan, out)``, ``run_state(plan, out, spec)``, ``run_piece(plan, spec, out, ...)``, ``judge(plan, out)``,
+``as_expected``, ``write_results(plan, out, verdicts, command, hardware)``.
 
 The runs (``ProtocolPlan.runs``), all from the same ``convergence.train.loop`` and the same token stream:
 
@@ -123,8 +123,7 @@ class ProtocolPlan:
         for key, value in self.overrides:
             if key not in TRAIN_OVERRIDES or value < 0 or (value == 0 and key not in ("warmup", "probe_every")):
                 raise BadInput(f"--{key.replace('_', '-')} {value}: out of range")
-        if self.val_percent is not None and not 1 <= self.val_percent <= 50:
-            raise BadInput(f"--val-percent must be from 1 to 50, got {self.val_percent}")
+        data_mod.check_val_percent(self.val_percent)
         if self.train_defaults()["val_every"] > self.steps:
             raise BadInput(f"--val-every {self.train_defaults()['val_every']} is more than --steps {self.steps}: the "
                            "verdict compares validation losses")
@@ -271,14 +270,16 @@ def metrics_path(out: Path, spec: RunSpec) -> Path:
     return Path(out) / "runs" / spec.name / spec.recipe / "metrics.jsonl"
 
 
+def run_state(plan: ProtocolPlan, out: Path, spec: RunSpec) -> int | str:
+    """One run's steps logged so far, or "done" (all steps, or a run that diverged and stopped)."""
+    recs = JsonlLog(metrics_path(out, spec)).records()
+    last = recs[-1] if recs else {}
+    return "done" if last.get("step") == plan.steps or last.get("diverged") else len(recs)
+
+
 def run_status(plan: ProtocolPlan, out: Path) -> dict[str, int | str]:
-    """name -> steps logged so far, or "done" (all steps, or a run that diverged and stopped)."""
-    status: dict[str, int | str] = {}
-    for spec in plan.runs():
-        recs = JsonlLog(metrics_path(out, spec)).records()
-        last = recs[-1] if recs else {}
-        status[spec.name] = "done" if last.get("step") == plan.steps or last.get("diverged") else len(recs)
-    return status
+    """name -> ``run_state`` of every run of the plan (it reads every run's metrics: a folder's worth)."""
+    return {spec.name: run_state(plan, out, spec) for spec in plan.runs()}
 
 
 def run_piece(plan: ProtocolPlan, spec: RunSpec, out: Path, *, stop_after_s: float | None,

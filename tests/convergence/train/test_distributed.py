@@ -263,6 +263,6 @@ def test_ranks_that_read_other_tokens_or_none_stop_together(tmp_path, capfd, cor
     assert all(r.startswith("PeerFailed") for r in results)
     lines = [line for line in capfd.readouterr().err.splitlines() if line.startswith("error:")]
     assert len(lines) == 1, lines
-    want = (f"rank 1 {corpus} of Python 3.11.7 (train cccccccccccccccc)" if case == "other python"
+    want = (f"rank 1 {corpus} of Python 3.11.7 (train cccccccccccccccc, val dddddddddddddddd)" if case == "other python"
             else "rank 1: data path")
     assert want in lines[0], lines[0]

@@ -18,7 +18,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("convergence.train.cli:bench_main", "tokens/s of bf16 and mxfp8 (per kernel) training steps, one run"),
     "power": ("convergence.curves.cli:power_main", "replicates and steps a margin needs, from measured spreads"),
     "probes": ("convergence.curves.probes", "per-layer BF16-vs-MXFP8 SQNRs of a run's probes: a table and a figure"),
-    "protocol": ("convergence.train.cli:protocol_main",
+    "protocol": ("convergence.protocol.cli",
                  "paired candidate, BF16 replicates, positive and negative controls: verdicts on validation loss"),
 }
 

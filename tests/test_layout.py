@@ -4,8 +4,9 @@ with more than about 15 modules.
 
 The ladder, bottom up: the modules shared by every level (``numerics/*.py``), the tensor level, the layer
 level (which may use the tensor level), the communication level (``numerics.ep``), loss curves
-(``convergence.curves``), training (``convergence.train``, which compares its curves); ``golden`` and
-``mxval`` sit on top. The ``__main__`` modules are command lines and may reach any level of their package.
+(``convergence.curves``), training (``convergence.train``, which compares its curves), the convergence
+protocol (``convergence.protocol``: many training runs, judged on their curves); ``golden`` and ``mxval`` sit
+on top. The ``__main__`` modules are command lines and may reach any level of their package.
 
 Command lines are the ``__main__`` and ``cli`` modules, and a module's ``main`` function; the shared CLI
 plumbing (``numerics.cli``: one line and exit 2 on bad input) may be imported only by a module that has a
@@ -34,10 +35,12 @@ ALLOWED = {
     "convergence.curves": {"numerics"},
     "convergence.train": {"numerics", "numerics.tensor", "numerics.layer", "numerics.ep", "convergence",
                           "convergence.curves"},
+    "convergence.protocol": {"numerics", "numerics.tensor", "numerics.layer", "numerics.ep", "convergence",
+                             "convergence.curves", "convergence.train"},
     "golden": {"numerics", "numerics.tensor", "numerics.layer", "numerics.ep", "convergence",
-               "convergence.curves", "convergence.train"},
+               "convergence.curves", "convergence.train", "convergence.protocol"},
     "mxval": {"numerics", "numerics.tensor", "numerics.layer", "numerics.ep", "convergence",
-              "convergence.curves", "convergence.train", "golden"},
+              "convergence.curves", "convergence.train", "convergence.protocol", "golden"},
 }
 
 

@@ -7,9 +7,9 @@ figures (``mxval.validate.figures``).
   ``run_tensor``         ``numerics.tensor.report.tensor_report``: torchao's cast against the oracle, block by block
   ``run_layer``          ``numerics.layer.harness.run_suite`` + floors + ``golden.layer_stats.compare``
   ``run_communication``  ``numerics.ep.check.main``: the reference on gloo (CPU) / NCCL, DeepEP when present
-  ``run_training``       ``convergence.train.protocol`` + ``pieces``: the paired MXFP8 run, BF16 replicates, both
+  ``run_training``       ``convergence.protocol.plan`` + ``pieces``: the paired MXFP8 run, BF16 replicates, both
                          controls (one run per GPU at a time on a GPU machine)
-  ``run_curves``         ``convergence.train.protocol.judge``: the three validation-loss verdicts and the
+  ``run_curves``         ``convergence.protocol.plan.judge``: the three validation-loss verdicts and the
                          difference they resolve at this size
 """
 
@@ -247,7 +247,7 @@ def communication_result(doc: dict, rc: int, what: str, plan: Plan) -> LevelResu
 
 def protocol_plan(plan: Plan):
     """The convergence protocol at this machine's size: the paired MXFP8 run, BF16 replicates, both controls."""
-    from convergence.train.protocol import ProtocolPlan
+    from convergence.protocol.plan import ProtocolPlan
 
     return ProtocolPlan(model=plan.train_model, steps=plan.train_steps, seed=plan.seed,
                         replicates=plan.train_replicates, design=plan.train_design, device=plan.device,
@@ -255,8 +255,8 @@ def protocol_plan(plan: Plan):
 
 
 def run_training(plan: Plan, out: Path, progress: Progress) -> LevelResult:
-    from convergence.train import pieces
-    from convergence.train import protocol as pr
+    from convergence.protocol import pieces
+    from convergence.protocol import plan as pr
     from convergence.train.checkpoint import JsonlLog
 
     pp = protocol_plan(plan)
@@ -325,7 +325,7 @@ VERDICT_STATUS = {"equivalent": "pass", "not_equivalent": "fail", "diverged": "f
 def protocol_checks(verdicts: dict[str, dict], pp) -> list[Check]:
     """The candidate's check and one per control; a control that misses makes the candidate inconclusive."""
     from convergence.curves.compare import resolution
-    from convergence.train import protocol as pr
+    from convergence.protocol import plan as pr
 
     r = verdicts["verdict"]
     controls, untrusted = [], []
@@ -349,7 +349,7 @@ def protocol_checks(verdicts: dict[str, dict], pp) -> list[Check]:
 def run_curves(plan: Plan, out: Path, progress: Progress) -> LevelResult:
     from convergence.curves.compare import resolution
     from convergence.curves.plots import plot_comparison
-    from convergence.train import protocol as pr
+    from convergence.protocol import plan as pr
 
     pp = protocol_plan(plan)
     progress(f"validation loss: MXFP8 and both controls against {pp.replicates} BF16 runs")

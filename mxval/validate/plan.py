@@ -40,7 +40,7 @@ class Plan:
     train_steps: int
     seed: int = 0
     train_replicates: int = 3  # BF16 baselines of the convergence protocol (the paired one included)
-    train_design: str = "rounding"  # what a replicate changes (convergence.train.protocol.DESIGNS)
+    train_design: str = "rounding"  # what a replicate changes (convergence.protocol.plan.DESIGNS)
     strict: bool = False  # known findings (FINDINGS.md) fail a level instead of passing it as "known"
     mxfp8_kernel: str = "auto"  # training's MXFP8 kernel: fast on a GPU where it runs (bit-identical, ~6x)
 

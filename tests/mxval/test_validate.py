@@ -206,7 +206,7 @@ def _golden_protocol() -> dict[str, dict]:
 def test_protocol_checks_trust_the_verdict_only_when_both_controls_come_out_as_expected():
     """On the golden 2 x H200 protocol the negative control is inconclusive, so the candidate's not_equivalent is
     reported as not trusted (inconclusive), not as a failure of MXFP8; with both controls as expected it stands."""
-    from convergence.train.protocol import ProtocolPlan
+    from convergence.protocol.plan import ProtocolPlan
     from mxval.validate.levels import protocol_checks
 
     pp = ProtocolPlan(model="proxy", steps=1500, design="rounding", replicates=4).check()

@@ -35,7 +35,7 @@ one-run floor).
 ``replicates``, ``candidate_replicates`` and ``control`` may change between calls: the
 runs made stay.
 
-Pieces: a run is continued from its checkpoint until it has ``steps`` steps (``convergence.train.pieces``
+Pieces: a run is continued from its checkpoint until it has ``steps`` steps (``convergence.protocol.pieces``
 schedules them, one per GPU or ``--parallel`` per GPU); a checkpoint is written only when a piece stops and
 at the end, and deleted once the run is complete (a proxy checkpoint is ~11 GB).
 """

@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from convergence.train import protocol as pr
+from convergence.protocol import plan as pr
 
 # Seconds a piece spends outside its training clock. tiny: measured 5 s of CPU time (process start and
 # imports ~1.5 s, the standard-library corpus ~4 s; 15 s wall while four other processes shared 2 cores).

@@ -9,7 +9,7 @@ import shlex
 import pytest
 
 from convergence.__main__ import main as convergence_main
-from convergence.train import protocol as pr
+from convergence.protocol import plan as pr
 from convergence.train.cli import config_from_args, train_parser
 from convergence.train.loop import computed
 
@@ -146,7 +146,7 @@ def test_pieces_stop_starting_runs_after_a_worker_fails_and_never_hang(tmp_path)
     a worker could not import torchao)."""
     import sys
 
-    from convergence.train import pieces
+    from convergence.protocol import pieces
 
     plan = _small_plan()
     pr.open_protocol(plan, tmp_path)
@@ -165,7 +165,7 @@ def test_pieces_stop_starting_runs_after_a_worker_fails_and_never_hang(tmp_path)
 def test_pieces_resume_a_stopped_run_bit_identically(tmp_path):
     """A protocol stopped by its deadline and continued by the same call ends with the curves of one that ran
     through: the pieces are checkpoints, not restarts."""
-    from convergence.train import pieces
+    from convergence.protocol import pieces
 
     plan = _small_plan()
     whole, split = tmp_path / "whole", tmp_path / "split"
@@ -240,7 +240,7 @@ def test_protocol_cli_grows_to_candidate_replicates_and_judges_the_groups(tmp_pa
 def test_protocol_worker_command_is_the_piece_entry_point(tmp_path):
     import sys
 
-    from convergence.train import pieces
+    from convergence.protocol import pieces
 
     argv = pieces.protocol_worker(tmp_path, threads=3)
     assert argv("bf16", None) == [sys.executable, "-m", "convergence", "protocol", "--out", str(tmp_path),
@@ -253,7 +253,7 @@ def test_protocol_worker_command_is_the_piece_entry_point(tmp_path):
 
 def test_runs_per_gpu_spread_over_the_visible_gpus_first(monkeypatch):
     """--parallel N on CUDA: N runs per GPU, the first pieces on different GPUs, only visible GPUs used."""
-    from convergence.train import pieces
+    from convergence.protocol import pieces
 
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     assert pieces.gpus_of_slots(2) == ["0", "1"]
@@ -270,7 +270,7 @@ def test_runs_per_gpu_spread_over_the_visible_gpus_first(monkeypatch):
 def test_protocol_in_worker_processes_matches_one_process(tmp_path):
     """--parallel 2 runs the pieces as `convergence protocol --piece` workers (the path a GPU machine takes,
     one per GPU): the same curves as running them in this process."""
-    from convergence.train import pieces
+    from convergence.protocol import pieces
 
     plan = _small_plan()
     one, two = tmp_path / "one", tmp_path / "two"
@@ -289,7 +289,7 @@ def _pace(out, *entries) -> None:
 
 
 def test_a_whole_runs_pace_comes_from_whole_runs_first_then_from_pieces(tmp_path):
-    from convergence.train.pieces import STARTUP_S, expected_wall_s
+    from convergence.protocol.pieces import STARTUP_S, expected_wall_s
 
     assert expected_wall_s(tmp_path, "bf16", 1500) is None  # no pace file
     pr.open_protocol(dataclasses.replace(_small_plan(), model="proxy"), tmp_path)
@@ -314,7 +314,7 @@ def test_whole_runs_start_only_the_runs_that_end_by_the_deadline(tmp_path):
     """With a pace that says a whole BF16 run takes longer than the time left, no BF16 run starts, while the
     recipes with no pace yet and the runs already started go on; without --whole-runs the same call starts
     the BF16 run (the control that the skip is the option's doing). Each piece adds its pace."""
-    from convergence.train import pieces
+    from convergence.protocol import pieces
 
     plan = _small_plan()
     slow = {"recipe": "bf16", "per_gpu": 1, "from_step": 0, "to_step": plan.steps, "wall_s": 1e6}
@@ -336,7 +336,7 @@ def test_whole_runs_start_only_the_runs_that_end_by_the_deadline(tmp_path):
 def test_whole_runs_in_worker_processes_skip_what_does_not_fit(tmp_path):
     import sys
 
-    from convergence.train import pieces
+    from convergence.protocol import pieces
 
     plan = _small_plan()
     pr.open_protocol(plan, tmp_path)
@@ -396,7 +396,7 @@ def test_a_protocol_folder_is_continued_only_on_the_tokens_its_runs_trained_on(t
 
 
 def test_status_says_how_far_a_folder_is_and_what_is_left_at_its_pace(tmp_path, capsys):
-    from convergence.train import pieces
+    from convergence.protocol import pieces
 
     plan = _small_plan()
     pr.open_protocol(plan, tmp_path)

@@ -1,0 +1,166 @@
+"""python -m convergence protocol: a paired candidate, BF16 replicates and both controls in resumable pieces
+(``convergence.protocol.plan`` the runs and verdicts, ``convergence.protocol.pieces`` their scheduling).
+
+Bad input is one line on stderr and exit code 2; the exit codes of a run are in ``main``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from convergence.train.cli import check_recipe_kernels
+from numerics.cli import ArgumentParser, CLIError
+from numerics.layer.configs import CONFIGS
+from numerics.layer.mxfp8 import KERNELS as MXFP8_KERNELS
+from numerics.layer.mxfp8 import kernel_problem as mxfp8_problem
+
+
+def _protocol_parser() -> ArgumentParser:
+    from convergence.protocol.plan import DESIGNS, ProtocolPlan
+
+    d = ProtocolPlan(model="tiny", steps=2)
+    p = ArgumentParser(prog="python -m convergence protocol",
+                       description="a paired candidate, BF16 replicates and both controls, judged on validation loss, "
+                       "in resumable pieces")
+    p.add_argument("--out", required=True, type=Path, help="the protocol's folder (repeat the command to continue)")
+    p.add_argument("--model", help=f"one of {', '.join(CONFIGS)}")
+    p.add_argument("--steps", type=int)
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--replicates", type=int, default=d.replicates, help="BF16 baselines, the paired one included")
+    p.add_argument("--candidate-replicates", type=int, default=d.candidate_replicates,
+                   help="candidate runs, the paired one included, each with a replicate's change (and as many "
+                        "control runs and held-out BF16 runs): below the one-run floor (README)")
+    p.add_argument("--design", default=d.design, help=f"what a replicate changes: {', '.join(DESIGNS)}")
+    p.add_argument("--candidate", default=d.candidate, help="the recipe judged (default mxfp8)")
+    p.add_argument("--control", default=d.control, help="the positive control recipe (default mxfp8-head)")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--mxfp8-kernel", default="auto", choices=["auto", *MXFP8_KERNELS])
+    p.add_argument("--margin", type=float, default=d.margin, help="relative equivalence margin (DeepSeek-V3: 0.0025)")
+    p.add_argument("--name", default="", help="prefix of the result files (default <model>_long)")
+    p.add_argument("--data", help="as convergence train --data (default: the Python standard library)")
+    p.add_argument("--val-percent", type=int, default=None, help="as convergence train --val-percent")
+    for key in ("batch", "seq", "lr", "warmup", "val_every", "val_batches", "probe_every"):
+        p.add_argument(f"--{key.replace('_', '-')}", type=float if key == "lr" else int, default=None)
+    p.add_argument("--gpus", type=int, default=None, help="runs at once, one per GPU (default: every visible GPU)")
+    p.add_argument("--parallel", type=int, default=1,
+                   help="runs at once: on the CPU, worker processes; on CUDA, runs per GPU (each held to 1/N of its "
+                        "memory; a small model leaves a GPU idle between its kernels)")
+    p.add_argument("--stop-after-minutes", type=float, default=None,
+                   help="stop every run at a checkpoint by then; the same command continues")
+    p.add_argument("--whole-runs", action="store_true",
+                   help="with --stop-after-minutes: start a run only when this folder's pace of its recipe says it "
+                        "ends by then (for a machine whose disk, so a stopped run's checkpoint, ends with the call)")
+    p.add_argument("--status", action="store_true",
+                   help="say how far the protocol in --out is (runs done, GPU time left at its pace); run nothing")
+    p.add_argument("--hardware", default=None, help="hardware tag in the result names (default: detected, e.g. h200x2)")
+    p.add_argument("--force", action="store_true", help="delete this protocol's runs in --out and start again")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads per process")
+    p.add_argument("--piece", help=argparse.SUPPRESS)  # internal: one worker piece of the run NAME
+    p.add_argument("--gpu-share", type=int, default=1, help=argparse.SUPPRESS)  # internal: runs sharing its GPU
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """python -m convergence protocol: see convergence.protocol.plan (the runs) and README.
+
+    Exit code: 4 while runs are unfinished (repeat the command), 1 when a run failed; once complete, the
+    candidate's verdict as ``compare`` exits (0 equivalent, 1 not_equivalent or diverged, 3 inconclusive)."""
+    import sys
+
+    from convergence.protocol import pieces
+    from convergence.protocol import plan as pr
+
+    args = _protocol_parser().parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.piece is not None:  # a worker: one piece of one run of the plan in --out
+        plan = pr.load_plan(args.out)
+        spec = next(s for s in plan.runs() if s.name == args.piece)
+        if args.gpu_share > 1 and plan.device == "cuda":  # the memory check then sees this run's share
+            torch.cuda.set_per_process_memory_fraction(1 / args.gpu_share)
+        stop = None if args.stop_after_minutes is None else 60 * args.stop_after_minutes
+        pr.run_piece(plan, spec, args.out, stop_after_s=stop)
+        return 0
+    if args.status:
+        if not (args.out / "protocol.json").is_file():
+            raise CLIError(f"--status: {args.out} holds no protocol run")
+        plan = pr.load_plan(args.out)  # the pace is kept per runs per GPU (a CPU plan's workers: 1)
+        per_gpu = args.parallel if plan.device == "cuda" else 1
+        print("\n".join(pieces.progress_report(plan, args.out, per_gpu=per_gpu)))
+        return 0
+    if args.model is None or args.steps is None:
+        raise CLIError("--model and --steps are required")
+    overrides = tuple((k, float(v)) for k in pr.TRAIN_OVERRIDES if (v := getattr(args, k)) is not None)
+    plan = pr.ProtocolPlan(model=args.model, steps=args.steps, seed=args.seed, replicates=args.replicates,
+                           candidate_replicates=args.candidate_replicates,
+                           design=args.design, candidate=args.candidate, control=args.control, device=args.device,
+                           mxfp8_kernel=args.mxfp8_kernel, margin=args.margin, name=args.name, data=args.data,
+                           val_percent=args.val_percent, overrides=overrides).check()
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise CLIError("--device cuda: no CUDA device is visible")
+    gpus = (args.gpus or torch.cuda.device_count()) if args.device == "cuda" else 0
+    if args.device == "cuda" and not 1 <= gpus <= torch.cuda.device_count():
+        raise CLIError(f"--gpus {args.gpus}: this machine has {torch.cuda.device_count()}")
+    if args.parallel < 1 or (args.stop_after_minutes is not None and args.stop_after_minutes <= 0):
+        raise CLIError("--parallel must be >= 1 and --stop-after-minutes > 0")
+    if args.whole_runs and args.stop_after_minutes is None:
+        raise CLIError("--whole-runs needs --stop-after-minutes (without a deadline every run is whole)")
+    kernels = {plan.mxfp8_kernel} - {"auto"}
+    for k in kernels:
+        problem = mxfp8_problem(k, args.device)
+        if problem:
+            raise CLIError(f"--mxfp8-kernel: {problem}")
+    check_recipe_kernels((plan.candidate, plan.control), plan.mxfp8_kernel)
+    slots = gpus * args.parallel if args.device == "cuda" else args.parallel
+    per_gpu = args.parallel if args.device == "cuda" else 1
+    grew = pr.open_protocol(plan, args.out, force=args.force)
+    if grew:
+        print(grew, flush=True)
+    before = pr.run_status(plan, args.out)
+    print(f"protocol {plan.prefix}: {len(before)} runs of {plan.steps} steps, {slots or 1} at a time"
+          f"{f' ({per_gpu} per GPU)' if per_gpu > 1 else ''}; done: "
+          f"{sum(v == 'done' for v in before.values())}", flush=True)
+    threads = args.threads or max(1, (os.cpu_count() or 1) // max(slots, 1))
+
+    stop = None if args.stop_after_minutes is None else 60 * args.stop_after_minutes
+    try:
+        status = pieces.execute(plan, args.out, slots=slots, per_gpu=per_gpu, stop_after_s=stop,
+                                whole_runs=args.whole_runs,
+                                worker_argv=pieces.protocol_worker(args.out, threads, gpu_share=per_gpu))
+    except pieces.RunFailed as exc:
+        print(f"error: a run failed: {exc}", file=sys.stderr)
+        return 1
+    left = [n for n, v in status.items() if v != "done"]
+    if left:
+        print(f"{len(status) - len(left)} of {len(status)} runs finished; not yet: "
+              + ", ".join(f"{n} ({status[n]}/{plan.steps} steps)" for n in left)
+              + f". Repeat the same command to continue ({args.out})")
+        return 4
+    from convergence.curves.compare import resolution
+
+    verdicts = pr.judge(plan, args.out)
+    hardware = args.hardware or pr.hardware_tag(args.device, gpus)
+    command = plan.command("OUT", gpus=gpus, per_gpu=per_gpu, stop_after_minutes=args.stop_after_minutes)
+    files = pr.write_results(plan, args.out, verdicts, command, hardware)
+    for name, r in verdicts.items():
+        exp = r["protocol"]["expected"]
+        ok = r["protocol"]["as_expected"]
+        check = "" if exp is None else f" [control: expected {exp}: {'OK' if ok else 'FAILED'}]"
+        print(f"{name:<17} {r['verdict'].upper()}{check}: {r['reason']}; {resolution(r)}")
+    print(f"protocol complete: {len(files)} result files in {args.out / 'results'} (record.sh lists them in golden/)")
+    from convergence.curves.compare import EXIT_CODES
+
+    return EXIT_CODES[verdicts["verdict"]["verdict"]]  # the candidate's verdict, as compare exits
+
+
+if __name__ == "__main__":
+    import sys
+
+    from numerics.cli import run_main
+
+    sys.exit(run_main(main))

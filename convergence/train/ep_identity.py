@@ -12,41 +12,20 @@ Each argument is a run directory (``OUT`` of ``convergence train``, holding ``<r
 ``convergence.train.loop.MEASURED_FIELDS`` (wall time, memory, and what derives from them); JSON floats are
 written with ``repr``, so equal values are equal bits. The report names the compared fields, the first
 differing step and field (value in A and in B), and, from the same run, each side's median tokens/s and share
-of step time in dispatch/combine (steps after the first ``WARMUP``). Exit 0 identical, 1 different, 2 bad
-input. ``--json`` writes the result with versions and hardware, in the shape kept under ``golden/training/``;
-an existing file is never overwritten without ``--force``.
+of step time in dispatch/combine (``convergence.train.profile``: steps after the first ``WARMUP``). Exit 0
+identical, 1 different, 2 bad input. ``--json`` writes the result with versions and hardware, in the shape
+kept under ``golden/training/``; an existing file is never overwritten without ``--force``.
 """
 
 from __future__ import annotations
 
 import json
-import statistics
 from collections.abc import Sequence
 from pathlib import Path
 
 from convergence.train.loop import MEASURED_FIELDS
+from convergence.train.profile import WARMUP, load_records, profile
 from numerics.errors import BadInput
-
-WARMUP = 2  # first steps left out of the speed medians (allocator and communicator warm-up)
-
-
-def _records(path: Path) -> list[dict]:
-    try:
-        text = path.read_text()
-    except UnicodeDecodeError:
-        raise BadInput(f"{path}: not a metrics.jsonl (not UTF-8 text)") from None
-    out = []
-    for n, line in enumerate(text.splitlines(), 1):
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
-            raise BadInput(f"{path}:{n}: not a JSON line") from None
-        if not isinstance(rec, dict) or "step" not in rec:
-            raise BadInput(f"{path}:{n}: a metrics line is a JSON object with a step")
-        out.append(rec)
-    if not out:
-        raise BadInput(f"{path}: no steps logged (an empty metrics.jsonl)")
-    return out
 
 
 def _runs(path: Path, recipes: Sequence[str] | None) -> dict[str, Path]:
@@ -80,12 +59,8 @@ def _settings(metrics: Path) -> dict:
 
 
 def _speed(recs: list[dict]) -> dict:
-    tail = recs[WARMUP:] or recs
-    out = {}
-    for key in ("tokens_per_s", "dispatch_combine_share"):
-        vals = [r[key] for r in tail if isinstance(r.get(key), (int, float))]
-        out[key] = statistics.median(vals) if vals else None
-    return out
+    p = profile(recs)
+    return {"tokens_per_s": p["tokens_per_s"], "dispatch_combine_share": p["dispatch_combine_share"]}
 
 
 def first_difference(a: list[dict], b: list[dict]) -> dict | None:
@@ -113,7 +88,7 @@ def compare_runs(a: Path, b: Path, recipes: Sequence[str] | None = None) -> dict
     result: dict = {"a": str(a), "b": str(b), "excluded_fields": list(MEASURED_FIELDS), "recipes": {}}
     fields: set[str] = set()
     for name, pa, pb in pairs:
-        ra, rb = _records(pa), _records(pb)
+        ra, rb = load_records(pa), load_records(pb)
         for r in ra + rb:
             fields.update(k for k in r if k not in MEASURED_FIELDS)
         diff = first_difference(ra, rb)

@@ -1,4 +1,4 @@
-"""The bad-input matrix for python -m convergence compare, calibrate and probes.
+"""The bad-input matrix for python -m convergence compare, calibrate, probes and profile.
 
 {missing file, empty file, truncated file, garbage bytes, a directory, an unwritable output, an existing
 output, a wrong type or range} -> one line on stderr, exit 2, no traceback, every existing file unchanged.
@@ -100,6 +100,28 @@ def test_probes_bad_input_is_one_line_exit_2_and_changes_nothing(runs, capsys, b
     before = _sums(runs)
     try:
         code = main(["probes", str(path), *[a.replace("ROOT", str(runs)) for a in extra or []]])
+    except SystemExit as exc:
+        code = exc.code
+    cap = capsys.readouterr()
+    assert code == 2, (cap.out, cap.err)
+    assert cap.err.count("\n") == 1 and "Traceback" not in cap.err + cap.out
+    assert _sums(runs) == before
+
+
+@pytest.mark.parametrize("bad_input, extra", [
+    ("missing", None), ("empty", None), ("truncated", None), ("garbage", None), ("directory", None),
+    (None, ["--plot", "ROOT/existing.json"]), (None, ["--plot", "ROOT/nodir/p.png"]),
+    (None, ["--json", "ROOT/afile/x"]), (None, ["--name", "a", "--name", "b"]), ("not-a-record", None),
+])
+def test_profile_bad_input_is_one_line_exit_2_and_changes_nothing(runs, capsys, bad_input, extra):
+    if bad_input == "not-a-record":
+        path = runs / "list.jsonl"
+        path.write_text("[1, 2]\n")
+    else:
+        path = _candidate(runs, bad_input) if bad_input else runs / "b.jsonl"
+    before = _sums(runs)
+    try:
+        code = main(["profile", str(path), *[a.replace("ROOT", str(runs)) for a in extra or []]])
     except SystemExit as exc:
         code = exc.code
     cap = capsys.readouterr()

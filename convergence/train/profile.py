@@ -1,0 +1,229 @@
+"""What a training run cost, read back from its own ``metrics.jsonl``: step time, tokens/s, where a step's time
+went (forward, backward, optimizer, dispatch + combine) and the peak GPU and host memory.
+(``python -m convergence profile RUN [RUN ...]``)
+
+Public: ``WARMUP``, ``load_records(path) -> list[dict]``, ``profile(records) -> dict``, ``report(profiles) ->
+str``, ``plot_profiles(runs, out_png, *, force=False) -> Path``.
+
+Every number comes from the fields the loop logs as measured (``convergence.train.loop.MEASURED_FIELDS``):
+a step's seconds are its tokens over its ``tokens_per_s``; ``phase_s`` (``--phase-times``) holds the slowest
+rank's seconds of each phase, so on several ranks the phases need not add up to the step, and "other" (data,
+the loss's reduction, the gap between the slowest ranks) is what the step took beyond their sum, floored at
+zero. Medians over the steps after the first ``WARMUP``; memory is the run's peak (the largest rank's). A run
+made without ``--phase-times`` has no breakdown, and says so.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections.abc import Sequence
+from pathlib import Path
+
+from numerics.errors import BadInput
+from numerics.files import atomic_path
+
+# first steps left out of the medians: allocator and communicator warm-up, and the first optimizer step's
+# allocations (pinned host moments of the 16b under --optimizer-state host: 45 s of its first step on 2 x H200)
+WARMUP = 2
+PHASES = ("forward", "backward", "optimizer")
+
+
+def load_records(path: Path) -> list[dict]:
+    """The records of a ``metrics.jsonl``, or of the one a run's recipe folder (``OUT/<recipe>``) holds."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "metrics.jsonl"
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise BadInput(f"{path}: no such file (a run's OUT/<recipe>/metrics.jsonl)") from None
+    except UnicodeDecodeError:
+        raise BadInput(f"{path}: not a metrics.jsonl (not UTF-8 text)") from None
+    except OSError as exc:
+        raise BadInput(f"{path}: cannot read it ({exc.strerror})") from None
+    out = []
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            raise BadInput(f"{path}:{n}: not a JSON line") from None
+        if not isinstance(rec, dict) or "step" not in rec:
+            raise BadInput(f"{path}:{n}: a metrics line is a JSON object with a step")
+        out.append(rec)
+    if not out:
+        raise BadInput(f"{path}: no steps logged (an empty metrics.jsonl)")
+    return out
+
+
+def _median(values) -> float | None:
+    vals = [v for v in values if isinstance(v, (int, float))]
+    return statistics.median(vals) if vals else None
+
+
+def _step_seconds(records: list[dict]) -> list[float | None]:
+    """Each step's seconds: the tokens it added over its tokens/s (None where either is missing)."""
+    out, before = [], 0
+    for r in records:
+        tokens, tps = r.get("tokens"), r.get("tokens_per_s")
+        ok = isinstance(tokens, (int, float)) and isinstance(tps, (int, float)) and tps > 0 and tokens > before
+        out.append((tokens - before) / tps if ok else None)
+        before = tokens if isinstance(tokens, (int, float)) else before
+    return out
+
+
+def profile(records: list[dict]) -> dict:
+    """Medians after ``WARMUP`` (all steps when there are no more) and the run's peaks."""
+    seconds = _step_seconds(records)
+    tail = slice(WARMUP, None) if len(records) > WARMUP else slice(None)
+    recs, secs = records[tail], seconds[tail]
+    step_s = _median(secs)
+    phases = None
+    if all(isinstance(r.get("phase_s"), dict) for r in recs):
+        phases = {p: _median(r["phase_s"].get(p) for r in recs) for p in PHASES}
+        if step_s is not None and None not in phases.values():
+            phases["other"] = max(0.0, step_s - sum(phases.values()))
+    vals = [r["val_loss"] for r in records if isinstance(r.get("val_loss"), (int, float))]
+    gpu = [r["gpu_peak_gib"] for r in records if isinstance(r.get("gpu_peak_gib"), (int, float))]
+    host = [r["host_peak_gib"] for r in records if isinstance(r.get("host_peak_gib"), (int, float))]
+    return {
+        "steps": len(records), "median_over_steps": [records[tail][0]["step"], records[-1]["step"]],
+        "tokens_per_step": records[0].get("tokens") if isinstance(records[0].get("tokens"), int) else None,
+        "first_step_s": seconds[0], "step_s": step_s, "tokens_per_s": _median(r.get("tokens_per_s") for r in recs),
+        "phase_s": phases, "dispatch_combine_s": _median(r.get("dispatch_combine_s") for r in recs),
+        "dispatch_combine_share": _median(r.get("dispatch_combine_share") for r in recs),
+        "gpu_peak_gib": max(gpu) if gpu else None, "host_peak_gib": max(host) if host else None,
+        "loss_first": records[0].get("loss"), "loss_last": records[-1].get("loss"),
+        "val_loss_last": vals[-1] if vals else None,
+    }
+
+
+def _cell(x, spec: str) -> str:
+    return "n/a" if x is None else format(x, spec)
+
+
+def report(profiles: dict[str, dict]) -> str:
+    """One column per run; with several runs, each after the first also as a ratio to the first."""
+    names = list(profiles)
+    first = profiles[names[0]]
+    rows = [("steps (median over)", lambda p: "{} ({}-{})".format(p["steps"], *p["median_over_steps"])),
+            ("step s", lambda p: _cell(p["step_s"], ".3f")),
+            ("tokens/s", lambda p: _cell(p["tokens_per_s"], ",.0f")),
+            ("first step s", lambda p: _cell(p["first_step_s"], ".1f"))]
+    for phase in (*PHASES, "other"):
+        rows.append((f"  {phase} s", lambda p, ph=phase: _cell((p["phase_s"] or {}).get(ph), ".3f")))
+    rows += [("  dispatch+combine s", lambda p: _cell(p["dispatch_combine_s"], ".3f")),
+             ("peak GPU GiB", lambda p: _cell(p["gpu_peak_gib"], ".1f")),
+             ("peak host GiB", lambda p: _cell(p["host_peak_gib"], ".1f")),
+             ("loss first / last", lambda p: f"{_cell(p['loss_first'], '.4f')} / {_cell(p['loss_last'], '.4f')}"),
+             ("last val loss", lambda p: _cell(p["val_loss_last"], ".4f"))]
+    cells = [(label, [cell(profiles[n]) for n in names]) for label, cell in rows]
+    width = max(len(c) for c in [*names, *(c for _, row in cells for c in row)]) + 2
+    lines = [f"{'':<22}" + "".join(f"{n:>{width}}" for n in names)]
+    lines += [f"{label:<22}" + "".join(f"{c:>{width}}" for c in row) for label, row in cells]
+    for n in names[1:]:
+        p = profiles[n]
+        if p["step_s"] and first["step_s"]:
+            lines.append(f"step time {n} / {names[0]}: {p['step_s'] / first['step_s']:.2f}x "
+                         f"(medians, steps after the first {WARMUP})")
+    if any(p["phase_s"] is None for p in profiles.values()):
+        lines.append("n/a phases: the run was made without --phase-times")
+    return "\n".join(lines)
+
+
+def plot_profiles(runs: dict[str, list[dict]], out_png: Path, *, force: bool = False) -> Path:
+    """Loss per step (validation loss as points), gradient norm per step, and each run's median step split
+    into its phases: the curves and the cost in one figure."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax_loss, ax_grad, ax_time) = plt.subplots(1, 3, figsize=(15, 4.2),
+                                                    gridspec_kw={"width_ratios": [2, 2, 1.3]})
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, (name, recs) in enumerate(runs.items()):
+        c = colours[i % len(colours)]
+        steps = [r["step"] for r in recs]
+        ax_loss.plot(steps, [r.get("loss") for r in recs], color=c, lw=1.3, label=f"{name} train")
+        val = [(r["step"], r["val_loss"]) for r in recs if isinstance(r.get("val_loss"), (int, float))]
+        if val:
+            ax_loss.plot(*zip(*val), "o", color=c, ms=6, mfc="white", label=f"{name} validation")
+        if any(isinstance(r.get("grad_norm"), (int, float)) for r in recs):
+            ax_grad.semilogy(steps, [r.get("grad_norm") for r in recs], color=c, lw=1.3, label=name)
+        p = profile(recs)
+        bottom = 0.0
+        for j, phase in enumerate((*PHASES, "other")):
+            sec = (p["phase_s"] or {}).get(phase)
+            if sec is None:
+                continue
+            ax_time.bar(i, sec, bottom=bottom, color=colours[(j + 3) % len(colours)], edgecolor="white",
+                        label=phase if i == 0 else None)
+            bottom += sec
+        if p["phase_s"] is None and p["step_s"] is not None:
+            ax_time.bar(i, p["step_s"], color="0.7", label="step (no --phase-times)" if i == 0 else None)
+            bottom = p["step_s"]
+        if p["tokens_per_s"] is not None:
+            ax_time.text(i, bottom, f"{p['tokens_per_s']:,.0f} tok/s", ha="center", va="bottom", fontsize=8)
+    ax_loss.set(xlabel="step", ylabel="loss", title="training loss (lines), validation loss (points)")
+    ax_grad.set(xlabel="step", ylabel="gradient norm (before clipping)", title="gradient norm")
+    ax_time.set(xticks=range(len(runs)), xticklabels=list(runs), ylabel="seconds",
+                title=f"median step (after step {WARMUP})")
+    for ax in (ax_loss, ax_grad, ax_time):
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    with atomic_path(out_png, force=force) as tmp:
+        fig.savefig(tmp, dpi=110, format="png")
+    plt.close(fig)
+    return Path(out_png)
+
+
+def profiles_of(paths: Sequence[Path], names: Sequence[str] | None = None) -> dict[str, list[dict]]:
+    """Each run's records under its name (default: its path; a recipe folder's or metrics file's parent)."""
+    if names and len(names) != len(paths):
+        raise BadInput(f"--name: {len(names)} names for {len(paths)} runs (one per run, in order)")
+    runs: dict[str, list[dict]] = {}
+    for i, path in enumerate(paths):
+        name = names[i] if names else str(path)
+        if name in runs:
+            raise BadInput(f"two runs named {name!r}: pass --name for each")
+        runs[name] = load_records(Path(path))
+    return runs
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """python -m convergence profile RUN [RUN ...]: each run's step time, tokens/s, phases and peak memory,
+    from its metrics.jsonl."""
+    from numerics.cli import ArgumentParser
+    from numerics.files import atomic_write, check_writable
+
+    p = ArgumentParser(prog="python -m convergence profile",
+                       description="each run's step time, tokens/s, phases and peak memory, from its metrics.jsonl")
+    p.add_argument("runs", nargs="+", type=Path, help="a metrics.jsonl, or a run folder (<out>/<recipe>) holding one")
+    p.add_argument("--name", action="append", default=[], help="a label per run, in order (default: its path)")
+    p.add_argument("--plot", type=Path, metavar="OUT.png", help="loss, gradient norm and the median step's phases")
+    p.add_argument("--json", type=Path, metavar="OUT", help="write the profiles as JSON")
+    p.add_argument("--force", action="store_true", help="overwrite an existing --plot or --json file")
+    args = p.parse_args(argv)
+    for out in (args.plot, args.json):
+        if out:
+            check_writable(out, force=args.force)
+    runs = profiles_of(args.runs, args.name)
+    profiles = {name: profile(recs) for name, recs in runs.items()}
+    print(report(profiles))
+    if args.plot:
+        print(f"figure: {plot_profiles(runs, args.plot, force=args.force)}")
+    if args.json:
+        atomic_write(args.json, json.dumps(profiles, indent=1) + "\n", force=args.force)
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    from numerics.cli import run_main
+
+    sys.exit(run_main(main))

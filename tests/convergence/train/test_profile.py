@@ -1,0 +1,75 @@
+"""python -m convergence profile: a run's step time, tokens/s, phases and peak memory from its metrics.jsonl.
+
+Exact on records whose numbers are known; a planted slower optimizer must show in its phase and in the
+step-time ratio (the control); a real CPU run's profile agrees with its own records."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from convergence.__main__ import main
+from convergence.train import profile as pf
+
+TOKENS = 1000  # per step
+
+
+def _records(steps=6, optimizer=0.4, warm_s=10.0, phases=True):
+    """Steps of 2 s (+ the optimizer's extra), the first WARMUP slow; forward 0.5, backward 1.0."""
+    out = []
+    for s in range(1, steps + 1):
+        step_s = (warm_s if s <= pf.WARMUP else 2.0 + optimizer - 0.4)
+        r = {"step": s, "loss": 5.0 - 0.1 * s, "grad_norm": 1.0, "tokens": s * TOKENS,
+             "tokens_per_s": TOKENS / step_s, "host_peak_gib": 1.0 + 0.1 * s, "gpu_peak_gib": 3.0 if s != 3 else 4.0}
+        if phases:
+            r["phase_s"] = {"forward": 0.5, "backward": 1.0, "optimizer": optimizer}
+        if s % 3 == 0:
+            r["val_loss"] = 4.0 - 0.1 * s
+        out.append(r)
+    return out
+
+
+def test_profile_reads_known_numbers_exactly():
+    p = pf.profile(_records())
+    assert p["steps"] == 6 and p["median_over_steps"] == [pf.WARMUP + 1, 6]
+    assert p["step_s"] == pytest.approx(2.0) and p["tokens_per_s"] == pytest.approx(500.0)
+    assert p["first_step_s"] == pytest.approx(10.0)  # the start-up the medians leave out
+    assert p["phase_s"] == pytest.approx({"forward": 0.5, "backward": 1.0, "optimizer": 0.4, "other": 0.1})
+    assert p["gpu_peak_gib"] == 4.0 and p["host_peak_gib"] == pytest.approx(1.6)  # the run's peaks
+    assert p["val_loss_last"] == pytest.approx(3.4) and p["loss_first"] == pytest.approx(4.9)
+
+
+def test_a_planted_slow_optimizer_shows_in_its_phase_and_the_ratio():
+    """The control: the same run with the optimizer 1 s slower per step is told apart, and where."""
+    base, slow = pf.profile(_records()), pf.profile(_records(optimizer=1.4))
+    assert slow["phase_s"]["optimizer"] - base["phase_s"]["optimizer"] == pytest.approx(1.0)
+    assert slow["phase_s"]["forward"] == base["phase_s"]["forward"]
+    text = pf.report({"base": base, "slow": slow})
+    assert "step time slow / base: 1.50x" in text
+
+
+def test_a_run_without_phase_times_says_so():
+    p = pf.profile(_records(phases=False))
+    assert p["phase_s"] is None and p["step_s"] == pytest.approx(2.0)
+    assert "made without --phase-times" in pf.report({"run": p})
+
+
+def test_profile_of_a_real_cpu_run(tmp_path, capsys):
+    """A tiny CPU run with --phase-times: its profile's medians are those of its own records, and the figure
+    and JSON are written."""
+    args = ["train", "--model", "tiny", "--recipe", "bf16", "--steps", "5", "--batch", "4", "--seq", "32",
+            "--val-every", "5", "--val-batches", "1", "--threads", "1", "--phase-times", "--out", str(tmp_path / "r")]
+    assert main(args) == 0
+    capsys.readouterr()
+    run = tmp_path / "r" / "bf16"
+    assert main(["profile", str(run), "--name", "tiny", "--plot", str(tmp_path / "p.png"),
+                 "--json", str(tmp_path / "p.json")]) == 0
+    out = capsys.readouterr().out
+    assert "tokens/s" in out and "figure:" in out and (tmp_path / "p.png").stat().st_size > 10_000
+    got = json.loads((tmp_path / "p.json").read_text())["tiny"]
+    recs = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    tail = recs[pf.WARMUP:]
+    assert got["tokens_per_s"] == pytest.approx(sorted(r["tokens_per_s"] for r in tail)[len(tail) // 2])
+    assert got["phase_s"]["forward"] > 0 and got["phase_s"]["other"] >= 0
+    assert got["host_peak_gib"] == max(r["host_peak_gib"] for r in recs) and got["gpu_peak_gib"] is None

@@ -67,7 +67,7 @@ class Transformer(nn.Module):
                 continue
             into_residual = name.endswith((".wo.weight", ".w2.weight"))  # attention, FFN and expert w2
             scale = std / math.sqrt(2 * self.cfg.n_layers) if into_residual else std
-            p.copy_(torch.randn(p.shape, generator=generator, dtype=torch.float32) * scale)
+            p.normal_(generator=generator).mul_(scale)  # randn's draws in place: no copy of the 16b's 63 GB
         for mod in self.modules():
             if isinstance(mod, MoE):
                 mod.expert_bias.zero_()

@@ -194,3 +194,44 @@ def test_floor_control_is_torchaos_floor_ops_on_either_kernel():
     assert info_r["torchao_config"]["scale_calculation_mode"] == "RCEIL" and info_e["quantized"] == info_r["quantized"]
     assert torch.equal(out_e, out_f) and g_e.keys() == g_f.keys() and all(torch.equal(g_e[n], g_f[n]) for n in g_e)
     assert not torch.equal(out_e, out_r)
+
+
+def test_init_draws_in_place_the_numbers_it_always_drew():
+    """init_weights fills each parameter in place (the 16b's 63 GB without a copy); the weights are those of the
+    former ``randn(shape) * scale`` in parameter order, written here independently as the reference."""
+    import math
+
+    model = Transformer(tiny())
+    model.init_weights(torch.Generator().manual_seed(3))
+    g, std, n = torch.Generator().manual_seed(3), tiny().init_std, tiny().n_layers
+    for name, p in model.named_parameters():
+        if name.endswith("norm.weight"):
+            assert torch.equal(p, torch.ones_like(p)), name
+            continue
+        scale = std / math.sqrt(2 * n) if name.endswith((".wo.weight", ".w2.weight")) else std
+        assert torch.equal(p, torch.randn(p.shape, generator=g, dtype=torch.float32) * scale), name
+
+
+def test_fingerprint_is_the_bits_whatever_the_thread_count():
+    """The same weights fingerprint the same on one thread (a torchrun rank) and on several (one process),
+    which the former float64 sums did not above torch's parallel grain (shown below: the control); and a
+    one-ulp change in one weight changes it."""
+    from convergence.train.loop import fingerprint
+
+    big = torch.nn.Linear(1024, 1024)
+    with torch.no_grad():
+        big.weight.normal_(generator=torch.Generator().manual_seed(0)).mul_(0.02).add_(0.001)
+    threads = torch.get_num_threads()
+    try:
+        prints, squares = [], []
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            prints.append(fingerprint(big))
+            squares.append(float((big.weight.detach().double() ** 2).sum()))
+    finally:
+        torch.set_num_threads(threads)
+    assert prints[0] == prints[1] and prints[0].startswith("sha256:")
+    assert squares[0] != squares[1]  # the control: the former fingerprint's sum depends on the thread count
+    with torch.no_grad():
+        big.weight[5, 7] = torch.nextafter(big.weight[5, 7], torch.tensor(1.0))
+    assert fingerprint(big) != prints[0]

@@ -1,9 +1,10 @@
-"""How much GPU memory a training run needs, known before its first step: one clear line when it cannot fit.
+"""How much GPU and host memory a training run needs, known before its first step: one clear line when it
+cannot fit.
 
 Public: ``MemoryNeed``, ``state_bytes(model_cfg, ranks, ep, optimizer_state)``, ``activation_bytes_per_token(
 model_cfg, seq, device)``, ``estimate(model_cfg, *, batch, seq, ranks, ep, device, checkpointing, activations,
 optimizer_state)``, ``check_fits(need, gpu_bytes, where)``, ``check_host(need, host_bytes_per_rank)``,
-``host_bytes()``.
+``pinned_moment_bytes(model_cfg, ranks, ep)``, ``host_bytes()``.
 
 * **Model states, exact.** FP32 master weights (4 bytes), their FP32 gradients (4) and AdamW's two moments
   (8): 16 bytes per parameter (``convergence.train.loop``'s mixed precision). Dense parameters are sharded
@@ -11,6 +12,10 @@ optimizer_state)``, ``check_fits(need, gpu_bytes, where)``, ``check_host(need, h
   FSDP2 also gathers one block's dense weights (FP32) at a time, two with prefetching. With the moments in
   host memory (``optimizer_state="host"``, ``convergence.train.placement``) the GPU keeps 8 bytes per
   parameter plus the largest parameter's moments during its update, and each rank's host memory the 8.
+* **Host memory, exact.** Every rank builds the whole FP32 model on its CPU (4 bytes per parameter: the same
+  initial weights everywhere) before placing it; with the moments in host memory a rank then pins its
+  moments, each rounded up to a power of two by torch's pinned allocator (+44 % at 16b, EP=2). The peak is
+  the larger of the two (``MemoryNeed.host_peak``).
 * **Activations, measured.** What autograd saves for backward, counted with ``saved_tensors_hooks`` on
   the model's own blocks (``numerics.layer.modules``) at the run's widths and sequence length, on the run's
   device (the attention kernel decides what attention saves), for one and two sequences: the difference is
@@ -57,6 +62,14 @@ class MemoryNeed:
     measured: bool = True  # False: activations not measured (estimate(activations=False)), counted as 0
     optimizer_state: str = "device"  # where AdamW's moments wait between steps (device or host)
     host_states: float = 0.0  # bytes per rank in host memory (the moments, with optimizer_state="host")
+    host_pinned: float = 0.0  # what pinning host_states takes: torch rounds each pinned block up to a power of two
+    host_build: float = 0.0  # bytes per rank: the whole FP32 model, which every rank builds before placing it
+
+    @property
+    def host_peak(self) -> float:
+        """A rank's host memory at its peak: the model it builds leaves for the GPU before the moments arrive
+        (measured on the 16b, 2 x H200: 90.1 GiB per rank against the 84.5 GiB of pinned moments here)."""
+        return max(self.host_build, self.host_pinned)
 
     @property
     def total(self) -> float:
@@ -88,6 +101,24 @@ def state_bytes(cfg: ModelConfig, ranks: int = 1, ep: int = 1,
         states -= MOMENT_BYTES_PER_PARAM * (local - largest)
     gathered = 0.0 if ranks == 1 else 2 * 4 * block
     return states, gathered, dense, experts
+
+
+def pinned_moment_bytes(cfg: ModelConfig, ranks: int = 1, ep: int = 1) -> tuple[float, float]:
+    """(bytes of one rank's AdamW moments, bytes they pin). torch's caching host allocator rounds every pinned
+    allocation up to the next power of two (``ATen/core/CachingHostAllocator.h``: ``PowerOf2Ceil``), and each
+    moment of each local parameter is one allocation: a routed-expert weight's local [experts / ep, 1408, 2048]
+    (369 MB at 16b, EP=2) pins 512 MiB. Local shards as ``convergence.train.distributed`` cuts them: experts
+    over ``ep``, every other parameter's first dimension over ``ranks`` (the largest shard, rank 0's)."""
+    from convergence.train.model import build_on_meta
+
+    exact = pinned = 0
+    for name, p in build_on_meta(cfg).named_parameters():
+        rows = p.shape[0] // ep if ".moe.experts." in name else -(-p.shape[0] // ranks)
+        nbytes = 4 * rows * (p.numel() // p.shape[0])
+        for _ in range(MOMENT_BYTES_PER_PARAM // 4):  # exp_avg, exp_avg_sq
+            exact += nbytes
+            pinned += 1 << max(nbytes - 1, 0).bit_length()
+    return float(exact), float(pinned)
 
 
 def _saved_bytes(fn, *args) -> int:
@@ -165,8 +196,10 @@ def estimate(cfg: ModelConfig, *, batch: int, seq: int, ranks: int = 1, ep: int 
     it again, when one block's activations live at a time: the largest one's. ``activations=False``: the
     model states only, exact and instant (the measurement takes half a minute at 16B widths on a CPU)."""
     states, gathered, dense, experts = state_bytes(cfg, ranks, ep, optimizer_state)
-    place = dict(optimizer_state=optimizer_state, host_states=(MOMENT_BYTES_PER_PARAM * (dense / ranks + experts / ep)
-                                                               if optimizer_state == "host" else 0.0))
+    place = dict(optimizer_state=optimizer_state, host_build=4.0 * (dense + experts))
+    if optimizer_state == "host":
+        exact, pinned = pinned_moment_bytes(cfg, ranks, ep)
+        place |= dict(host_states=exact, host_pinned=pinned)
     tokens = -(-batch // ranks) * seq
     if not activations:
         return MemoryNeed(dense, experts, ranks, ep, tokens, states, gathered, 0.0, 0.0, checkpointing, False,
@@ -223,10 +256,15 @@ def check_fits(need: MemoryNeed, gpu_bytes: float, *, model: str = "the model", 
 
 
 def check_host(need: MemoryNeed, host_bytes_per_rank: float) -> None:
-    """BadInput with one line when the moments a rank keeps in host memory do not fit its share of the host
-    (less ``HEADROOM``: the process, its pinned staging and the data need some too)."""
-    if need.host_states <= host_bytes_per_rank * (1 - HEADROOM):
+    """BadInput with one line when a rank's host-memory peak (``MemoryNeed.host_peak``) does not fit its share of
+    the host, less ``HEADROOM`` (the process itself, its staging buffers and the data need some too)."""
+    usable = host_bytes_per_rank * (1 - HEADROOM)
+    if need.host_peak <= usable:
         return
-    raise BadInput(f"--optimizer-state host keeps {need.host_states / GIB:.0f} GiB of AdamW moments in host memory "
-                   f"per rank, and each rank's share of the host is {host_bytes_per_rank / GIB:.0f} GiB: use more "
-                   "GPUs (torchrun --nproc-per-node N with --ep N)")
+    share = f"each rank's share of the host is {host_bytes_per_rank / GIB:.0f} GiB"
+    if need.host_pinned >= need.host_build:
+        raise BadInput(f"--optimizer-state host keeps {need.host_states / GIB:.0f} GiB of AdamW moments in host memory "
+                       f"per rank, {need.host_pinned / GIB:.0f} GiB once pinned (torch rounds each pinned block up to "
+                       f"a power of two), and {share}: use more GPUs (torchrun --nproc-per-node N with --ep N)")
+    raise BadInput(f"every rank builds the whole FP32 model in host memory before sharding it, "
+                   f"{need.host_build / GIB:.0f} GiB, and {share}: run fewer ranks per host")

@@ -141,9 +141,34 @@ def test_moments_in_host_memory_leave_8_bytes_per_parameter_and_the_largest_para
     need = memory.estimate(cfg, batch=4, seq=2048, ranks=2, ep=2, activations=False, optimizer_state="host")
     assert need.host_states == pytest.approx(device / 2) and need.host_states / GIB == pytest.approx(58.5, abs=0.1)
     memory.check_host(need, 128 * GIB)  # each of the x2 machine's two ranks: half of its 256 GiB
-    with pytest.raises(BadInput, match=r"keeps 59 GiB of AdamW moments in host memory per rank.*share of the host "
-                                       r"is 32 GiB"):
-        memory.check_host(need, 32 * GIB)
+    with pytest.raises(BadInput, match=r"keeps 59 GiB of AdamW moments in host memory per rank, 85 GiB once pinned"
+                                       r".*share of the host is 64 GiB"):
+        memory.check_host(need, 64 * GIB)  # 59 GiB would fit 64 less the headroom; pinned they do not
+
+
+def test_the_host_peak_is_what_the_16b_measured_on_two_h200s():
+    """The 16b, EP=2, moments in host memory (golden/training/16b_ep2_*__h200x2.jsonl): each rank's resident
+    peak was 90.1 GiB. The moments are 58.5 GiB; pinned, each rounded up to a power of two, 84.5 GiB; the
+    whole FP32 model each rank builds first, 58.5 GiB. The estimate's peak must account for all but the
+    process's own few GiB (under the headroom), which the exact moments alone (the former estimate) did not."""
+    need = memory.estimate(get_config("16b"), batch=4, seq=2048, ranks=2, ep=2, activations=False,
+                           optimizer_state="host")
+    measured = 90.1 * GIB
+    assert need.host_pinned / GIB == pytest.approx(84.5, abs=0.1)
+    assert need.host_build / GIB == pytest.approx(58.5, abs=0.1)
+    assert measured * (1 - memory.HEADROOM) <= need.host_peak <= measured
+    assert need.host_states < measured * (1 - 2 * memory.HEADROOM)  # the control: the exact moments fall short
+
+
+def test_every_rank_building_the_whole_model_is_checked_too():
+    """Eight ranks on one 256 GiB host: each builds the 16b's 58.5 GiB before sharding it; refused in one line
+    before anything is built, with the moments on the GPU as well."""
+    need = memory.estimate(get_config("16b"), batch=8, seq=2048, ranks=8, ep=8, activations=False)
+    assert need.host_states == 0 and need.host_build / GIB == pytest.approx(58.5, abs=0.1)
+    with pytest.raises(BadInput, match=r"every rank builds the whole FP32 model in host memory before sharding it, "
+                                       r"59 GiB, and each rank's share of the host is 32 GiB"):
+        memory.check_host(need, 256 * GIB / 8)
+    memory.check_host(need, 128 * GIB)
 
 
 def _check_16b_on_two_gpus(monkeypatch, gpu_gib: float, **cfg_over):

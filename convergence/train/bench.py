@@ -26,7 +26,7 @@ from collections.abc import Sequence
 
 import torch
 
-from convergence.train.model import Transformer
+from convergence.train.model import Transformer, build_initialised
 from numerics.layer import mxfp8
 from numerics.layer.configs import ModelConfig, get_config, param_count
 from numerics.layer.recipes import apply_recipe, get_recipe, quantized_fqns
@@ -108,8 +108,7 @@ def variants(device: torch.device, kernels: Sequence[str] | None, compile_: bool
 
 def _time_variant(cfg: ModelConfig, recipe: str, kernel: str | None, *, batch: int, seq: int, steps: int,
                   warmup: int, device: torch.device, compile_: bool) -> dict:
-    model = Transformer(cfg)
-    model.init_weights(torch.Generator().manual_seed(0))
+    model = build_initialised(cfg, 0)
     model.to(device)
     apply_recipe(model, get_recipe(recipe), device, kernel=kernel)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.type == "cuda")

@@ -52,7 +52,7 @@ import torch.nn.functional as F
 
 from convergence.train import data as data_mod
 from convergence.train.checkpoint import JsonlLog
-from convergence.train.model import Transformer
+from convergence.train.model import Transformer, build_initialised
 from convergence.train.placement import HostStateAdamW, Single, deterministic_mode
 from numerics.errors import BadInput
 from numerics.files import atomic_write, writable_dir
@@ -138,9 +138,7 @@ def model_config(cfg: TrainConfig, vocab_size: int):
 
 
 def build_model(cfg: TrainConfig, vocab_size: int) -> Transformer:
-    model = Transformer(model_config(cfg, vocab_size))
-    model.init_weights(torch.Generator().manual_seed(cfg.seed))
-    return model
+    return build_initialised(model_config(cfg, vocab_size), cfg.seed)
 
 
 def fingerprint(model: torch.nn.Module) -> str:

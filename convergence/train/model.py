@@ -68,9 +68,8 @@ class Transformer(nn.Module):
             into_residual = name.endswith((".wo.weight", ".w2.weight"))  # attention, FFN and expert w2
             scale = std / math.sqrt(2 * self.cfg.n_layers) if into_residual else std
             p.normal_(generator=generator).mul_(scale)  # randn's draws in place: no copy of the 16b's 63 GB
-        for mod in self.modules():
-            if isinstance(mod, MoE):
-                mod.expert_bias.zero_()
+        for buf in self.buffers():  # every buffer starts at zero: the experts' bias and token counts
+            buf.zero_()
 
     def moe_layers(self) -> list[tuple[int, MoE]]:
         return [(i, blk.moe) for i, blk in enumerate(self.layers) if blk.moe is not None]
@@ -109,3 +108,14 @@ def build_on_meta(cfg: ModelConfig) -> Transformer:
     """The model without storage: for counting parameters of shapes too large to allocate."""
     with torch.device("meta"):
         return Transformer(cfg)
+
+
+def build_initialised(cfg: ModelConfig, seed: int) -> Transformer:
+    """The model on the CPU with its initial weights from ``seed``. Built without storage first, so no module
+    spends time on a default initialisation that ``init_weights`` overwrites (8 % of building a 1.09B slice of
+    the 16b on a CPU: 12.2 -> 11.2 s); every parameter and buffer is set by ``init_weights``."""
+    model = build_on_meta(cfg)
+    model.to_empty(device="cpu")
+    model.init_weights(torch.Generator().manual_seed(seed))
+    return model
+

@@ -235,3 +235,20 @@ def test_fingerprint_is_the_bits_whatever_the_thread_count():
     with torch.no_grad():
         big.weight[5, 7] = torch.nextafter(big.weight[5, 7], torch.tensor(1.0))
     assert fingerprint(big) != prints[0]
+
+
+@pytest.mark.parametrize("changes", [{}, {"n_dense_layers": 2, "n_layers": 3}])
+def test_built_without_default_init_is_the_same_model(changes):
+    """build_initialised skips the modules' own initialisation (it builds on the meta device, then allocates):
+    every parameter and buffer equals a plainly constructed model's after the same init_weights."""
+    from convergence.train.model import build_initialised
+
+    cfg = dataclasses.replace(tiny(), **changes)
+    plain = Transformer(cfg)
+    plain.init_weights(torch.Generator().manual_seed(7))
+    fast = build_initialised(cfg, 7)
+    a, b = dict(plain.named_buffers()) | dict(plain.named_parameters()), dict(fast.named_buffers()) | dict(
+        fast.named_parameters())
+    assert a.keys() == b.keys() and a
+    for name in a:
+        assert torch.equal(a[name], b[name]) and a[name].device == b[name].device, name

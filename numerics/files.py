@@ -1,4 +1,5 @@
-"""Writing result files so that an interruption never leaves half a file, and nothing is overwritten unasked.
+"""Writing result files so that an interruption never leaves half a file, and nothing is overwritten unasked;
+reading a run's JSON-lines files back with one clear line for whatever is wrong in them.
 
 Public functions
   ``check_writable(path, *, force=False)``  before long work: refuses (``BadInput``) an existing file
@@ -13,6 +14,10 @@ Public functions
   ``atomic_path(path, *, force=False)``  the same for writers that want a file name (matplotlib's
       ``savefig``, a TensorBoard writer): a context manager yielding the temporary path, renamed over
       ``path`` when the block ends without an exception and removed otherwise.
+  ``read_json_lines(path, *, what, hint, need, inside=None) -> list[dict]``  every JSON object of a
+      JSON-lines file (``inside`` it when ``path`` is a folder), blank lines skipped; a missing or unreadable
+      file, a line that is not a JSON object with the keys ``need`` (of their types), or no record at all
+      is ``BadInput`` naming the file and line.
 
 Every failure to write (``OSError``: read-only file system, disk full, permission) is raised as
 ``BadInput`` naming the path, so a command line prints one line and exits 2.
@@ -100,3 +105,35 @@ def atomic_write(path, data: bytes | str, *, force: bool = False) -> Path:
         except OSError as exc:
             raise BadInput(f"cannot write {path}: {exc.strerror or exc}") from None
     return path
+
+
+def read_json_lines(path, *, what: str, hint: str, need: dict[str, type], inside: str | None = None) -> list[dict]:
+    import json
+
+    path = Path(path)
+    if inside and path.is_dir():
+        path = path / inside
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise BadInput(f"{path}: no such file ({hint})") from None
+    except UnicodeDecodeError:
+        raise BadInput(f"{path}: not a {what} (not UTF-8 text)") from None
+    except OSError as exc:
+        raise BadInput(f"{path}: cannot read it ({exc.strerror or exc})") from None
+    records = []
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            raise BadInput(f"{path}:{n}: not a JSON line") from None
+        if not isinstance(rec, dict) or not all(isinstance(rec.get(k), t) for k, t in need.items()):
+            keys = " and ".join(f'"{k}"' for k in need)
+            raise BadInput(f"{path}:{n}: not a {what} record (a JSON object with {keys})")
+        records.append(rec)
+    if not records:
+        raise BadInput(f"{path}: no {what} records")
+    return records
+

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from numerics.errors import BadInput
-from numerics.files import atomic_path
+from numerics.files import atomic_path, read_json_lines
 
 QUANTITIES = {"out_sqnr_db": "output", "dx_sqnr_db": "input gradient (dX)", "dweight_sqnr_db": "weight gradient (dW)"}
 SHORT = {"out_sqnr_db": "out", "dx_sqnr_db": "dX", "dweight_sqnr_db": "dW"}
@@ -30,29 +30,8 @@ _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 
 def load_probes(path: Path) -> list[dict]:
     """The records of a ``probes.jsonl`` (or of a run folder's ``probes.jsonl``), each ``{"step", "layers"}``."""
-    path = Path(path)
-    if path.is_dir():
-        path = path / "probes.jsonl"
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise BadInput(f"{path}: no such file (a run probes with --probe-every N)") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise BadInput(f"{path}: cannot read it ({exc})") from None
-    records = []
-    for i, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
-            raise BadInput(f"{path}:{i}: not a JSON line") from None
-        if not isinstance(rec, dict) or not isinstance(rec.get("layers"), dict) or "step" not in rec:
-            raise BadInput(f"{path}:{i}: not a probes record (needs \"step\" and \"layers\")")
-        records.append(rec)
-    if not records:
-        raise BadInput(f"{path}: no probe records")
-    return records
+    return read_json_lines(path, what="probes", hint="a run probes with --probe-every N",
+                           need={"step": int, "layers": dict}, inside="probes.jsonl")
 
 
 def _layer_of(fqn: str) -> int | None:

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from numerics.errors import BadInput
-from numerics.files import atomic_path
+from numerics.files import atomic_path, read_json_lines
 
 # first steps left out of the medians: allocator and communicator warm-up, and the first optimizer step's
 # allocations (pinned host moments of the 16b under --optimizer-state host: 45 s of its first step on 2 x H200)
@@ -31,31 +31,8 @@ PHASES = ("forward", "backward", "optimizer")
 
 def load_records(path: Path) -> list[dict]:
     """The records of a ``metrics.jsonl``, or of the one a run's recipe folder (``OUT/<recipe>``) holds."""
-    path = Path(path)
-    if path.is_dir():
-        path = path / "metrics.jsonl"
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise BadInput(f"{path}: no such file (a run's OUT/<recipe>/metrics.jsonl)") from None
-    except UnicodeDecodeError:
-        raise BadInput(f"{path}: not a metrics.jsonl (not UTF-8 text)") from None
-    except OSError as exc:
-        raise BadInput(f"{path}: cannot read it ({exc.strerror})") from None
-    out = []
-    for n, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
-            raise BadInput(f"{path}:{n}: not a JSON line") from None
-        if not isinstance(rec, dict) or "step" not in rec:
-            raise BadInput(f"{path}:{n}: a metrics line is a JSON object with a step")
-        out.append(rec)
-    if not out:
-        raise BadInput(f"{path}: no steps logged (an empty metrics.jsonl)")
-    return out
+    return read_json_lines(path, what="metrics", hint="a run's OUT/<recipe>/metrics.jsonl", need={"step": int},
+                           inside="metrics.jsonl")
 
 
 def _median(values) -> float | None:

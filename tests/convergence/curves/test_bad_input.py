@@ -97,15 +97,7 @@ def test_probes_bad_input_is_one_line_exit_2_and_changes_nothing(runs, capsys, b
         path.write_text(json.dumps({"step": 10, "loss": 2.0}) + "\n")
     else:
         path = _candidate(runs, bad_input) if bad_input else good
-    before = _sums(runs)
-    try:
-        code = main(["probes", str(path), *[a.replace("ROOT", str(runs)) for a in extra or []]])
-    except SystemExit as exc:
-        code = exc.code
-    cap = capsys.readouterr()
-    assert code == 2, (cap.out, cap.err)
-    assert cap.err.count("\n") == 1 and "Traceback" not in cap.err + cap.out
-    assert _sums(runs) == before
+    _one_line_exit_2_nothing_changed(runs, capsys, ["probes", str(path), *_extra_args(runs, extra)])
 
 
 @pytest.mark.parametrize("bad_input, extra", [
@@ -119,12 +111,21 @@ def test_profile_bad_input_is_one_line_exit_2_and_changes_nothing(runs, capsys, 
         path.write_text("[1, 2]\n")
     else:
         path = _candidate(runs, bad_input) if bad_input else runs / "b.jsonl"
+    _one_line_exit_2_nothing_changed(runs, capsys, ["profile", str(path), *_extra_args(runs, extra)])
+
+
+def _extra_args(runs, extra):
+    return [a.replace("ROOT", str(runs)) for a in extra or []]
+
+
+def _one_line_exit_2_nothing_changed(runs, capsys, argv):
     before = _sums(runs)
     try:
-        code = main(["profile", str(path), *[a.replace("ROOT", str(runs)) for a in extra or []]])
+        code = main(argv)
     except SystemExit as exc:
         code = exc.code
     cap = capsys.readouterr()
     assert code == 2, (cap.out, cap.err)
     assert cap.err.count("\n") == 1 and "Traceback" not in cap.err + cap.out
     assert _sums(runs) == before
+

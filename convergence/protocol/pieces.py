@@ -112,6 +112,12 @@ def progress_report(plan: pr.ProtocolPlan, out: Path, per_gpu: int = 1) -> list[
     for title, roles in GROUPS:
         group = [r for r in runs if r.role in roles]
         lines.append(f"  {title}: {sum(status[r.name] == 'done' for r in group)} of {len(group)}")
+    whole = [sub for sub in plan.levels() if all(status.get(r.name) == "done" for r in sub.runs())]
+    if whole and whole[-1].candidate_replicates < plan.candidate_replicates:
+        sub = whole[-1]
+        lines.append(f"  complete as the smaller protocol k = {sub.replicates}, m = {sub.candidate_replicates}: judge "
+                     f"it with the same command and --replicates {sub.replicates} --candidate-replicates "
+                     f"{sub.candidate_replicates} (the runs made stay; the larger plan continues with its own)")
     started = [f"{r.name} {status[r.name]}/{plan.steps}" for r in runs if status[r.name] not in ("done", 0)]
     if started:
         lines.append("  started: " + ", ".join(started))

@@ -144,9 +144,24 @@ class ProtocolPlan:
         return RunSpec(f"{recipe}_{self.design}{i}", role, recipe, init, data, rows)
 
     def runs(self) -> list[RunSpec]:
-        """In the order pieces are scheduled: the paired pair first (side by side on two GPUs), the control,
-        then each BF16 replicate next to the candidate's and the control's replicates with the same change, then
-        the held-out runs."""
+        """In the order pieces are scheduled: nested, so that every prefix of finished runs is a whole smaller
+        protocol (``levels``): a plan cut short by the GPU time it gets can still be judged, controls included,
+        instead of missing its held-out runs, which the plan's own order puts last."""
+        level = {r.name: n for n, sub in reversed(list(enumerate(self.levels()))) for r in sub._runs_by_role()}
+        return sorted(self._runs_by_role(), key=lambda r: level[r.name])  # stable: the plan's order within a level
+
+    def levels(self) -> list[ProtocolPlan]:
+        """The nested smaller plans, n = 1 .. ``candidate_replicates``: plan n has n candidate runs (and as many
+        control and held-out runs) and ``max(2, ceil(n k / m))`` baselines (two at least: their spread is the
+        noise); the last is this plan. A run's name does not depend on its role, so a run made for one plan is
+        the same run in every other that names it."""
+        k, m = self.replicates, self.candidate_replicates
+        return [dataclasses.replace(self, replicates=max(2, -(-n * k // m)), candidate_replicates=n)
+                for n in range(1, m + 1)]
+
+    def _runs_by_role(self) -> list[RunSpec]:
+        """The paired pair first, the control, then each BF16 replicate next to the candidate's and the control's
+        replicates with the same change, then the held-out runs."""
         s, k, m = self.seed, self.replicates, self.candidate_replicates
         pairs = []
         for i in range(1, max(k, m)):

@@ -35,9 +35,10 @@ def test_protocol_pairs_the_candidate_and_the_control_and_varies_one_thing_per_r
 def test_candidate_replicates_carry_the_replicates_changes_and_the_negative_control_gets_as_many_runs():
     plan = pr.ProtocolPlan(model="tiny", steps=20, replicates=3, candidate_replicates=4, design="rounding").check()
     names = [r.name for r in plan.runs()]
-    assert names == ["bf16", "mxfp8", "mxfp8-head", "bf16_rounding1", "mxfp8_rounding1", "mxfp8-head_rounding1",
-                     "bf16_rounding2", "mxfp8_rounding2", "mxfp8-head_rounding2", "mxfp8_rounding3",
-                     "mxfp8-head_rounding3", "bf16_rounding3", "bf16_rounding4", "bf16_rounding5", "bf16_rounding6"]
+    assert names == ["bf16", "mxfp8", "mxfp8-head", "bf16_rounding1", "bf16_rounding2",  # k = 2, m = 1
+                     "mxfp8_rounding1", "mxfp8-head_rounding1", "bf16_rounding3",  # k = 2, m = 2
+                     "mxfp8_rounding2", "mxfp8-head_rounding2", "bf16_rounding4", "bf16_rounding5",  # k = 3, m = 3
+                     "mxfp8_rounding3", "mxfp8-head_rounding3", "bf16_rounding6"]  # k = 3, m = 4: the plan
     by = {r.name: r for r in plan.runs()}
     for i in (1, 2):  # candidate and control replicate i have BF16 replicate i's change, nothing else differs
         for recipe in ("mxfp8", "mxfp8-head"):
@@ -412,3 +413,42 @@ def test_status_says_how_far_a_folder_is_and_what_is_left_at_its_pace(tmp_path, 
     assert f"bf16 360 s x {n_bf16 - 1}.0" in out and "no pace yet for mxfp8 x 1, mxfp8-head x 1" in out
     assert f"about {360 * (n_bf16 - 1) / 3600:.1f} GPU-hours" in out
     assert "--status" in _bad(capsys, "--status", "--out", str(tmp_path / "none"))
+
+
+@pytest.mark.parametrize("k, m", [(16, 16), (3, 4), (4, 1), (2, 5)])
+def test_every_prefix_of_the_schedule_at_a_level_is_a_whole_smaller_protocol(k, m):
+    """A plan cut short (sessions of GPU time run out) can still be judged: the runs are scheduled level by
+    level, and the first runs up to each level are exactly the runs of a smaller valid plan, held-out runs and
+    controls included. The control: the plan's own role order, which puts every held-out run last, is not."""
+    plan = pr.ProtocolPlan(model="tiny", steps=20, replicates=k, candidate_replicates=m).check()
+    order = [r.name for r in plan.runs()]
+    assert sorted(order) == sorted(r.name for r in plan._runs_by_role())  # the same runs, another order
+    for sub in plan.levels():
+        sub.check()
+        names = {r.name for r in sub.runs()}
+        assert set(order[:len(names)]) == names, (sub.replicates, sub.candidate_replicates)
+        assert sum(r.role == "heldout" for r in sub.runs()) == sub.candidate_replicates
+    assert plan.levels()[-1] == plan
+    if m > 1:
+        by_role = [r.name for r in plan._runs_by_role()]
+        first = {r.name for r in plan.levels()[0].runs()}
+        assert set(by_role[:len(first)]) != first
+
+
+def test_status_names_the_smaller_protocol_that_is_complete(tmp_path):
+    from convergence.protocol import pieces
+
+    plan = pr.ProtocolPlan(model="tiny", steps=10, replicates=3, candidate_replicates=4).check()
+    pr.open_protocol(plan, tmp_path)
+    done = set()
+    for sub in plan.levels()[:2]:
+        for r in sub.runs():
+            if r.name not in done:
+                path = pr.metrics_path(tmp_path, r)
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text("".join(json.dumps({"step": s, "loss": 1.0, "val_loss": 1.0}) + "\n"
+                                        for s in range(1, 11)))
+                done.add(r.name)
+    text = "\n".join(pieces.progress_report(plan, tmp_path))
+    assert "complete as the smaller protocol k = 2, m = 2" in text and "--replicates 2 --candidate-replicates 2" in text
+

@@ -178,6 +178,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if rank != "0":
             return 0
         if result is not None:  # torchrun calls any non-zero exit a failed rank: the verdict is in words only
+            report_cost(args.out, cfg.recipes)
             report_verdict(result, args.out)
             if result.get("candidates"):
                 first = next(iter(result["candidates"]))
@@ -191,7 +192,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     if result is None:
         print(f"stopped before the end; continue with the same command and --resume (out: {args.out})")
         return 0
+    report_cost(args.out, cfg.recipes)
     return report_verdict(result, args.out)
+
+
+def report_cost(out: Path, recipes: Sequence[str]) -> None:
+    """One line per recipe: its median step and peak memory (``convergence.train.profile``), and the command
+    that breaks the step down."""
+    from convergence.train.profile import load_records, profile
+
+    runs = [out / r for r in recipes if (out / r / "metrics.jsonl").exists()]
+    for run_dir in runs:
+        try:
+            p = profile(load_records(run_dir))
+        except BadInput:  # a report, not a check: the run itself is done
+            continue
+        if p["step_s"] is None:
+            continue
+        gpu = "" if p["gpu_peak_gib"] is None else f"GPU {p['gpu_peak_gib']:.1f} GiB, "
+        host = "" if p["host_peak_gib"] is None else f"host {p['host_peak_gib']:.1f} GiB"
+        print(f"{run_dir.name}: {p['steps']} steps, median {p['step_s']:.3f} s/step ({p['tokens_per_s']:,.0f} "
+              f"tokens/s), peak {gpu}{host}".rstrip(", "))
+    if runs:
+        print("where the time went: python -m convergence profile " + " ".join(str(r) for r in runs))
 
 
 def report_verdict(result: dict, out: Path) -> int:

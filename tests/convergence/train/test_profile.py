@@ -61,7 +61,9 @@ def test_profile_of_a_real_cpu_run(tmp_path, capsys):
     args = ["train", "--model", "tiny", "--recipe", "bf16", "--steps", "5", "--batch", "4", "--seq", "32",
             "--val-every", "5", "--val-batches", "1", "--threads", "1", "--phase-times", "--out", str(tmp_path / "r")]
     assert main(args) == 0
-    capsys.readouterr()
+    trained = capsys.readouterr().out  # the run ends with its cost and the command that breaks it down
+    assert "bf16: 5 steps, median " in trained and "s/step" in trained and "peak host " in trained
+    assert f"python -m convergence profile {tmp_path / 'r' / 'bf16'}" in trained
     run = tmp_path / "r" / "bf16"
     assert main(["profile", str(run), "--name", "tiny", "--plot", str(tmp_path / "p.png"),
                  "--json", str(tmp_path / "p.json")]) == 0

@@ -78,7 +78,7 @@ def profile(records: list[dict]) -> dict:
 
 
 def _cell(x, spec: str) -> str:
-    return "n/a" if x is None else format(x, spec)
+    return format(x, spec) if isinstance(x, (int, float)) else "n/a"
 
 
 def report(profiles: dict[str, dict]) -> str:
@@ -123,13 +123,12 @@ def plot_profiles(runs: dict[str, list[dict]], out_png: Path, *, force: bool = F
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for i, (name, recs) in enumerate(runs.items()):
         c = colours[i % len(colours)]
-        steps = [r["step"] for r in recs]
-        ax_loss.plot(steps, [r.get("loss") for r in recs], color=c, lw=1.3, label=f"{name} train")
-        val = [(r["step"], r["val_loss"]) for r in recs if isinstance(r.get("val_loss"), (int, float))]
-        if val:
-            ax_loss.plot(*zip(*val), "o", color=c, ms=6, mfc="white", label=f"{name} validation")
-        if any(isinstance(r.get("grad_norm"), (int, float)) for r in recs):
-            ax_grad.semilogy(steps, [r.get("grad_norm") for r in recs], color=c, lw=1.3, label=name)
+        for key, ax, style in (("loss", ax_loss, dict(lw=1.3, label=f"{name} train")),
+                               ("val_loss", ax_loss, dict(marker="o", ls="", ms=6, mfc="white",
+                                                          label=f"{name} validation")),
+                               ("grad_norm", ax_grad, dict(lw=1.3, label=name))):
+            if points := [(r["step"], r[key]) for r in recs if isinstance(r.get(key), (int, float))]:
+                ax.plot(*zip(*points), color=c, **style)
         p = profile(recs)
         bottom = 0.0
         for j, phase in enumerate((*PHASES, "other")):
@@ -145,7 +144,7 @@ def plot_profiles(runs: dict[str, list[dict]], out_png: Path, *, force: bool = F
         if p["tokens_per_s"] is not None:
             ax_time.text(i, bottom, f"{p['tokens_per_s']:,.0f} tok/s", ha="center", va="bottom", fontsize=8)
     ax_loss.set(xlabel="step", ylabel="loss", title="training loss (lines), validation loss (points)")
-    ax_grad.set(xlabel="step", ylabel="gradient norm (before clipping)", title="gradient norm")
+    ax_grad.set(xlabel="step", ylabel="gradient norm (before clipping)", title="gradient norm", yscale="log")
     ax_time.set(xticks=range(len(runs)), xticklabels=list(runs), ylabel="seconds",
                 title=f"median step (after step {WARMUP})")
     for ax in (ax_loss, ax_grad, ax_time):

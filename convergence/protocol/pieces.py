@@ -1,7 +1,7 @@
 """Run a protocol's runs in resumable pieces: at most ``slots`` at a time, each stopping by one deadline.
 
 Public: ``execute(plan, out, *, slots, per_gpu, stop_after_s, whole_runs, worker_argv, progress) -> dict`` (name ->
-"done" or steps logged), ``expected_wall_s(out, recipe, steps, per_gpu)``, ``progress_report(plan, out, per_gpu)``,
+"done" or steps logged), ``expected_wall_s(out, plan, recipe, per_gpu)``, ``progress_report(plan, out, per_gpu)``,
 ``protocol_worker(out, threads, gpu_share)``, ``gpus_of_slots(slots, per_gpu)``, ``RunFailed``, ``STARTUP_S``,
 ``PACE_FILE``, ``PACE_MARGIN``.
 
@@ -61,11 +61,11 @@ def record_pace(out: Path, spec: pr.RunSpec, steps_before, steps_after, wall_s: 
         f.write(json.dumps(entry) + "\n")
 
 
-def expected_wall_s(out: Path, recipe: str, steps: int, per_gpu: int = 1) -> tuple[float, str] | None:
-    """(wall seconds, how it was estimated) a whole run of ``recipe`` is expected to take, start-up included, from
-    the pieces in ``OUT/pace.jsonl`` run ``per_gpu`` to a GPU; None when there are none. Whole runs (step 0 to the
-    end in one piece) are used when there are any (their mean); otherwise the pieces' seconds per step after
-    each piece's start-up (``STARTUP_S``), plus one start-up."""
+def expected_wall_s(out: Path, plan: pr.ProtocolPlan, recipe: str, per_gpu: int = 1) -> tuple[float, str] | None:
+    """(wall seconds, how it was estimated) a whole run of ``recipe`` in ``plan`` is expected to take, start-up
+    included, from the pieces in ``OUT/pace.jsonl`` run ``per_gpu`` to a GPU; None when there are none. Whole runs
+    (step 0 to the end in one piece) are used when there are any (their mean); otherwise the pieces' seconds per
+    step after each piece's start-up (``STARTUP_S`` of the plan's model), plus one start-up."""
     path = Path(out) / PACE_FILE
     if not path.is_file():
         return None
@@ -77,23 +77,16 @@ def expected_wall_s(out: Path, recipe: str, steps: int, per_gpu: int = 1) -> tup
             continue
         if e.get("recipe") == recipe and e.get("per_gpu", 1) == per_gpu and e.get("to_step", 0) > e.get("from_step", 0):
             pieces.append(e)
+    steps = plan.steps
     whole = [e["wall_s"] for e in pieces if e["from_step"] == 0 and e["to_step"] == steps]
     if whole:
         return sum(whole) / len(whole), f"{len(whole)} whole {recipe} run{'s' * (len(whole) > 1)}"
     if not pieces:
         return None
-    startup = STARTUP_S.get(_plan_model(out), 60.0)
+    startup = STARTUP_S.get(plan.model, 60.0)
     training = sum(max(e["wall_s"] - startup, 0.0) for e in pieces)
     return startup + training * steps / sum(e["to_step"] - e["from_step"] for e in pieces), \
         f"{len(pieces)} {recipe} pieces, each less its start-up"
-
-
-def _plan_model(out: Path) -> str | None:
-    """The model of the protocol in ``out``, or None where there is none."""
-    try:
-        return pr.load_plan(out).model
-    except (OSError, ValueError, KeyError):
-        return None
 
 
 GROUPS = (("baselines (BF16 + replicates)", ("baseline", "replicate")),
@@ -126,7 +119,7 @@ def progress_report(plan: pr.ProtocolPlan, out: Path, per_gpu: int = 1) -> list[
         todo = [r for r in runs if r.recipe == recipe and status[r.name] != "done"]
         if not todo:
             continue
-        need = expected_wall_s(out, recipe, plan.steps, per_gpu)
+        need = expected_wall_s(out, plan, recipe, per_gpu)
         if need is None:
             unknown.append(f"{recipe} x {len(todo)}")
             continue
@@ -186,7 +179,7 @@ def execute(plan: pr.ProtocolPlan, out: Path, *, slots: int = 1, per_gpu: int = 
         """False when ``whole_runs`` and a run not yet started would not end by the deadline at its pace."""
         if not whole_runs or deadline is None or steps_logged != 0:
             return True
-        need = expected_wall_s(out, spec.recipe, plan.steps, per_gpu)
+        need = expected_wall_s(out, plan, spec.recipe, per_gpu)
         left = deadline - time.monotonic()
         if need is None or PACE_MARGIN * need[0] <= left:
             return True

@@ -292,22 +292,23 @@ def _pace(out, *entries) -> None:
 def test_a_whole_runs_pace_comes_from_whole_runs_first_then_from_pieces(tmp_path):
     from convergence.protocol.pieces import STARTUP_S, expected_wall_s
 
-    assert expected_wall_s(tmp_path, "bf16", 1500) is None  # no pace file
-    pr.open_protocol(dataclasses.replace(_small_plan(), model="proxy"), tmp_path)
+    plan = dataclasses.replace(_small_plan(), model="proxy", steps=1500)
+    assert expected_wall_s(tmp_path, plan, "bf16") is None  # no pace file
+    pr.open_protocol(plan, tmp_path)
     _pace(tmp_path, {"run": "bf16", "recipe": "bf16", "per_gpu": 1, "from_step": 0, "to_step": 500, "wall_s": 100},
           {"run": "bf16", "recipe": "bf16", "per_gpu": 1, "from_step": 500, "to_step": 1500, "wall_s": 200},
           {"run": "x", "recipe": "bf16", "per_gpu": 3, "from_step": 0, "to_step": 1500, "wall_s": 900})
-    need, how = expected_wall_s(tmp_path, "bf16", 1500)
+    need, how = expected_wall_s(tmp_path, plan, "bf16")
     start = STARTUP_S["proxy"]  # each piece's start-up out, one whole run's in; --parallel 3's pace kept apart
     assert need == pytest.approx(start + (100 - start) + (200 - start)) and "2 bf16 pieces" in how
-    assert expected_wall_s(tmp_path, "mxfp8", 1500) is None
+    assert expected_wall_s(tmp_path, plan, "mxfp8") is None
     with open(tmp_path / "pace.jsonl", "a") as f:
         f.write(json.dumps({"run": "r1", "recipe": "bf16", "per_gpu": 1, "from_step": 0, "to_step": 1500,
                             "wall_s": 270}) + "\n")
         f.write(json.dumps({"run": "r2", "recipe": "bf16", "per_gpu": 1, "from_step": 0, "to_step": 1500,
                             "wall_s": 280}) + "\n")
         f.write('{"run": "r3", "recipe": "bf16", "wall')  # cut short by a killed process
-    need, how = expected_wall_s(tmp_path, "bf16", 1500)
+    need, how = expected_wall_s(tmp_path, plan, "bf16")
     assert need == pytest.approx(275) and "2 whole bf16 runs" in how
 
 

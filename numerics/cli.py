@@ -25,6 +25,14 @@ class ArgumentParser(argparse.ArgumentParser):
         raise SystemExit(EXIT_BAD_INPUT)
 
 
+def run_labels(names: Sequence[str], runs: Sequence) -> list[str]:
+    """A command's ``--name`` labels: given once per run, in order, or not at all (each run then labelled by its
+    path)."""
+    if names and len(names) != len(runs):
+        raise CLIError(f"--name given {len(names)} times for {len(runs)} runs: one per run, or none")
+    return list(names) or [str(r) for r in runs]
+
+
 class KnownBenignLogs(logging.Filter):
     """Drops exactly two log records every command used to print before its own output:
 

@@ -121,7 +121,7 @@ def plot_probes(summaries: Sequence[dict], out_png, *, force: bool = False) -> P
 
 def main(argv: Sequence[str] | None = None) -> int:
     """python -m convergence probes RUN [RUN ...]: per-layer probe SQNRs of each run, a table and a figure."""
-    from numerics.cli import ArgumentParser, CLIError
+    from numerics.cli import ArgumentParser, run_labels
     from numerics.files import atomic_write, check_writable
 
     p = ArgumentParser(prog="python -m convergence probes", description=main.__doc__.split(": ", 1)[1])
@@ -131,12 +131,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--json", type=Path, metavar="OUT", help="write the summaries as JSON")
     p.add_argument("--force", action="store_true", help="overwrite an existing --plot or --json file")
     args = p.parse_args(argv)
-    if args.name and len(args.name) != len(args.runs):
-        raise CLIError(f"--name given {len(args.name)} times for {len(args.runs)} runs: one per run, or none")
+    names = run_labels(args.name, args.runs)
     for out in (args.plot, args.json):
         if out:
             check_writable(out, force=args.force)
-    names = args.name or [str(r) for r in args.runs]
     summaries = [summarise(load_probes(r), n) for r, n in zip(args.runs, names)]
     print("\n\n".join(report(s) for s in summaries))
     if args.plot:

@@ -157,13 +157,10 @@ def plot_profiles(runs: dict[str, list[dict]], out_png: Path, *, force: bool = F
     return Path(out_png)
 
 
-def profiles_of(paths: Sequence[Path], names: Sequence[str] | None = None) -> dict[str, list[dict]]:
-    """Each run's records under its name (default: its path; a recipe folder's or metrics file's parent)."""
-    if names and len(names) != len(paths):
-        raise BadInput(f"--name: {len(names)} names for {len(paths)} runs (one per run, in order)")
+def profiles_of(paths: Sequence[Path], names: Sequence[str]) -> dict[str, list[dict]]:
+    """Each run's records under its name (one name per path, ``numerics.cli.run_labels``)."""
     runs: dict[str, list[dict]] = {}
-    for i, path in enumerate(paths):
-        name = names[i] if names else str(path)
+    for name, path in zip(names, paths, strict=True):
         if name in runs:
             raise BadInput(f"two runs named {name!r}: pass --name for each")
         runs[name] = load_records(Path(path))
@@ -173,7 +170,7 @@ def profiles_of(paths: Sequence[Path], names: Sequence[str] | None = None) -> di
 def main(argv: Sequence[str] | None = None) -> int:
     """python -m convergence profile RUN [RUN ...]: each run's step time, tokens/s, phases and peak memory,
     from its metrics.jsonl."""
-    from numerics.cli import ArgumentParser
+    from numerics.cli import ArgumentParser, run_labels
     from numerics.files import atomic_write, check_writable
 
     p = ArgumentParser(prog="python -m convergence profile",
@@ -184,10 +181,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--json", type=Path, metavar="OUT", help="write the profiles as JSON")
     p.add_argument("--force", action="store_true", help="overwrite an existing --plot or --json file")
     args = p.parse_args(argv)
+    names = run_labels(args.name, args.runs)
     for out in (args.plot, args.json):
         if out:
             check_writable(out, force=args.force)
-    runs = profiles_of(args.runs, args.name)
+    runs = profiles_of(args.runs, names)
     profiles = {name: profile(recs) for name, recs in runs.items()}
     print(report(profiles))
     if args.plot:

@@ -86,8 +86,13 @@ def hardware_tag() -> str:
 
     if not torch.cuda.is_available():
         return "cpu"
-    name = torch.cuda.get_device_name(0).lower()
-    for tag in ("b200", "gb200", "h200", "h100", "h800", "a100"):
+    return gpu_tag(torch.cuda.get_device_name(0))
+
+
+def gpu_tag(name: str) -> str:
+    """The tag of a GPU by its name as ``describe()["gpus"]`` records it (a result judged on another machine)."""
+    name = name.lower()
+    for tag in ("gb200", "b200", "h200", "h100", "h800", "a100"):
         if tag in name:
             return tag
     return name.replace(" ", "-")

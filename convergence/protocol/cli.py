@@ -101,20 +101,22 @@ def main(argv: Sequence[str] | None = None) -> int:
                            design=args.design, candidate=args.candidate, control=args.control, device=args.device,
                            mxfp8_kernel=args.mxfp8_kernel, margin=args.margin, name=args.name, data=args.data,
                            val_percent=args.val_percent, overrides=overrides).check()
-    if args.device == "cuda" and not torch.cuda.is_available():
-        raise CLIError("--device cuda: no CUDA device is visible")
+    # a folder whose runs are all made is judged anywhere: copied off the GPU machine, it needs no GPU
+    judge_only = (args.out / "protocol.json").is_file() and all(
+        v == "done" for v in pr.run_status(plan, args.out).values())
     gpus = (args.gpus or torch.cuda.device_count()) if args.device == "cuda" else 0
-    if args.device == "cuda" and not 1 <= gpus <= torch.cuda.device_count():
-        raise CLIError(f"--gpus {args.gpus}: this machine has {torch.cuda.device_count()}")
+    if not judge_only:
+        if args.device == "cuda" and not torch.cuda.is_available():
+            raise CLIError("--device cuda: no CUDA device is visible")
+        if args.device == "cuda" and not 1 <= gpus <= torch.cuda.device_count():
+            raise CLIError(f"--gpus {args.gpus}: this machine has {torch.cuda.device_count()}")
     if args.parallel < 1 or (args.stop_after_minutes is not None and args.stop_after_minutes <= 0):
         raise CLIError("--parallel must be >= 1 and --stop-after-minutes > 0")
     if args.whole_runs and args.stop_after_minutes is None:
         raise CLIError("--whole-runs needs --stop-after-minutes (without a deadline every run is whole)")
-    kernels = {plan.mxfp8_kernel} - {"auto"}
-    for k in kernels:
-        problem = mxfp8_problem(k, args.device)
-        if problem:
-            raise CLIError(f"--mxfp8-kernel: {problem}")
+    problem = None if judge_only or plan.mxfp8_kernel == "auto" else mxfp8_problem(plan.mxfp8_kernel, args.device)
+    if problem:
+        raise CLIError(f"--mxfp8-kernel: {problem}")
     check_recipe_kernels((plan.candidate, plan.control), plan.mxfp8_kernel)
     slots = gpus * args.parallel if args.device == "cuda" else args.parallel
     per_gpu = args.parallel if args.device == "cuda" else 1
@@ -144,7 +146,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     from convergence.curves.compare import resolution
 
     verdicts = pr.judge(plan, args.out)
-    hardware = args.hardware or pr.hardware_tag(args.device, gpus)
+    on_its_device = args.device == "cpu" or torch.cuda.is_available()
+    hardware = args.hardware or (pr.hardware_tag(args.device, gpus) if on_its_device
+                                 else pr.runs_hardware_tag(plan, args.out))
     command = plan.command("OUT", gpus=gpus, per_gpu=per_gpu, stop_after_minutes=args.stop_after_minutes)
     files = pr.write_results(plan, args.out, verdicts, command, hardware)
     for name, r in verdicts.items():

@@ -350,6 +350,23 @@ def hardware_tag(device: str, gpus: int) -> str:
     return f"{t}x{gpus}" if gpus > 1 else t
 
 
+def runs_hardware_tag(plan: ProtocolPlan, out: Path) -> str:
+    """The hardware tag of a finished folder judged away from the machine that ran it: its runs' GPU model, from
+    the environment each run's config.json records (how many GPUs ran them side by side is not recorded: the
+    tag names one, as ``--hardware`` can correct). Runs on different GPU models are refused: name them."""
+    from numerics.environment import gpu_tag
+
+    tags = set()
+    for spec in plan.runs():
+        path = metrics_path(out, spec).parent / "config.json"
+        env = json.loads(path.read_text()).get("environment", {}) if path.is_file() else {}
+        tags.add(gpu_tag(env["gpus"][0]) if env.get("gpus") else "cpu" if env else "unknown")
+    if len(tags) != 1 or "unknown" in tags:
+        raise BadInput(f"{out}: the runs do not name one kind of hardware ({', '.join(sorted(tags))}): "
+                       "pass --hardware TAG")
+    return tags.pop()
+
+
 def _note(name: str, r: dict) -> str:
     sens = r.get("sensitivity") or {}
     hw = f"; interval half-width {sens['half_width']:.3%}" if sens else ""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import shlex
+import shutil
 
 import pytest
 
@@ -131,6 +132,43 @@ def test_protocol_cli_bad_input_is_one_line_and_touches_nothing(capsys, tmp_path
 def test_protocol_cli_cuda_without_a_gpu_is_one_line(capsys, tmp_path):
     assert "no CUDA device" in _bad(capsys, "--model", "tiny", "--steps", "20", "--device", "cuda", "--out",
                                     str(tmp_path))
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="judges a GPU folder on a machine without CUDA")
+@pytest.mark.timeout(300)
+def test_a_finished_gpu_folder_is_judged_on_a_machine_without_one(tmp_path, capsys):
+    """A protocol folder copied off the GPU machine that ran it is judged where it lands (no GPU is needed to
+    read validation losses), tagged with the GPU its runs name; an unfinished one is still refused (the control),
+    as are runs that name two kinds of GPU (then --hardware names it)."""
+    out = tmp_path / "p"
+    common = ["--model", "tiny", "--steps", "4", "--replicates", "3", "--batch", "4", "--seq", "32", "--val-every",
+              "2", "--val-batches", "3", "--probe-every", "0", "--mxfp8-kernel", "emulated", "--out", str(out)]
+    convergence_main(["protocol", *common])
+    state = json.loads((out / "protocol.json").read_text())
+    (out / "protocol.json").write_text(json.dumps(state | {"device": "cuda"}))  # as the GPU machine wrote it
+    configs = sorted((out / "runs").rglob("config.json"))
+    for path in configs:
+        c = json.loads(path.read_text())
+        c["environment"]["gpus"] = ["NVIDIA H200"]
+        path.write_text(json.dumps(c))
+    shutil.rmtree(out / "results")
+    gpu = ["protocol", *common, "--device", "cuda"]
+    capsys.readouterr()
+    rc = convergence_main(gpu)
+    assert "protocol complete" in capsys.readouterr().out and rc in (0, 1, 3)
+    assert {f"tiny_long_{v}__h200.json" for v in pr.VERDICTS} <= {p.name for p in (out / "results").iterdir()}
+    assert "--device cuda" in json.loads((out / "results" / "tiny_long_verdict__h200.json.meta.json").read_text(
+        ))["command"]
+
+    c = json.loads(configs[0].read_text())
+    configs[0].write_text(json.dumps(c | {"environment": c["environment"] | {"gpus": ["NVIDIA H100"]}}))
+    err = _bad(capsys, *gpu[1:])
+    assert "h100, h200" in err and "--hardware" in err
+    assert convergence_main([*gpu, "--hardware", "mixed"]) == rc  # named: judged as before
+
+    last = sorted((out / "runs").rglob("metrics.jsonl"))[-1]
+    last.write_text("".join(last.read_text().splitlines(keepends=True)[:-1]))  # a run one step short
+    assert "no CUDA device" in _bad(capsys, *gpu[1:])
 
 
 def _small_plan(**kw) -> pr.ProtocolPlan:
@@ -452,4 +490,5 @@ def test_status_names_the_smaller_protocol_that_is_complete(tmp_path):
                 done.add(r.name)
     text = "\n".join(pieces.progress_report(plan, tmp_path))
     assert "complete as the smaller protocol k = 2, m = 2" in text and "--replicates 2 --candidate-replicates 2" in text
+
 

@@ -1,0 +1,11 @@
+"""numerics.environment: the tags that name hardware in result files."""
+
+from __future__ import annotations
+
+
+def test_a_gpu_is_tagged_by_its_recorded_name():
+    from numerics.environment import gpu_tag
+
+    assert [gpu_tag(n) for n in ("NVIDIA H200", "NVIDIA GB200", "NVIDIA B200", "NVIDIA H100 80GB HBM3")] == [
+        "h200", "gb200", "b200", "h100"]  # GB200's name holds "B200": the longer name is tried first
+    assert gpu_tag("NVIDIA RTX 6000 Ada") == "nvidia-rtx-6000-ada"

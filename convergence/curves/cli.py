@@ -87,7 +87,8 @@ def report(r: dict) -> str:
             cands = part.get("candidate_runs") or 1
             size = (f"{part['points']} evaluations; replicate spread {_pct(part.get('seed_spread'))}"
                     + (f", {cands} candidate runs, their spread {_pct(part.get('candidate_spread'))}" if cands > 1
-                       else "") + f", held-out set s.e. {_pct(part.get('se_set'))}" if val else
+                       else "") + f", held-out set s.e. {_pct(part.get('se_set'))}"
+                    + (f" over {part['heldout_batches']} batches" if part.get("heldout_batches") else "") if val else
                     f"{part['windows']} windows of {part['window_points']} points")
             lines.append(f"{name:<12} steps {part['start_step']}..{part['end_step']}: estimate "
                          f"{_pct(part['estimate'])}, interval {iv_s} ({size}) -> {part['decision']}")

@@ -91,6 +91,7 @@ def _part(steps: np.ndarray, cand: np.ndarray, bases: np.ndarray, batches, opts)
         cand_b, bases_b = batches
         se_set = jackknife_se(cand_b, bases_b)
     out["se_set"] = se_set
+    out["heldout_batches"] = None if batches is None else int(batches[1].shape[-1])  # what se_set is over
     if k < 2:
         return {**out, "interval": None, "half_width": None, "decision": "inconclusive",
                 "why": "one baseline: run-to-run noise is not measured (pass replicates with --baseline)"}
@@ -128,7 +129,7 @@ def statistics(steps: np.ndarray, cand: np.ndarray, bases: np.ndarray, batches, 
     cand_mean = runs.mean(axis=0)
     noise = {"model": "replicates", "replicates": k, "replicate_spread": final.get("seed_spread"),
              "candidate_runs": len(runs), "candidate_spread": final.get("candidate_spread"),
-             "se_set": final["se_set"], "evaluations": len(steps),
+             "se_set": final["se_set"], "heldout_batches": final["heldout_batches"], "evaluations": len(steps),
              "note": (f"{k} baselines: {REPLICATE_DESIGN}" if k >= 2 else
                       "one baseline: run-to-run noise is not measured") + (
                  f"; {len(runs)} candidate runs, perturbed as the baselines are: the estimate is their mean"

@@ -102,6 +102,7 @@ class Measured:
     se_set: float  # the held-out set's standard error (0 when not measured)
     estimate: float | None = None  # the candidate's relative difference, when the result is a verdict
     source: str = ""
+    heldout_batches: int | None = None  # the batches se_set is over (results before it was recorded: None)
 
 
 def measured(result: dict, source: str = "") -> Measured:
@@ -113,7 +114,7 @@ def measured(result: dict, source: str = "") -> Measured:
         raise ValueError(f"{source or 'result'}: fewer than two baselines, no spread measured")
     return Measured(steps=int(result["coverage"]["compared_steps"][1]), replicates=len(fw["replicate_levels"]),
                     spread=float(fw["seed_spread"]), se_set=float(fw.get("se_set") or 0.0),
-                    estimate=fw.get("estimate"), source=source)
+                    estimate=fw.get("estimate"), source=source, heldout_batches=fw.get("heldout_batches"))
 
 
 def with_larger_set(m: Measured, times: float) -> Measured:
@@ -121,7 +122,8 @@ def with_larger_set(m: Measured, times: float) -> Measured:
     the set's error divided by sqrt(times), everything else as measured."""
     if not times > 0:
         raise ValueError(f"a held-out set {times} times as large")
-    return dataclasses.replace(m, se_set=m.se_set / math.sqrt(times),
+    batches = None if m.heldout_batches is None else round(m.heldout_batches * times)
+    return dataclasses.replace(m, se_set=m.se_set / math.sqrt(times), heldout_batches=batches,
                                source=f"{m.source or 'measured'} with a held-out set {times:g}x as large (its error "
                                       f"/ {math.sqrt(times):.2f})")
 
@@ -163,7 +165,8 @@ def report(a: dict) -> str:
         x = r["measured"]
         est = "" if x["estimate"] is None else f", candidate estimate {x['estimate']:+.3%}"
         out.append(f"{x['source'] or 'measured'}: {x['replicates']} replicates at {x['steps']} steps, spread "
-                   f"{x['spread']:.3%}, held-out set s.e. {x['se_set']:.3%}{est}")
+                   f"{x['spread']:.3%}, held-out set s.e. {x['se_set']:.3%}"
+                   + (f" over {x['heldout_batches']} batches" if x.get("heldout_batches") else "") + est)
         out.append("  half-width with k replicates: " + ", ".join(f"k={k} {v:.3%}" for k, v in r["half_width"].items()))
         need = {t: r[f"replicates_for_{t}"] for t in ("margin", "half_margin")}
         out.append(f"  replicates for a half-width <= {m:.3%}: {need['margin'] or f'more than {K_MAX}'}; "

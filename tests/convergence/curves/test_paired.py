@@ -111,6 +111,9 @@ def test_paired_set_error_enters_the_interval_and_is_paired():
     assert 0.002 / 4 / 8 < se < 0.002 / 4 * 2  # ~0.2 % * sqrt(2 runs' noise / 16 batches / ~6 evaluations)
     assert with_set["final_window"]["half_width"] > without["final_window"]["half_width"]
     assert "jackknife" in with_set["noise"]["note"]
+    n = 16  # _runs' batches: the set's size is recorded beside its error (absent without per-batch losses)
+    assert with_set["final_window"]["heldout_batches"] == with_set["noise"]["heldout_batches"] == n
+    assert without["final_window"]["heldout_batches"] is None
 
 
 def _write(path, curve: Curve, per_batch: dict | None, *, nan_at: int | None = None):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -82,6 +83,9 @@ def test_a_larger_held_out_set_divides_only_its_error_by_the_root_of_its_size(ca
     m = power.measured(json.loads(path.read_text()), source="e2m1")
     big = power.with_larger_set(m, 16)
     assert big.se_set == pytest.approx(m.se_set / 4) and big.spread == m.spread and "16x as large" in big.source
+    assert m.heldout_batches is None and big.heldout_batches is None  # a result from before the count was recorded
+    counted = power.with_larger_set(dataclasses.replace(m, heldout_batches=290), 2)
+    assert counted.heldout_batches == 580 and "over 580 batches" in power.report(power.analyse([counted]))
     before, after = (power.analyse([x])["rows"][0] for x in (m, big))
     assert after["floor_balanced"] == pytest.approx(before["floor_balanced"] / 4)
     assert after["half_width_balanced"][16] < before["half_width_balanced"][16]

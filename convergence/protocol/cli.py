@@ -143,8 +143,6 @@ def main(argv: Sequence[str] | None = None) -> int:
               + ", ".join(f"{n} ({status[n]}/{plan.steps} steps)" for n in left)
               + f". Repeat the same command to continue ({args.out})")
         return 4
-    from convergence.curves.compare import resolution
-
     verdicts = pr.judge(plan, args.out)
     on_its_device = args.device == "cpu" or torch.cuda.is_available()
     hardware = args.hardware or (pr.hardware_tag(args.device, gpus) if on_its_device
@@ -152,10 +150,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     command = plan.command("OUT", gpus=gpus, per_gpu=per_gpu, stop_after_minutes=args.stop_after_minutes)
     files = pr.write_results(plan, args.out, verdicts, command, hardware)
     for name, r in verdicts.items():
-        exp = r["protocol"]["expected"]
-        ok = r["protocol"]["as_expected"]
-        check = "" if exp is None else f" [control: expected {exp}: {'OK' if ok else 'FAILED'}]"
-        print(f"{name:<17} {r['verdict'].upper()}{check}: {r['reason']}; {resolution(r)}")
+        print(pr.verdict_line(name, r))
     print(f"protocol complete: {len(files)} result files in {args.out / 'results'} (record.sh lists them in golden/)")
     from convergence.curves.compare import EXIT_CODES
 

@@ -31,6 +31,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from convergence.protocol import plan as pr
+from numerics.errors import BadInput
 
 # Seconds a piece spends outside its training clock. tiny: measured 5 s of CPU time (process start and
 # imports ~1.5 s, the standard-library corpus ~4 s; 15 s wall while four other processes shared 2 cores).
@@ -96,8 +97,9 @@ GROUPS = (("baselines (BF16 + replicates)", ("baseline", "replicate")),
 
 
 def progress_report(plan: pr.ProtocolPlan, out: Path, per_gpu: int = 1) -> list[str]:
-    """Lines saying how far a protocol folder is: runs done per verdict group, runs started, and the GPU time
-    left to run at this folder's pace (whole runs, one after another; runs of a recipe with no pace yet are named)."""
+    """Lines saying how far a protocol folder is: runs done per verdict group, the last whole level and its
+    verdicts as they stand (judged in memory, nothing written), runs started, and the GPU time left to run at
+    this folder's pace (whole runs, one after another; runs of a recipe with no pace yet are named)."""
     status = pr.run_status(plan, out)
     runs = plan.runs()
     lines = [f"{plan.prefix} in {out}: {sum(v == 'done' for v in status.values())} of {len(runs)} runs done "
@@ -111,6 +113,12 @@ def progress_report(plan: pr.ProtocolPlan, out: Path, per_gpu: int = 1) -> list[
         lines.append(f"  complete as the smaller protocol k = {sub.replicates}, m = {sub.candidate_replicates}: judge "
                      f"it with the same command and --replicates {sub.replicates} --candidate-replicates "
                      f"{sub.candidate_replicates} (the runs made stay; the larger plan continues with its own)")
+    if whole:  # what the runs made say so far: the last whole level judged here, nothing written
+        sub = whole[-1]
+        try:
+            lines += [f"    {pr.verdict_line(name, r)}" for name, r in pr.judge(sub, out).items()]
+        except (BadInput, ValueError) as exc:
+            lines.append(f"    cannot judge it: {exc}")
     started = [f"{r.name} {status[r.name]}/{plan.steps}" for r in runs if status[r.name] not in ("done", 0)]
     if started:
         lines.append("  started: " + ", ".join(started))

@@ -367,6 +367,16 @@ def runs_hardware_tag(plan: ProtocolPlan, out: Path) -> str:
     return tags.pop()
 
 
+def verdict_line(name: str, r: dict) -> str:
+    """One verdict as the protocol prints it: the decision, for a control whether it came out as it must, the
+    reason and what the runs resolve."""
+    from convergence.curves.compare import resolution
+
+    exp, ok = r["protocol"]["expected"], r["protocol"]["as_expected"]
+    check = "" if exp is None else f" [control: expected {exp}: {'OK' if ok else 'FAILED'}]"
+    return f"{name:<17} {r['verdict'].upper()}{check}: {r['reason']}; {resolution(r)}"
+
+
 def _note(name: str, r: dict) -> str:
     sens = r.get("sensitivity") or {}
     hw = f"; interval half-width {sens['half_width']:.3%}" if sens else ""

@@ -492,3 +492,42 @@ def test_status_names_the_smaller_protocol_that_is_complete(tmp_path):
     assert "complete as the smaller protocol k = 2, m = 2" in text and "--replicates 2 --candidate-replicates 2" in text
 
 
+def test_status_judges_the_last_whole_level_without_writing_anything(tmp_path):
+    """--status prints what the runs made say so far: the last whole level's three verdicts, judged in memory
+    (here a control 5 % worse comes out not_equivalent, the held-out BF16 runs equivalent); before a level is
+    whole it prints none (the control), and a run it cannot read is one line, not a traceback."""
+    from convergence.protocol import pieces
+
+    plan = pr.ProtocolPlan(model="tiny", steps=10, replicates=3, candidate_replicates=4).check()
+    pr.open_protocol(plan, tmp_path)
+    level = plan.levels()[1]  # k = m = 2
+    noise = {"bf16": 0.0, "bf16_rounding1": 1e-4, "bf16_rounding2": -1e-4, "bf16_rounding3": 2e-4,
+             "mxfp8": 5e-5, "mxfp8_rounding1": -5e-5, "mxfp8-head": 0.05, "mxfp8-head_rounding1": 0.0501}
+
+    def write(r):
+        path = pr.metrics_path(tmp_path, r)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("".join(json.dumps({"step": s, "loss": 2.0, "val_loss": (2.0 - s / 20) * (1 + noise[r.name])})
+                                + "\n" for s in range(1, 11)))
+
+    runs = level.runs()
+    for r in plan.levels()[0].runs()[:-1]:
+        write(r)
+    assert "verdict " not in "\n".join(pieces.progress_report(plan, tmp_path))  # no level whole yet
+    for r in runs:
+        write(r)
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    lines = pieces.progress_report(plan, tmp_path)
+    judged = [ln.split()[0:2] for ln in lines if ln.startswith("    ")]
+    assert judged == [["verdict", "EQUIVALENT:"], ["positive_control", "NOT_EQUIVALENT"],
+                      ["negative_control", "EQUIVALENT"]], lines
+    assert "expected not_equivalent: OK" in "\n".join(lines)
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before  # nothing written
+    assert "k = 2, m = 2" in "\n".join(lines)
+
+    pr.metrics_path(tmp_path, runs[0]).write_text("".join(json.dumps({"step": s, "loss": 2.0}) + "\n"
+                                                          for s in range(1, 11)))  # finished, without val_loss
+    judged = [ln for ln in pieces.progress_report(plan, tmp_path) if ln.startswith("    ")]
+    assert len(judged) == 1 and judged[0].startswith("    cannot judge it: "), judged
+
+

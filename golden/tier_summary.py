@@ -19,6 +19,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from numerics.environment import check_hardware_tag
 from numerics.errors import BadInput
 
 # pytest's last line, e.g. "87 passed, 14 skipped, 951 deselected, 3 xfailed in 101.09s (0:01:41)",
@@ -76,8 +77,7 @@ def record(log: Path, *, hardware: str, command: str, note: str, environment_fro
     from numerics.files import atomic_write
 
     root = Path(root or recorded.ROOT)
-    if not re.fullmatch(r"[a-z0-9][a-z0-9_.-]*", hardware):
-        raise BadInput(f"--hardware {hardware!r}: a tag such as h200 or h200x2 (lower-case letters, digits, . _ -)")
+    check_hardware_tag(hardware)
     try:
         text = Path(log).read_text(errors="replace")
     except OSError as exc:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.metadata
 import os
 import platform
+import re
 import subprocess
 import sys
 
@@ -95,4 +96,14 @@ def gpu_tag(name: str) -> str:
     for tag in ("gb200", "b200", "h200", "h100", "h800", "a100"):
         if tag in name:
             return tag
-    return name.replace(" ", "-")
+    return re.sub(r"[^a-z0-9_.-]+", "-", name).strip("-._") or "gpu"
+
+
+def check_hardware_tag(tag: str, flag: str = "--hardware") -> str:
+    """``tag`` when it can name a result file (h200, h200x2, cpu: lower-case letters, digits, . _ -, no path
+    separator), else BadInput in one line."""
+    from numerics.errors import BadInput
+
+    if not re.fullmatch(r"[a-z0-9][a-z0-9_.-]*", tag):
+        raise BadInput(f"{flag} {tag!r}: a tag such as h200 or h200x2 (lower-case letters, digits, . _ -)")
+    return tag

@@ -15,6 +15,7 @@ import torch
 
 from convergence.train.cli import check_recipe_kernels
 from numerics.cli import ArgumentParser, CLIError
+from numerics.environment import check_hardware_tag
 from numerics.layer.configs import CONFIGS
 from numerics.layer.mxfp8 import KERNELS as MXFP8_KERNELS
 from numerics.layer.mxfp8 import kernel_problem as mxfp8_problem
@@ -112,6 +113,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise CLIError(f"--gpus {args.gpus}: this machine has {torch.cuda.device_count()}")
     if args.parallel < 1 or (args.stop_after_minutes is not None and args.stop_after_minutes <= 0):
         raise CLIError("--parallel must be >= 1 and --stop-after-minutes > 0")
+    if args.hardware is not None:
+        check_hardware_tag(args.hardware)
     if args.whole_runs and args.stop_after_minutes is None:
         raise CLIError("--whole-runs needs --stop-after-minutes (without a deadline every run is whole)")
     problem = None if judge_only or plan.mxfp8_kernel == "auto" else mxfp8_problem(plan.mxfp8_kernel, args.device)

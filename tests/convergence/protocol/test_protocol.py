@@ -127,6 +127,8 @@ def test_protocol_cli_bad_input_is_one_line_and_touches_nothing(capsys, tmp_path
     (out / "protocol.json").write_text(json.dumps(pr.ProtocolPlan(model="tiny", steps=20).as_dict()))
     err = _bad(capsys, "--model", "tiny", "--steps", "30", "--out", str(out))
     assert "steps=20" in err and "steps=30" in err and "--force" in err
+    assert "a tag such as h200" in _bad(capsys, "--model", "tiny", "--steps", "20", "--out", str(out),
+                                        "--hardware", "../../elsewhere")  # it names the result files
 
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the refusal on a machine without CUDA")
 def test_protocol_cli_cuda_without_a_gpu_is_one_line(capsys, tmp_path):

@@ -5,7 +5,8 @@ Each case is one 32-value block: ``values`` lists (index, value) pairs, every ot
 rest are 0x00, or the NaN code in a NaN block). The comment on each case derives its bytes from the
 rules in ``numerics.tensor.mx``:
 E4M3 codes are S.EEEE.MMM with bias 7 (1.0 = 0x38, 448 = 0x7E), E5M2 codes S.EEEEE.MM with bias
-15 (1.0 = 0x3C, 57344 = 0x7B), E8M0 stores 2^s as s + 127.
+15 (1.0 = 0x3C, 57344 = 0x7B), E2M1 (MXFP4's element, one code a byte here) S.EE.M with bias 1: 0.5 = 0x1
+(subnormal), 1 = 0x2, 1.5 = 0x3, 2 = 0x4, 3 = 0x5, 4 = 0x6, 6 = 0x7 (emax 2), E8M0 stores 2^s as s + 127.
 ``findings`` names the FINDINGS.md entries a subject trips on this case (each id belongs to one
 subject: ``numerics.tensor.findings.BY_ID``).
 """
@@ -109,5 +110,37 @@ CASES: tuple[Case, ...] = (
     Case("e4m3_even_amax_rounds_to_2^128", "e4m3", "even", ((31, float(np.finfo(np.float32).max)),), 0xF7, (0x78,)),
     # E5M2 FLOOR saturation: amax 1.875 -> s = -15; 1.875 * 2^15 = 61440 > 57344 -> 0x7B.
     Case("e5m2_floor_saturates", "e5m2", "floor", ((0, 1.875),), 0x70, (0x7B,)),
+    # E2M1: amax 1, FLOOR s = 0 - 2 = -2 (byte 125 = 0x7D); 1 / 2^-2 = 4 -> 0x6; -1 -> 0x8 | 0x6.
+    Case("e2m1_floor_one", "e2m1", "floor", ((0, 1.0), (1, -1.0)), 0x7D, (0x6, 0xE)),
+    # FLOOR saturation: amax 1.75 -> s = -2; 1.75 * 4 = 7 > 6 -> 6 = 0x7.
+    Case("e2m1_floor_saturates", "e2m1", "floor", ((0, 1.75),), 0x7D, (0x7,)),
+    # RCEIL: mantissa 1.75 > 1.5 (6's), so s = 0 - 2 + 1 = -1 (byte 126); 1.75 * 2 = 3.5, a tie between
+    # 3 (0x5) and 4 (0x6) -> the even code -> 0x6. Nothing saturates.
+    Case("e2m1_rceil_no_saturation", "e2m1", "rceil", ((0, 1.75),), 0x7E, (0x6,)),
+    # RCEIL at exactly 6: mantissa 1.5 is not > 1.5, so s = 2 - 2 = 0 (byte 127); 6 -> 0x7.
+    Case("e2m1_rceil_exact_max", "e2m1", "rceil", ((0, 6.0),), 0x7F, (0x7,)),
+    # RCEIL one float32 ulp above 192 = 1.5 * 2^7: mantissa > 1.5, so s = 7 - 2 + 1 = 6 (byte 133 = 0x85);
+    # 192.00002 / 2^6 = 3.0000005 rounds to 3 -> 0x5. torchao 0.18 picks s = 5 and saturates to 6 (F2).
+    Case("e2m1_rceil_above_max_at_2^7", "e2m1", "rceil",
+         ((0, float(np.nextafter(np.float32(192.0), np.float32(np.inf)))),), 0x85, (0x5,), findings=("F2",)),
+    # Ties to even at every E2M1 midpoint, scale 2^0 from x[0] = 4 (FLOOR s = 2 - 2 = 0, byte 127 -> 0x6):
+    # 0.25 (0 | 0.5) -> 0x0; 0.75 (0.5 | 1) -> 1 = 0x2; 1.25 (1 | 1.5) -> 0x2; 1.75 (1.5 | 2) -> 2 = 0x4;
+    # 2.5 (2 | 3) -> 0x4; 3.5 (3 | 4) -> 4 = 0x6; 5 (4 | 6) -> 0x6; -0.75 -> 0x8 | 0x2.
+    Case("e2m1_ties_to_even", "e2m1", "floor",
+         ((0, 4.0), (1, 0.25), (2, 0.75), (3, 1.25), (4, 1.75), (5, 2.5), (6, 3.5), (7, 5.0), (8, -0.75)),
+         0x7F, (0x6, 0x0, 0x2, 0x2, 0x4, 0x4, 0x6, 0x6, 0xA)),
+    # Subnormal element: scale 2^0 from x[0] = 4; 0.5 -> 0x1; 0.375 (between 0.25 and 0.5, above the tie) -> 0x1.
+    Case("e2m1_subnormal_element", "e2m1", "floor", ((0, 4.0), (1, 0.5), (2, 0.375)), 0x7F, (0x6, 0x1, 0x1)),
+    # EVEN at the top of float32 for E2M1: amax = 1.75 * 2^127 (1.11b) rounds to 1 mantissa bit as a tie
+    # between 1.5 and 2.0 -> even -> 2^128, so s = 128 - 2 = 126 (byte 253 = 0xFD), a finite scale;
+    # 1.75 * 2^127 / 2^126 = 3.5, a tie between 3 (0x5) and 4 (0x6) -> 0x6. torchao 0.18.0 agrees; main at 36027d8
+    # gives the NaN scale 0xFF (F4, unreleased).
+    Case("e2m1_even_amax_rounds_to_2^128", "e2m1", "even", ((31, 1.75 * 2.0**127),), 0xFD, (0x6,)),
+    # Tiny block: 2^-125 gives FLOOR s = -125 - 2 = -127 (byte 0x00); 2^-125 / 2^-127 = 4 -> 0x6.
+    # torchao 0.18 scales by 2^-126 and stores 2 = 0x4 (F1).
+    Case("e2m1_floor_tiny_block", "e2m1", "floor", ((0, 2.0**-125),), 0x00, (0x6,), findings=("F1",)),
+    # The same block under RCEIL: s = ceil(log2(2^-125 / 6)) = -127 (byte 0x00), element 4 -> 0x6; torchao
+    # flushes it to 0 (F1).
+    Case("e2m1_rceil_tiny_block", "e2m1", "rceil", ((0, 2.0**-125),), 0x00, (0x6,), findings=("F1",)),
 )
 BY_NAME = {c.name: c for c in CASES}

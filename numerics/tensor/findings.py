@@ -93,7 +93,7 @@ FINDINGS: tuple[Finding, ...] = (
         "blocks whose scale is 2^-127 (E8M0 byte 0x00) get elements for 2^-126: FLOOR/CEIL/EVEN halve them, "
         "RCEIL flushes them to zero",
         ("floor", "ceil", "even", "rceil"),
-        ("e4m3", "e5m2"),
+        ("e4m3", "e5m2", "e2m1"),
         affects=_tiny_scale,
     ),
     Finding(
@@ -102,7 +102,7 @@ FINDINGS: tuple[Finding, ...] = (
         "RCEIL picks a scale one power of two too small when amax is a few ulps above max_elem * 2^k, "
         "so the block maximum saturates",
         ("rceil",),
-        ("e4m3", "e5m2"),
+        ("e4m3", "e5m2", "e2m1"),
         affects=_rceil_boundary,
     ),
     Finding(
@@ -111,7 +111,7 @@ FINDINGS: tuple[Finding, ...] = (
         "FLOOR/CEIL/EVEN give a block holding +-Inf the scale 2^(128 - emax), read from Inf's exponent "
         "field: neither E8M0 NaN nor the largest scale",
         ("floor", "ceil", "even"),
-        ("e4m3", "e5m2"),
+        ("e4m3", "e5m2", "e2m1"),
         affects=_inf_scale,
     ),
     Finding(

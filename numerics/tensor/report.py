@@ -1,7 +1,8 @@
 """Tensor-level report: each subject's MXFP8 cast against BF16/FP32 input and against the exact oracle.
 
 ``tensor_report(size=, seed=, device=, subjects=) -> {"header": {...}, "records": [...]}`` runs, for each
-subject (``numerics.tensor.subjects``: every importable one by default), element dtype (e4m3, e5m2),
+subject (``numerics.tensor.subjects``: every importable one by default), element format it casts to
+(e4m3, e5m2; e2m1 for torchao),
 scale mode the subject implements and input family (``numerics.tensor.families``), the subject's MX
 round trip (SQNR, max abs error against the input) and its cast's bytes against ``numerics.tensor.mx``
 block by block (``numerics.tensor.compare``): a block is bit-exact when its scale byte and its 32
@@ -33,7 +34,7 @@ from numerics.tensor import families, mx
 from numerics.tensor import subjects as registry
 from numerics.tensor.compare import compare
 
-ELEMS = ("e4m3", "e5m2")
+ELEMS = ("e4m3", "e5m2", "e2m1")  # the tables' row order
 OUTPUTS = ("report.json", "report.md")
 
 
@@ -72,7 +73,7 @@ def tensor_report(*, size: str = "quick", seed: int = 0, device: str = "cpu",
         x = families.generate(family, shape, seed)
         t = _torch_input(x, family, device)
         for subject in chosen:
-            for elem in ELEMS:
+            for elem in subject.elems:
                 for mode in subject.modes:
                     start = time.perf_counter()
                     out = subject.roundtrip(t, elem, mode)

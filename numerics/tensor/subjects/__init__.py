@@ -2,10 +2,11 @@
 
 Every adapter module here builds one ``Subject``; ``SUBJECTS`` lists them by name. A subject gives
 ``quantize(x, elem, mode, block=32) -> (scale_bits, elem_bits)`` (uint8 NumPy arrays in the layout
-``numerics.tensor.mx.quantize`` returns) and ``roundtrip(x, elem, mode, block=32)`` (the float32 values
-a model sees), for the scale modes it implements. Its library is imported lazily: ``unavailable()``
-says why it cannot be imported and how to install it, so tests skip with that hint and reports leave
-the subject out. Adapters add no logic of their own beyond unpacking the subject's result into bytes.
+``numerics.tensor.mx.quantize`` returns: one code a byte, FP4 too) and ``roundtrip(x, elem, mode, block=32)``
+(the float32 values a model sees), for the scale modes and element formats it implements. Its library is
+imported lazily: ``unavailable()`` says why it cannot be imported and how to install it, so tests skip
+with that hint and reports leave the subject out. Adapters add no logic of their own beyond unpacking
+the subject's result into bytes.
 
 Public: ``Subject`` (from ``subject.py``, where the adapters import it: no import cycle), ``SUBJECTS``,
 ``get(name)``, ``available()``.

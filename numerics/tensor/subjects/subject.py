@@ -21,3 +21,4 @@ class Subject:
     version: Callable[[], str]
     unavailable: Callable[[], str | None]  # None when importable; else the reason and the install hint
     devices: tuple[str, ...] = ("cpu",)  # where ``quantize(..., device=)`` can run the cast
+    elems: tuple[str, ...] = ("e4m3", "e5m2")  # element formats it casts to (e2m1: MXFP4's, one code a byte)

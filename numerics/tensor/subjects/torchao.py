@@ -2,7 +2,8 @@
 
 ``quantize`` runs ``to_mx`` on a float32 (or bfloat16) tensor and returns (scale bytes, element bytes);
 ``roundtrip`` goes through ``MXTensor`` and its ``dequantize``, which is what a model sees. All four
-scale modes; the cast can run on CUDA (``device="cuda"``). torchao is imported lazily.
+scale modes; E4M3, E5M2 and E2M1 (MXFP4, ``torch.float4_e2m1fn_x2``: two codes a byte, unpacked here);
+the cast can run on CUDA (``device="cuda"``). torchao is imported lazily.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import torch
 
 from numerics.tensor.subjects.subject import Subject
 
-TORCH_ELEM = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
+TORCH_ELEM = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2, "e2m1": torch.float4_e2m1fn_x2}
 
 
 def _mode(mode: str):
@@ -31,8 +32,10 @@ def quantize(x, elem: str, mode: str, block: int = 32, *, device: str | None = N
     from torchao.prototype.mx_formats.mx_tensor import to_mx
 
     scale, data = to_mx(_as_tensor(x, device), TORCH_ELEM[elem], block, _mode(mode))
-    return (scale.view(torch.uint8).cpu().numpy().reshape(scale.shape),
-            data.view(torch.uint8).cpu().numpy())
+    data = data.view(torch.uint8).cpu().numpy()
+    if elem == "e2m1":  # two FP4 codes a byte, element 2i in the low nibble (torchao's pack_uint4)
+        data = np.stack([data & 0xF, data >> 4], axis=-1).reshape(*data.shape[:-1], 2 * data.shape[-1])
+    return scale.view(torch.uint8).cpu().numpy().reshape(scale.shape), data
 
 
 def roundtrip(x, elem: str, mode: str, block: int = 32) -> torch.Tensor:
@@ -69,4 +72,5 @@ SUBJECT = Subject(
     version=version,
     unavailable=unavailable,
     devices=("cpu", "cuda"),
+    elems=("e4m3", "e5m2", "e2m1"),
 )

@@ -25,7 +25,7 @@ def test_report_has_one_record_per_elem_mode_family(tiny):
     assert {"size", "seed", "device", "torch", "torchao", "subjects"} <= set(tiny["header"])
     assert tiny["header"]["size"] == "tiny"
     combos = {(r["elem"], r["mode"], r["family"]) for r in tiny["records"]}
-    assert len(tiny["records"]) == len(combos) == 2 * 4 * len(families.FAMILIES)
+    assert len(tiny["records"]) == len(combos) == 3 * 4 * len(families.FAMILIES)  # torchao: E4M3, E5M2, E2M1
     json.loads(json.dumps(tiny))  # serialisable as is
 
 
@@ -66,7 +66,7 @@ def test_report_cli_writes_files_and_refuses_to_overwrite(tmp_path, capsys):
     out = tmp_path / "r"
     assert report.main(["--size", "tiny", "--subject", "torchao", "--out", str(out)]) == 0
     data = json.loads((out / "report.json").read_text())
-    assert len(data["records"]) == 32 and "| family |" in (out / "report.md").read_text()
+    assert len(data["records"]) == 48 and "| family |" in (out / "report.md").read_text()
     assert "### torchao" in capsys.readouterr().out
     (out / "report.md").write_text("mine")
     assert report.main(["--size", "tiny", "--subject", "torchao", "--out", str(out)]) == 2

@@ -120,7 +120,7 @@ FINDINGS: tuple[Finding, ...] = (
         "the shared exponent is one too large when amax is within ~44 ulps below a power of two: "
         "floor(log2(amax)) is taken of a float32 log2 that rounds up to the integer",
         ("floor",),
-        ("e4m3", "e5m2"),
+        ("e4m3", "e5m2", "e2m1"),
         affects=_just_below_power_of_two,
     ),
     Finding(
@@ -129,7 +129,7 @@ FINDINGS: tuple[Finding, ...] = (
         "a negative element whose float32 quotient x / 2^s is zero (an input -0.0, or |x| below 2^(s - 150)) "
         "gets +0 (0x00) instead of -0 (0x80); other negative values that round to zero keep their sign",
         ("floor",),
-        ("e4m3", "e5m2"),
+        ("e4m3", "e5m2", "e2m1"),
         rewrite=_negative_zero_as_positive,
     ),
 )

@@ -11,7 +11,8 @@ element rounding is a setting, ``round``: "nearest" (ties away from zero; its ``
 support; its default "nearest" is finding X3. ``_quantize_mx`` returns dequantized values, not bytes, so
 the adapter takes its two steps with microxcaling's own functions: the scale byte is its shared
 exponent (``mx_ops._shared_exponents`` of the block, less the element's emax, clamped to [-127, 127]
-and NaN above, as ``_quantize_mx`` does), and the element bytes are the float8 codes (torch's cast) of
+and NaN above, as ``_quantize_mx`` does), and the element bytes are the float8 codes (torch's cast; for
+E2M1, which torch has no one-code-a-byte dtype for, ml_dtypes' ``float4_e2m1fn``) of
 ``elemwise_ops._quantize_elemwise_core`` on the block divided by that power of two. Every call checks
 that element * 2^scale equals ``_quantize_mx``'s output bit for bit, and that every element is on the
 element grid (else it has no code): the bytes are the subject's, not the adapter's.
@@ -33,8 +34,8 @@ import torch
 from numerics.tensor.subjects.subject import Subject
 
 TESTED_COMMIT = "7bc41952de394f5cc5e782baf132e7c7542eb4e4"
-FORMATS = {"e4m3": "fp8_e4m3", "e5m2": "fp8_e5m2"}
-TORCH_ELEM = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
+FORMATS = {"e4m3": "fp8_e4m3", "e5m2": "fp8_e5m2", "e2m1": "fp4_e2m1"}
+TORCH_ELEM = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}  # E2M1's codes come from ml_dtypes
 ROUNDINGS = ("nearest", "even")
 ROUNDING = "even"  # what this subject is held to: ties to even, the rounding OCP MX v1.0 requires support for
 LIBRARY_DEFAULT_ROUNDING = "nearest"  # microxcaling's MxSpecs default for every "round*" setting (finding X3)
@@ -157,14 +158,26 @@ def quantize(x, elem: str, mode: str = "floor", block: int = 32, *, device: str 
         raise RuntimeError("microxcaling's _quantize_mx no longer equals its shared exponent and element "
                            f"quantizer composed as this adapter does (a change after {TESTED_COMMIT[:7]}?)")
     nan_block = torch.isnan(s).squeeze(-1).cpu().numpy()
-    codes = q.to(TORCH_ELEM[elem])
-    off_grid = ~_same_bits(codes.float(), q, elementwise=True).cpu().numpy() & ~nan_block[..., None]
+    codes, decoded = _element_codes(q, elem)
+    off_grid = ~_same_bits(decoded, q, elementwise=True).cpu().numpy() & ~nan_block[..., None]
     if off_grid.any():
         idx = tuple(int(i) for i in np.argwhere(off_grid)[0])
         raise ValueError(f"microxcaling's element {float(q[idx])!r} at {idx} is not an {elem} value: no byte code")
     exps = torch.nan_to_num(s.squeeze(-1), nan=0.0).cpu().numpy().astype(np.int64)
     scale_bits = np.where(nan_block, 0xFF, exps + 127).astype(np.uint8)
-    return scale_bits, codes.view(torch.uint8).cpu().numpy().reshape(shape)
+    return scale_bits, codes.reshape(shape)
+
+
+def _element_codes(q: torch.Tensor, elem: str) -> tuple[np.ndarray, torch.Tensor]:
+    """(the byte code of each element value, the value each code decodes to): the caller checks the two agree."""
+    if elem in TORCH_ELEM:
+        codes = q.to(TORCH_ELEM[elem])
+        return codes.view(torch.uint8).cpu().numpy(), codes.float()
+    import ml_dtypes
+
+    with np.errstate(invalid="ignore"):  # a NaN block's elements have no E2M1 code; they are not compared
+        codes = q.cpu().numpy().astype(ml_dtypes.float4_e2m1fn)
+    return codes.view(np.uint8), torch.from_numpy(codes.astype(np.float32)).to(q.device)
 
 
 def _same_bits(a: torch.Tensor, b: torch.Tensor, *, elementwise: bool = False):
@@ -183,4 +196,5 @@ SUBJECT = Subject(
     version=version,
     unavailable=unavailable,
     devices=("cpu", "cuda"),
+    elems=("e4m3", "e5m2", "e2m1"),
 )

@@ -20,7 +20,7 @@ from numerics.tensor.subjects import microxcaling
 SUBJECT = microxcaling.SUBJECT
 _missing = microxcaling.unavailable()
 pytestmark = pytest.mark.skipif(_missing is not None, reason=f"subject microxcaling unavailable: {_missing}")
-ELEMS = ("e4m3", "e5m2")
+ELEMS = SUBJECT.elems  # E4M3, E5M2 and E2M1 (fp4_e2m1): one quantizer, the findings hold for each
 ONLY_PINNED = settings(phases=[Phase.explicit], database=None)
 
 
@@ -41,6 +41,15 @@ def _below(power):
     return float(np.nextafter(np.float32(power), np.float32(0)))
 
 
+def _decode(codes: np.ndarray, elem: str) -> np.ndarray:
+    """float32 values of element bytes, decoded by torch (FP8) or ml_dtypes (E2M1, one code a byte)."""
+    if elem == "e2m1":
+        import ml_dtypes
+
+        return codes.view(ml_dtypes.float4_e2m1fn).astype(np.float32)
+    return torch.from_numpy(codes).view(microxcaling.TORCH_ELEM[elem]).float().numpy()
+
+
 @pytest.mark.parametrize("elem", ELEMS)
 @given(x=S.mx_tensors())
 def test_microxcaling_adapter_bytes_decode_to_its_own_output(elem, x):
@@ -48,7 +57,7 @@ def test_microxcaling_adapter_bytes_decode_to_its_own_output(elem, x):
     (the adapter checks this on every call too; here it is checked from the outside, with NaN blocks all NaN)."""
     scale, elems = microxcaling.quantize(x, elem)
     out = microxcaling.roundtrip(x, elem).numpy().reshape(*scale.shape, 32)
-    values = torch.from_numpy(elems).view(microxcaling.TORCH_ELEM[elem]).float().numpy().reshape(out.shape)
+    values = _decode(elems, elem).reshape(out.shape)
     finite = scale != 0xFF
     with np.errstate(over="ignore"):
         scale_values = np.ldexp(1.0, scale.astype(np.int64) - 127)[..., None]
@@ -113,5 +122,6 @@ def test_microxcaling_keeps_the_sign_of_negative_values_that_round_to_zero():
 @given(x=S.mx_tensors())
 @example(x=_block((0, 1.0), (1, 1.0625 * 2.0**-8))).via("e4m3: 1.0625 at scale 2^-8, a tie between 1 and 1.125")
 @example(x=_block((0, 1.0), (1, 1.125 * 2.0**-15))).via("e5m2: 1.125 at scale 2^-15, a tie between 1 and 1.25")
+@example(x=_block((0, 4.0), (1, 1.25))).via("e2m1: 1.25 at scale 2^0, a tie between 1 and 1.5")
 def test_microxcaling_default_rounding_is_ties_to_even_X3(elem, x):
     _assert_exact(x, elem, round=microxcaling.LIBRARY_DEFAULT_ROUNDING)

@@ -286,6 +286,9 @@ def train_recipe(cfg: TrainConfig, recipe_name: str, run_dir: Path, tokens: data
     if resume and place.has_checkpoint(run_dir):
         data_mod.check_same_data(run_dir / "config.json", tokens.meta)
         start = place.load(run_dir, model, opt, sched)["step"]
+        if progress and place.writer:  # a resume says so: the bar alone would start at start + 1 unexplained
+            sys.stderr.write(f"{recipe_name}: resumed from the checkpoint at step {start} of {cfg.steps} "
+                             f"({run_dir})\n")
     if place.writer:
         run_dir.mkdir(parents=True, exist_ok=True)
         for log in (metrics, probe_log):

@@ -152,6 +152,7 @@ def test_resume_after_kill_is_bit_identical(tmp_path):
     done = subprocess.run(_cmd(tmp_path / "run", "--resume"), cwd=ROOT, env=env, capture_output=True,
                           timeout=120)
     assert done.returncode == 0, done.stderr.decode()[-2000:]
+    assert "mxfp8: resumed from the checkpoint at step " in done.stderr.decode()  # the user is told
 
     def curve(d):
         return [computed(r)

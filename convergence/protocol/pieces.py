@@ -116,7 +116,10 @@ def progress_report(plan: pr.ProtocolPlan, out: Path, per_gpu: int = 1) -> list[
     if whole:  # what the runs made say so far: the last whole level judged here, nothing written
         sub = whole[-1]
         try:
-            lines += [f"    {pr.verdict_line(name, r)}" for name, r in pr.judge(sub, out).items()]
+            verdicts = pr.judge(sub, out)
+            lines += [f"    {pr.verdict_line(name, r)}" for name, r in verdicts.items()]
+            if sub.candidate_replicates < plan.candidate_replicates:
+                lines.append("  " + _projection(plan, verdicts["verdict"]))
         except (BadInput, ValueError) as exc:
             lines.append(f"    cannot judge it: {exc}")
     started = [f"{r.name} {status[r.name]}/{plan.steps}" for r in runs if status[r.name] not in ("done", 0)]
@@ -140,6 +143,21 @@ def progress_report(plan: pr.ProtocolPlan, out: Path, per_gpu: int = 1) -> list[
     elif unknown:
         lines.append(f"  left: {', '.join(unknown)} runs, no pace measured yet")
     return lines
+
+
+def _projection(plan: pr.ProtocolPlan, verdict: dict) -> str:
+    """What the whole plan should resolve if its runs spread as the whole level's do (``convergence power``'s
+    arithmetic on the final window's replicate spread and held-out set error)."""
+    from convergence.curves import power
+
+    fw = verdict["final_window"]
+    if fw.get("seed_spread") is None:
+        return "the whole plan's resolution: unknown (no spread measured yet)"
+    hw = power.half_width(plan.replicates, fw["seed_spread"], fw.get("se_set") or 0.0,
+                          verdict.get("confidence", 0.95), m=plan.candidate_replicates)
+    return (f"at this spread ({fw['seed_spread']:.3%}, {len(fw['replicate_levels'])} baselines) the whole plan "
+            f"(k = {plan.replicates}, m = {plan.candidate_replicates}) should resolve about +-{hw:.3%} in the final "
+            f"window, against a margin of +-{plan.margin:.3%}")
 
 
 def _order(plan: pr.ProtocolPlan, status: dict) -> list[pr.RunSpec]:

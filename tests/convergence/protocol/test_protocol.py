@@ -526,6 +526,11 @@ def test_status_judges_the_last_whole_level_without_writing_anything(tmp_path):
     assert "expected not_equivalent: OK" in "\n".join(lines)
     assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before  # nothing written
     assert "k = 2, m = 2" in "\n".join(lines)
+    from convergence.curves import power  # what the whole plan should resolve at this spread: power's arithmetic
+
+    fw = pr.judge(level, tmp_path)["verdict"]["final_window"]
+    want = power.half_width(3, fw["seed_spread"], 0.0, m=4)
+    assert f"the whole plan (k = 3, m = 4) should resolve about +-{want:.3%}" in "\n".join(lines)
 
     pr.metrics_path(tmp_path, runs[0]).write_text("".join(json.dumps({"step": s, "loss": 2.0}) + "\n"
                                                           for s in range(1, 11)))  # finished, without val_loss

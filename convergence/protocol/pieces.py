@@ -119,6 +119,8 @@ def progress_report(plan: pr.ProtocolPlan, out: Path, per_gpu: int = 1) -> list[
             verdicts = pr.judge(sub, out)
             lines += [f"    {pr.verdict_line(name, r)}" for name, r in verdicts.items()]
             if sub.candidate_replicates < plan.candidate_replicates:
+                lines.append("    (interim: the plan's verdict is the whole plan's; stopping because an interim one "
+                             "looks decided would bias it, stopping for want of GPU time does not)")
                 lines.append("  " + _projection(plan, verdicts["verdict"]))
         except (BadInput, ValueError) as exc:
             lines.append(f"    cannot judge it: {exc}")

@@ -40,6 +40,8 @@ def test_validate_quick_run_end_to_end(tmp_path):
     tensor = levels["tensor"]["numbers"]
     assert tensor["blocks_unexplained"] == 0 and tensor["blocks_bit_exact"] < tensor["blocks"]
     assert set(tensor["blocks_known_findings"]) >= {"F1", "F2"}  # known torchao findings, counted not hidden
+    # the lowest SQNR per element format: MXFP8's E4M3 is not to be read off FP4's
+    assert all(f"{e} " in levels["tensor"]["summary"] for e in ("e4m3", "e5m2", "e2m1"))
 
     # summary.json: versions, hardware, key numbers, the skipped DeepEP part with how to enable it
     assert summary["environment"]["torch"] and summary["environment"]["torchao"]

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import pytest
+
+from numerics.environment import check_hardware_tag, gpu_tag
+from numerics.errors import BadInput
+
 
 def test_a_gpu_is_tagged_by_its_recorded_name():
-    from numerics.environment import gpu_tag
-
     assert [gpu_tag(n) for n in ("NVIDIA H200", "NVIDIA GB200", "NVIDIA B200", "NVIDIA H100 80GB HBM3")] == [
         "h200", "gb200", "b200", "h100"]  # GB200's name holds "B200": the longer name is tried first
     assert gpu_tag("NVIDIA RTX 6000 Ada") == "nvidia-rtx-6000-ada"
@@ -13,11 +16,6 @@ def test_a_gpu_is_tagged_by_its_recorded_name():
 
 
 def test_a_hardware_tag_that_is_not_a_file_name_is_one_line():
-    import pytest
-
-    from numerics.environment import check_hardware_tag
-    from numerics.errors import BadInput
-
     assert check_hardware_tag("h200x2") == "h200x2"
     for bad in ("../x", "H200", "a/b", "", ".hidden"):
         with pytest.raises(BadInput, match="a tag such as h200"):

@@ -7,6 +7,7 @@ import importlib
 import logging
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 from numerics.errors import BadInput
 
@@ -31,6 +32,31 @@ def run_labels(names: Sequence[str], runs: Sequence) -> list[str]:
     if names and len(names) != len(runs):
         raise CLIError(f"--name given {len(names)} times for {len(runs)} runs: one per run, or none")
     return list(names) or [str(r) for r in runs]
+
+
+def run_report_parser(prog: str, description: str, *, reads: str, plot: str, json: str) -> ArgumentParser:
+    """The command line of a report over runs (``convergence probes``, ``convergence profile``): RUN paths, one
+    ``--name`` per run, ``--plot``, ``--json`` and ``--force``; ``reads`` names the file a run folder holds."""
+    p = ArgumentParser(prog=prog, description=description)
+    p.add_argument("runs", nargs="+", type=Path, help=f"a {reads}, or a run folder (<out>/<recipe>) holding one")
+    p.add_argument("--name", action="append", default=[], help="a label per run, in order (default: its path)")
+    p.add_argument("--plot", type=Path, metavar="OUT.png", help=plot)
+    p.add_argument("--json", type=Path, metavar="OUT", help=json)
+    p.add_argument("--force", action="store_true", help="overwrite an existing --plot or --json file")
+    return p
+
+
+def parse_run_report(parser: ArgumentParser, argv: Sequence[str] | None) -> tuple[argparse.Namespace, list[str]]:
+    """(arguments, one label per run) of a ``run_report_parser`` command line, its --plot and --json checked
+    writable before any run is read: bad input is one line before the work."""
+    from numerics.files import check_writable
+
+    args = parser.parse_args(argv)
+    names = run_labels(args.name, args.runs)
+    for out in (args.plot, args.json):
+        if out:
+            check_writable(out, force=args.force)
+    return args, names
 
 
 class KnownBenignLogs(logging.Filter):

@@ -121,20 +121,12 @@ def plot_probes(summaries: Sequence[dict], out_png, *, force: bool = False) -> P
 
 def main(argv: Sequence[str] | None = None) -> int:
     """python -m convergence probes RUN [RUN ...]: per-layer probe SQNRs of each run, a table and a figure."""
-    from numerics.cli import ArgumentParser, run_labels
-    from numerics.files import atomic_write, check_writable
+    from numerics.cli import parse_run_report, run_report_parser
+    from numerics.files import atomic_write
 
-    p = ArgumentParser(prog="python -m convergence probes", description=main.__doc__.split(": ", 1)[1])
-    p.add_argument("runs", nargs="+", type=Path, help="a probes.jsonl, or a run folder (<out>/<recipe>) holding one")
-    p.add_argument("--name", action="append", default=[], help="a label per run, in order (default: its path)")
-    p.add_argument("--plot", type=Path, metavar="OUT.png", help="SQNR against layer, one panel per quantity")
-    p.add_argument("--json", type=Path, metavar="OUT", help="write the summaries as JSON")
-    p.add_argument("--force", action="store_true", help="overwrite an existing --plot or --json file")
-    args = p.parse_args(argv)
-    names = run_labels(args.name, args.runs)
-    for out in (args.plot, args.json):
-        if out:
-            check_writable(out, force=args.force)
+    p = run_report_parser("python -m convergence probes", main.__doc__.split(": ", 1)[1], reads="probes.jsonl",
+                          plot="SQNR against layer, one panel per quantity", json="write the summaries as JSON")
+    args, names = parse_run_report(p, argv)
     summaries = [summarise(load_probes(r), n) for r, n in zip(args.runs, names)]
     print("\n\n".join(report(s) for s in summaries))
     if args.plot:

@@ -170,21 +170,14 @@ def profiles_of(paths: Sequence[Path], names: Sequence[str]) -> dict[str, list[d
 def main(argv: Sequence[str] | None = None) -> int:
     """python -m convergence profile RUN [RUN ...]: each run's step time, tokens/s, phases and peak memory,
     from its metrics.jsonl."""
-    from numerics.cli import ArgumentParser, run_labels
-    from numerics.files import atomic_write, check_writable
+    from numerics.cli import parse_run_report, run_report_parser
+    from numerics.files import atomic_write
 
-    p = ArgumentParser(prog="python -m convergence profile",
-                       description="each run's step time, tokens/s, phases and peak memory, from its metrics.jsonl")
-    p.add_argument("runs", nargs="+", type=Path, help="a metrics.jsonl, or a run folder (<out>/<recipe>) holding one")
-    p.add_argument("--name", action="append", default=[], help="a label per run, in order (default: its path)")
-    p.add_argument("--plot", type=Path, metavar="OUT.png", help="loss, gradient norm and the median step's phases")
-    p.add_argument("--json", type=Path, metavar="OUT", help="write the profiles as JSON")
-    p.add_argument("--force", action="store_true", help="overwrite an existing --plot or --json file")
-    args = p.parse_args(argv)
-    names = run_labels(args.name, args.runs)
-    for out in (args.plot, args.json):
-        if out:
-            check_writable(out, force=args.force)
+    p = run_report_parser("python -m convergence profile",
+                          "each run's step time, tokens/s, phases and peak memory, from its metrics.jsonl",
+                          reads="metrics.jsonl", plot="loss, gradient norm and the median step's phases",
+                          json="write the profiles as JSON")
+    args, names = parse_run_report(p, argv)
     runs = profiles_of(args.runs, names)
     profiles = {name: profile(recs) for name, recs in runs.items()}
     print(report(profiles))

@@ -103,8 +103,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                            mxfp8_kernel=args.mxfp8_kernel, margin=args.margin, name=args.name, data=args.data,
                            val_percent=args.val_percent, overrides=overrides).check()
     # a folder whose runs are all made is judged anywhere: copied off the GPU machine, it needs no GPU
-    judge_only = (args.out / "protocol.json").is_file() and all(
-        v == "done" for v in pr.run_status(plan, args.out).values())
+    # (unless --force is to delete them and run again)
+    before = pr.run_status(plan, args.out)
+    judge_only = not args.force and (args.out / "protocol.json").is_file() and all(
+        v == "done" for v in before.values())
     gpus = (args.gpus or torch.cuda.device_count()) if args.device == "cuda" else 0
     if not judge_only:
         if args.device == "cuda" and not torch.cuda.is_available():
@@ -126,7 +128,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     grew = pr.open_protocol(plan, args.out, force=args.force)
     if grew:
         print(grew, flush=True)
-    before = pr.run_status(plan, args.out)
+    if args.force:  # its runs were deleted: read once more
+        before = pr.run_status(plan, args.out)
     print(f"protocol {plan.prefix}: {len(before)} runs of {plan.steps} steps, {slots or 1} at a time"
           f"{f' ({per_gpu} per GPU)' if per_gpu > 1 else ''}; done: "
           f"{sum(v == 'done' for v in before.values())}", flush=True)

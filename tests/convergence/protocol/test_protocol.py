@@ -167,6 +167,9 @@ def test_a_finished_gpu_folder_is_judged_on_a_machine_without_one(tmp_path, caps
     err = _bad(capsys, *gpu[1:])
     assert "h100, h200" in err and "--hardware" in err
     assert convergence_main([*gpu, "--hardware", "mixed"]) == rc  # named: judged as before
+    made = {p: p.read_bytes() for p in (out / "runs").rglob("metrics.jsonl")}
+    assert "no CUDA device" in _bad(capsys, *gpu[1:], "--force")  # --force would run again: it needs the GPU
+    assert {p: p.read_bytes() for p in (out / "runs").rglob("metrics.jsonl")} == made  # and deleted nothing
 
     last = sorted((out / "runs").rglob("metrics.jsonl"))[-1]
     last.write_text("".join(last.read_text().splitlines(keepends=True)[:-1]))  # a run one step short

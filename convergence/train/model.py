@@ -118,4 +118,3 @@ def build_initialised(cfg: ModelConfig, seed: int) -> Transformer:
     model.to_empty(device="cpu")
     model.init_weights(torch.Generator().manual_seed(seed))
     return model
-

@@ -90,10 +90,8 @@ def run_tensor(plan: Plan, out: Path, progress: Progress) -> LevelResult:
                "blocks_known_findings": findings, "min_sqnr_db": sqnr, "versions": doc.get("header")}
     fig = figs.tensor_sqnr(recs, out / "figures" / "tensor_sqnr.png")
     status = level_status(checks)
-    lowest = {}  # per element format: MXFP8's E4M3 is not to be read off FP4's 16 dB
-    for key, v in sqnr.items():
-        elem = key.split("/")[0]
-        lowest[elem] = min(v, lowest.get(elem, v))
+    # the lowest per element format: MXFP8's E4M3 is not to be read off FP4's 16 dB
+    lowest = {e: min(r["sqnr_db"] for r in recs if r["elem"] == e) for e in dict.fromkeys(r["elem"] for r in recs)}
     summary = (f"{exact}/{blocks} blocks bit-exact, {unexplained} unexplained; lowest SQNR "
                + ", ".join(f"{e} {v:.1f} dB" for e, v in lowest.items()) if recs else "the report returned no records")
     return LevelResult("tensor", status if recs else "fail", summary, tuple(checks), numbers, tuple(table),

@@ -114,6 +114,19 @@ class DeepEPBase(EPBackend):
         self.device = torch.device(device) if device is not None else torch.device("cuda", torch.cuda.current_device())
         return deep_ep
 
+    def close(self) -> None:
+        """Wait for every peer, then free the buffer; a second call does nothing."""
+        if getattr(self, "buffer", None) is None:
+            return
+        cuda = self.device.type == "cuda"
+        if cuda:
+            torch.cuda.synchronize()
+        finish(dist.barrier(group=self.group, async_op=True), self.timeout, self.device)
+        if cuda:
+            torch.cuda.synchronize()  # the barrier is stream-ordered on NCCL: every peer is done before destroy
+        self.buffer.destroy()
+        self.buffer = None
+
 
 class DeepEPBackend(DeepEPBase):
     """DeepEP V1 intranode dispatch / combine behind the ``EPBackend`` interface."""
@@ -176,15 +189,3 @@ class DeepEPBackend(DeepEPBase):
         with no_uninitialized_fill(self.guard):
             combined, _, _ = self.buffer.combine(y.contiguous(), handle)
         return combined
-
-    def close(self) -> None:
-        if getattr(self, "buffer", None) is None:
-            return
-        cuda = self.device.type == "cuda"
-        if cuda:
-            torch.cuda.synchronize()
-        finish(dist.barrier(group=self.group, async_op=True), self.timeout, self.device)
-        if cuda:
-            torch.cuda.synchronize()  # the barrier is stream-ordered on NCCL: every peer is done before destroy
-        self.buffer.destroy()
-        self.buffer = None

@@ -36,7 +36,6 @@ import datetime
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from numerics.ep.backend import (
     DEFAULT_TIMEOUT,
@@ -44,7 +43,6 @@ from numerics.ep.backend import (
     Dispatched,
     Layout,
     Limits,
-    finish,
     is_fp8,
     validate_dispatch,
     validate_payload,
@@ -116,15 +114,3 @@ class DeepEPV2Backend(DeepEPBase):
         with no_uninitialized_fill(self.guard):
             combined, _, _ = self.buffer.combine(y.contiguous(), handle=handle, num_sms=self.num_sms)
         return combined
-
-    def close(self) -> None:
-        if getattr(self, "buffer", None) is None:
-            return
-        cuda = self.device.type == "cuda"
-        if cuda:
-            torch.cuda.synchronize()
-        finish(dist.barrier(group=self.group, async_op=True), self.timeout, self.device)
-        if cuda:
-            torch.cuda.synchronize()
-        self.buffer.destroy()
-        self.buffer = None

@@ -300,7 +300,7 @@ def run_status(plan: ProtocolPlan, out: Path) -> dict[str, int | str]:
 def run_piece(plan: ProtocolPlan, spec: RunSpec, out: Path, *, stop_after_s: float | None,
               tokens: data_mod.TokenData | None = None, progress: bool = True) -> bool:
     """Continue one run from its checkpoint (or start it) for at most ``stop_after_s``; True when it is done.
-    The checkpoint of a finished run is deleted."""
+    A finished run keeps no checkpoint: its last step writes none, and an earlier one is deleted."""
     cfg = plan.train_config(spec)
     tokens = tokens or data_mod.load_tokens(cfg.data)
     for other in plan.runs():  # the folder's runs are compared with each other: all on the same tokens
@@ -309,7 +309,8 @@ def run_piece(plan: ProtocolPlan, spec: RunSpec, out: Path, *, stop_after_s: flo
             data_mod.check_same_data(made, tokens.meta)
             break
     run_dir = Path(out) / "runs" / spec.name / spec.recipe
-    done = train_recipe(cfg, spec.recipe, run_dir, tokens, resume=True, progress=progress, stop_after_s=stop_after_s)
+    done = train_recipe(cfg, spec.recipe, run_dir, tokens, resume=True, progress=progress, stop_after_s=stop_after_s,
+                        final_checkpoint=False)
     if done:
         (run_dir / "checkpoint.pt").unlink(missing_ok=True)
     return done

@@ -22,9 +22,11 @@ What a run is:
 * outputs under ``OUT/<recipe>/``: ``metrics.jsonl`` (one line per step: step, loss, grad_norm, lr,
   tokens, tokens_per_s, expert_load_max_share per MoE layer, host_peak_gib and on a GPU gpu_peak_gib (the
   run's peak so far, the largest rank's), with ``phase_times`` phase_s (forward / backward / optimizer);
-  every ``val_every`` steps val_loss, val_loss_se and val_batch_losses),
+  on each piece's first step setup_s (seconds from the call to that step); every ``val_every`` steps
+  val_loss, val_loss_se, val_batch_losses and val_s (the evaluation's seconds)),
   ``probes.jsonl`` (every ``probe_every`` steps), ``config.json`` (run config, recipe, versions),
-  ``checkpoint.pt`` (every ``ckpt_every`` steps and at the end; never with ``ckpt_every=0``); then
+  ``checkpoint.pt`` (every ``ckpt_every`` steps, when stopped, and at the end unless ``final_checkpoint`` is
+  off; never with ``ckpt_every=0``); then
   ``OUT/verdict.json`` and ``OUT/curves.png`` from the curve comparison;
 * where the run lives is a placement (``convergence.train.placement``): ``Single`` for one process,
   ``Distributed`` (``convergence.train.distributed``) for ``--ep N`` under torchrun. World size 1 under
@@ -229,7 +231,7 @@ def _progress(recipe: str, step: int, total: int, loss: float, tps: float) -> No
 # what the machine measured (time, memory) rather than what the run computed: two runs with the same
 # arithmetic differ only here (ep-identity, the resume and kernel identity tests compare everything else)
 MEASURED_FIELDS = ("tokens_per_s", "dispatch_combine_s", "dispatch_combine_share", "host_peak_gib", "gpu_peak_gib",
-                   "phase_s")
+                   "phase_s", "setup_s", "val_s")
 
 
 def computed(record: dict) -> dict:
@@ -266,11 +268,13 @@ def _peak_memory(device: torch.device, place) -> dict:
 
 def train_recipe(cfg: TrainConfig, recipe_name: str, run_dir: Path, tokens: data_mod.TokenData, *,
                  place: Single | None = None, resume: bool, progress: bool = True,
-                 stop_after_s: float | None = None) -> bool:
+                 stop_after_s: float | None = None, final_checkpoint: bool = True) -> bool:
     """Train one recipe into ``run_dir`` on ``place`` (default: one process on ``cfg.device``); returns True
-    when it reached ``cfg.steps``."""
+    when it reached ``cfg.steps``. ``final_checkpoint=False`` skips the checkpoint of the last step, for a
+    caller that deletes it (the protocol: 11 GB of the proxy's weights and moments written, then removed)."""
     from convergence.train import probes as probes_mod
 
+    t_enter = time.perf_counter()  # setup_s counts from here
     place = place or Single(torch.device(cfg.device))
     device = place.device
     recipe = get_recipe(recipe_name)
@@ -334,11 +338,15 @@ def train_recipe(cfg: TrainConfig, recipe_name: str, run_dir: Path, tokens: data
         } | _peak_memory(device, place)
         if cfg.phase_times:  # the slowest rank's, each phase
             rec["phase_s"] = dict(zip(clock.spans, place.max(list(clock.spans.values()))))
+        if step == start:  # this piece's start-up: model, init, fingerprint, recipe, optimizer, resume
+            rec["setup_s"] = t0 - t_enter
         comm = place.comm_seconds()
         if comm is not None:
             rec |= {"dispatch_combine_s": comm, "dispatch_combine_share": comm / dt}
         if cfg.val_every and (done % cfg.val_every == 0 or done == cfg.steps):
+            t_val = time.perf_counter()
             rec |= evaluate(model, val, cfg, place)
+            rec["val_s"] = time.perf_counter() - t_val  # the losses are floats: the evaluation has finished
         if not math.isfinite(loss_f):
             rec["diverged"] = True
         if place.writer:
@@ -350,8 +358,9 @@ def train_recipe(cfg: TrainConfig, recipe_name: str, run_dir: Path, tokens: data
                 probe_log.append({"step": done} | probed | ({"rank": 0, "ranks": place.world} if place.world > 1
                                                             else {}))
         out_of_time = place.any(stop_after_s is not None and time.monotonic() - t_start > stop_after_s)
-        if cfg.ckpt_every and (done % cfg.ckpt_every == 0 or done == cfg.steps or out_of_time
-                               or not math.isfinite(loss_f)):
+        last = done == cfg.steps
+        if cfg.ckpt_every and (final_checkpoint or not last) and (done % cfg.ckpt_every == 0 or last or out_of_time
+                                                                   or not math.isfinite(loss_f)):
             place.save(run_dir, model, opt, sched, {
                 "step": done, "data_position": {"step": done, "samples": done * cfg.batch, "seed": cfg.order_seed,
                                                   "row_order": cfg.row_order},

@@ -10,7 +10,9 @@ a step's seconds are its tokens over its ``tokens_per_s``; ``phase_s`` (``--phas
 rank's seconds of each phase, so on several ranks the phases need not add up to the step, and "other" (data,
 the loss's reduction, the gap between the slowest ranks) is what the step took beyond their sum, floored at
 zero. Medians over the steps after the first ``WARMUP``; memory is the run's peak (the largest rank's). A run
-made without ``--phase-times`` has no breakdown, and says so.
+made without ``--phase-times`` has no breakdown, and says so. Besides its steps, a run's wall time goes to each
+piece's set-up (``setup_s``: model, init, recipe, resume) and its evaluations (``val_s``), summed here; what is
+left of a measured wall time is process start and exit.
 """
 
 from __future__ import annotations
@@ -63,12 +65,18 @@ def profile(records: list[dict]) -> dict:
         if step_s is not None and None not in phases.values():
             phases["other"] = max(0.0, step_s - sum(phases.values()))
     vals = [r["val_loss"] for r in records if isinstance(r.get("val_loss"), (int, float))]
+    setups = [r["setup_s"] for r in records if isinstance(r.get("setup_s"), (int, float))]
+    evals = [r["val_s"] for r in records if isinstance(r.get("val_s"), (int, float))]
     gpu = [r["gpu_peak_gib"] for r in records if isinstance(r.get("gpu_peak_gib"), (int, float))]
     host = [r["host_peak_gib"] for r in records if isinstance(r.get("host_peak_gib"), (int, float))]
     return {
         "steps": len(records), "median_over_steps": [records[tail][0]["step"], records[-1]["step"]],
         "tokens_per_step": records[0].get("tokens") if isinstance(records[0].get("tokens"), int) else None,
         "first_step_s": seconds[0], "step_s": step_s, "tokens_per_s": _median(r.get("tokens_per_s") for r in recs),
+        # where a run's wall time goes besides its steps (runs made before these were logged: None)
+        "steps_total_s": sum(x for x in seconds if x is not None),
+        "setup_s": sum(setups) if setups else None, "pieces": len(setups) or None,
+        "val_s": sum(evals) if evals else None, "evaluations": len(evals) or None,
         "phase_s": phases, "dispatch_combine_s": _median(r.get("dispatch_combine_s") for r in recs),
         "dispatch_combine_share": _median(r.get("dispatch_combine_share") for r in recs),
         "gpu_peak_gib": max(gpu) if gpu else None, "host_peak_gib": max(host) if host else None,
@@ -88,7 +96,10 @@ def report(profiles: dict[str, dict]) -> str:
     rows = [("steps (median over)", lambda p: "{} ({}-{})".format(p["steps"], *p["median_over_steps"])),
             ("step s", lambda p: _cell(p["step_s"], ".3f")),
             ("tokens/s", lambda p: _cell(p["tokens_per_s"], ",.0f")),
-            ("first step s", lambda p: _cell(p["first_step_s"], ".1f"))]
+            ("first step s", lambda p: _cell(p["first_step_s"], ".1f")),
+            ("all steps s", lambda p: _cell(p["steps_total_s"], ".1f")),
+            ("set-up s (pieces)", lambda p: f"{_cell(p['setup_s'], '.1f')} ({p['pieces'] or 0})"),
+            ("evaluations s (n)", lambda p: f"{_cell(p['val_s'], '.1f')} ({p['evaluations'] or 0})")]
     for phase in (*PHASES, "other"):
         rows.append((f"  {phase} s", lambda p, ph=phase: _cell((p["phase_s"] or {}).get(ph), ".3f")))
     rows += [("  dispatch+combine s", lambda p: _cell(p["dispatch_combine_s"], ".3f")),

@@ -230,6 +230,37 @@ def test_pieces_resume_a_stopped_run_bit_identically(tmp_path):
     assert not list(split.rglob("checkpoint.pt"))  # a finished run's checkpoint is deleted
 
 
+def test_a_finished_piece_writes_no_checkpoint_a_stopped_one_does(tmp_path, monkeypatch):
+    """The protocol deletes a finished run's checkpoint, so its last step writes none (the proxy's is 11 GB of
+    weights and moments); a piece stopped by its deadline still writes one. The control: train itself, called
+    as the train command calls it, checkpoints its last step."""
+    from convergence.train import placement
+    from convergence.train.loop import train_recipe
+
+    saved = []
+    real_save = placement.Single.save
+
+    def counting_save(self, run_dir, model, opt, sched, meta):
+        saved.append((run_dir.parent.name, meta["step"]))
+        real_save(self, run_dir, model, opt, sched, meta)
+
+    monkeypatch.setattr(placement.Single, "save", counting_save)
+    plan = _small_plan()
+    pr.open_protocol(plan, tmp_path)
+    first, second = plan.runs()[:2]
+    assert pr.run_piece(plan, first, tmp_path, stop_after_s=None, progress=False)
+    assert saved == []
+    assert pr.run_piece(plan, second, tmp_path, stop_after_s=0.0, progress=False) is False
+    assert saved == [(second.name, 1)] and (tmp_path / "runs" / second.name / second.recipe / "checkpoint.pt").exists()
+    assert pr.run_piece(plan, second, tmp_path, stop_after_s=None, progress=False)
+    assert saved == [(second.name, 1)] and not list(tmp_path.rglob("checkpoint.pt"))
+    cfg = plan.train_config(first)
+    from convergence.train import data as data_mod
+    train_recipe(cfg, first.recipe, tmp_path / "train" / first.recipe, data_mod.load_tokens(cfg.data), resume=False,
+                 progress=False)
+    assert saved[-1] == ("train", plan.steps)
+
+
 def test_protocol_cli_runs_to_the_end_and_exits_with_the_candidates_verdict(tmp_path, capsys):
     from convergence.curves.compare import EXIT_CODES
 

@@ -25,7 +25,9 @@ def _records(steps=6, optimizer=0.4, warm_s=10.0, phases=True):
         if phases:
             r["phase_s"] = {"forward": 0.5, "backward": 1.0, "optimizer": optimizer}
         if s % 3 == 0:
-            r["val_loss"] = 4.0 - 0.1 * s
+            r["val_loss"], r["val_s"] = 4.0 - 0.1 * s, 1.5
+        if s in (1, 5):  # two pieces: the second resumed at step 5
+            r["setup_s"] = 7.0 if s == 1 else 3.0
         out.append(r)
     return out
 
@@ -38,6 +40,18 @@ def test_profile_reads_known_numbers_exactly():
     assert p["phase_s"] == pytest.approx({"forward": 0.5, "backward": 1.0, "optimizer": 0.4, "other": 0.1})
     assert p["gpu_peak_gib"] == 4.0 and p["host_peak_gib"] == pytest.approx(1.6)  # the run's peaks
     assert p["val_loss_last"] == pytest.approx(3.4) and p["loss_first"] == pytest.approx(4.9)
+    # where the wall time went besides the steps: 2 x 10 + 4 x 2 s of steps, two set-ups, two evaluations
+    assert p["steps_total_s"] == pytest.approx(28.0)
+    assert (p["setup_s"], p["pieces"], p["val_s"], p["evaluations"]) == (10.0, 2, 3.0, 2)
+    text = pf.report({"run": p})
+    assert "set-up s (pieces)" in text and "10.0 (2)" in text and "3.0 (2)" in text
+
+
+def test_a_run_logged_before_setup_and_evaluation_times_reads_as_unknown():
+    old = [{k: v for k, v in r.items() if k not in ("setup_s", "val_s")} for r in _records()]
+    p = pf.profile(old)
+    assert (p["setup_s"], p["pieces"], p["val_s"], p["evaluations"]) == (None, None, None, None)
+    assert "n/a (0)" in pf.report({"old": p})
 
 
 def test_a_planted_slow_optimizer_shows_in_its_phase_and_the_ratio():
@@ -75,3 +89,6 @@ def test_profile_of_a_real_cpu_run(tmp_path, capsys):
     assert got["tokens_per_s"] == pytest.approx(sorted(r["tokens_per_s"] for r in tail)[len(tail) // 2])
     assert got["phase_s"]["forward"] > 0 and got["phase_s"]["other"] >= 0
     assert got["host_peak_gib"] == max(r["host_peak_gib"] for r in recs) and got["gpu_peak_gib"] is None
+    # one piece: its set-up on the first record only; one evaluation (--val-every 5), timed where it is logged
+    assert [r["step"] for r in recs if "setup_s" in r] == [1] and got["setup_s"] > 0
+    assert [r["step"] for r in recs if "val_s" in r] == [5] and got["evaluations"] == 1 and got["val_s"] > 0

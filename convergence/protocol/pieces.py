@@ -2,7 +2,8 @@
 
 Public: ``execute(plan, out, *, slots, per_gpu, stop_after_s, whole_runs, worker_argv, progress) -> dict`` (name ->
 "done" or steps logged), ``expected_wall_s(out, plan, recipe, per_gpu)``, ``progress_report(plan, out, per_gpu)``,
-``protocol_worker(out, threads, gpu_share)``, ``gpus_of_slots(slots, per_gpu)``, ``RunFailed``, ``STARTUP_S``,
+``projection(plan, verdict)``, ``protocol_worker(out, threads, gpu_share)``, ``gpus_of_slots(slots, per_gpu)``,
+``RunFailed``, ``STARTUP_S``,
 ``PACE_FILE``, ``PACE_MARGIN``.
 
 * One slot: the pieces run in this process, one after another, on the token stream loaded once.
@@ -121,7 +122,7 @@ def progress_report(plan: pr.ProtocolPlan, out: Path, per_gpu: int = 1) -> list[
             if sub.candidate_replicates < plan.candidate_replicates:
                 lines.append("    (interim: the plan's verdict is the whole plan's; stopping because an interim one "
                              "looks decided would bias it, stopping for want of GPU time does not)")
-                lines.append("  " + _projection(plan, verdicts["verdict"]))
+                lines.append("  " + projection(plan, verdicts["verdict"]))
         except (BadInput, ValueError) as exc:
             lines.append(f"    cannot judge it: {exc}")
     started = [f"{r.name} {status[r.name]}/{plan.steps}" for r in runs if status[r.name] not in ("done", 0)]
@@ -147,19 +148,27 @@ def progress_report(plan: pr.ProtocolPlan, out: Path, per_gpu: int = 1) -> list[
     return lines
 
 
-def _projection(plan: pr.ProtocolPlan, verdict: dict) -> str:
+def projection(plan: pr.ProtocolPlan, verdict: dict) -> str:
     """What the whole plan should resolve if its runs spread as the whole level's do (``convergence power``'s
-    arithmetic on the final window's replicate spread and held-out set error)."""
+    arithmetic on the final window's replicate spread and held-out set error), and, when that is wider than the
+    margin, how many runs would reach it."""
     from convergence.curves import power
 
     fw = verdict["final_window"]
     if fw.get("seed_spread") is None:
         return "the whole plan's resolution: unknown (no spread measured yet)"
-    hw = power.half_width(plan.replicates, fw["seed_spread"], fw.get("se_set") or 0.0,
-                          verdict.get("confidence", 0.95), m=plan.candidate_replicates)
-    return (f"at this spread ({fw['seed_spread']:.3%}, {len(fw['replicate_levels'])} baselines) the whole plan "
+    spread, se_set, conf = fw["seed_spread"], fw.get("se_set") or 0.0, verdict.get("confidence", 0.95)
+    hw = power.half_width(plan.replicates, spread, se_set, conf, m=plan.candidate_replicates)
+    line = (f"at this spread ({spread:.3%}, {len(fw['replicate_levels'])} baselines) the whole plan "
             f"(k = {plan.replicates}, m = {plan.candidate_replicates}) should resolve about +-{hw:.3%} in the final "
             f"window, against a margin of +-{plan.margin:.3%}")
+    if hw <= plan.margin:
+        return line
+    k = power.replicates_needed(spread, plan.margin, se_set, conf, balanced=True)
+    # the plan's runs: k baselines, and k each of the candidate, the control and the held-out BF16 runs
+    return line + (f"; +-{plan.margin:.3%} needs about k = m = {k} ({4 * k} runs)" if k else
+                   f"; +-{plan.margin:.3%} is out of reach below k = m = {power.K_MAX} at this spread and held-out "
+                   f"set error ({se_set:.3%})")
 
 
 def _order(plan: pr.ProtocolPlan, status: dict) -> list[pr.RunSpec]:

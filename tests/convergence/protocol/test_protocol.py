@@ -528,6 +528,23 @@ def test_status_names_the_smaller_protocol_that_is_complete(tmp_path):
     assert "complete as the smaller protocol k = 2, m = 2" in text and "--replicates 2 --candidate-replicates 2" in text
 
 
+def test_the_projection_says_how_many_runs_the_margin_needs():
+    """When the whole plan would not resolve the margin, the status says what would: k = m = 48 at the proxy
+    protocol's spread of 2026-12-01 (0.391 %, set error 0.075 %), 192 runs; a set error of 0.2 % alone puts it
+    out of reach (its floor, 1.96 x 0.2 %, is wider than 0.25 %: the control)."""
+    from convergence.curves import power
+    from convergence.protocol import pieces
+
+    plan = pr.ProtocolPlan(model="proxy", steps=1500, replicates=16, candidate_replicates=16).check()
+
+    def verdict(se_set):
+        return {"final_window": {"seed_spread": 0.00391, "se_set": se_set, "replicate_levels": [0, 1, 2]}}
+
+    need = power.replicates_needed(0.00391, plan.margin, 0.00075, balanced=True)
+    assert need == 48 and "+-0.250% needs about k = m = 48 (192 runs)" in pieces.projection(plan, verdict(0.00075))
+    assert "is out of reach below k = m = 64" in pieces.projection(plan, verdict(0.002))
+
+
 def test_status_judges_the_last_whole_level_without_writing_anything(tmp_path):
     """--status prints what the runs made say so far: the last whole level's three verdicts, judged in memory
     (here a control 5 % worse comes out not_equivalent, the held-out BF16 runs equivalent); before a level is
@@ -566,6 +583,7 @@ def test_status_judges_the_last_whole_level_without_writing_anything(tmp_path):
     fw = pr.judge(level, tmp_path)["verdict"]["final_window"]
     want = power.half_width(3, fw["seed_spread"], 0.0, m=4)
     assert f"the whole plan (k = 3, m = 4) should resolve about +-{want:.3%}" in "\n".join(lines)
+    assert want <= plan.margin and "needs about" not in "\n".join(lines)  # resolved: nothing more to ask for
 
     pr.metrics_path(tmp_path, runs[0]).write_text("".join(json.dumps({"step": s, "loss": 2.0}) + "\n"
                                                           for s in range(1, 11)))  # finished, without val_loss

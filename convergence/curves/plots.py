@@ -12,6 +12,10 @@ Public function
       candidate's and each baseline replicate's difference from the baselines' mean at every evaluation.
       Refuses to overwrite unless ``force``;
       written atomically (``numerics.files.atomic_path``): an interrupted run leaves no torn PNG.
+  ``plot_verdicts(verdicts, out_png, *, title, force=False) -> Path``
+      Several ``val_loss`` results judged against the same baselines (a protocol's candidate and controls):
+      where each run ends in the final window relative to the baselines' mean (one dot a run, the baselines'
+      own levels on the first row), each result's final-window and whole-range intervals, and the margin.
 """
 
 from __future__ import annotations
@@ -81,6 +85,61 @@ def plot_comparison(result: dict, out_png, *, force: bool = False) -> Path:
     bottom.set_ylabel("candidate / baseline - 1")
     bottom.set_xlabel("step")
     bottom.legend(loc="upper left", fontsize=8)
+    with atomic_path(out, force=force) as tmp:
+        fig.savefig(tmp, dpi=110, format="png")
+    return out
+
+
+DECISION_COLORS = {"equivalent": "tab:green", "not_equivalent": "tab:red", "diverged": "tab:red",
+                   "inconclusive": "tab:gray"}
+
+
+def plot_verdicts(verdicts: dict[str, dict], out_png, *, title: str, force: bool = False) -> Path:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.lines import Line2D
+
+    out = Path(out_png)
+    if out.exists() and not force:
+        raise BadInput(f"{out} exists; pass --force to overwrite it")
+    first = next(iter(verdicts.values()))
+    rows = [("BF16 baselines", first["final_window"]["replicate_levels"], None)]
+    for name, r in verdicts.items():
+        who = (r.get("series") or {}).get("candidate_name") or name
+        expected = (r.get("protocol") or {}).get("expected")
+        check = "" if expected is None else f" (expected {expected})"
+        rows.append((f"{name}: {who}\n{r['verdict'].upper()}{check}",
+                     r["final_window"].get("candidate_levels") or [r["final_window"]["estimate"]], r))
+    fig = Figure(figsize=(9, 1.6 + 0.8 * len(rows)), layout="constrained")
+    FigureCanvasAgg(fig)
+    ax = fig.subplots()
+    m = first["margin"]
+    ax.axvspan(-100 * m, 100 * m, color="tab:green", alpha=0.12)
+    ax.axvline(0.0, color="black", lw=0.6)
+    colors = []
+    for i, (_, levels, r) in enumerate(rows):
+        y = len(rows) - 1 - i  # the baselines on top
+        ax.plot([100 * v for v in levels], [y] * len(levels), "o", ms=4, alpha=0.7,
+                color="tab:blue" if r is None else "tab:orange")
+        color = "black" if r is None else DECISION_COLORS.get(r["verdict"], "tab:gray")
+        colors.append(color)
+        for part, dy, lw in (("final_window", -0.18, 5), ("overall", -0.32, 2)):
+            iv = ((r or {}).get(part) or {}).get("interval")
+            if iv:
+                ax.plot([100 * iv[0], 100 * iv[1]], [y + dy] * 2, lw=lw, solid_capstyle="butt", alpha=0.8,
+                        color=DECISION_COLORS.get(r[part]["decision"], "tab:gray"))
+    ax.set_yticks(range(len(rows)), [label for label, _, _ in reversed(rows)], fontsize=8)
+    for tick, color in zip(ax.get_yticklabels(), reversed(colors)):
+        tick.set_color(color)
+    ax.set_ylim(-0.6, len(rows) - 0.4)
+    ax.set_xlabel("final-window validation loss vs the BF16 baselines' mean (%)")
+    ax.set_title(title, fontsize=9, loc="left")
+    key = [Line2D([], [], color="tab:green", alpha=0.3, lw=8, label=f"margin +-{m:.2%}"),
+           Line2D([], [], ls="", marker="o", color="tab:blue", label="each baseline's level"),
+           Line2D([], [], ls="", marker="o", color="tab:orange", label="each run's level"),
+           Line2D([], [], color="tab:gray", lw=5, label="final-window interval"),
+           Line2D([], [], color="tab:gray", lw=2, label="whole-range interval")]
+    fig.legend(handles=key, loc="outside lower center", ncols=5, fontsize=8, frameon=False)
     with atomic_path(out, force=force) as tmp:
         fig.savefig(tmp, dpi=110, format="png")
     return out

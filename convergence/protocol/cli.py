@@ -16,6 +16,7 @@ import torch
 from convergence.train.cli import check_recipe_kernels
 from numerics.cli import ArgumentParser, CLIError
 from numerics.environment import check_hardware_tag
+from numerics.files import check_writable
 from numerics.layer.configs import CONFIGS
 from numerics.layer.mxfp8 import KERNELS as MXFP8_KERNELS
 from numerics.layer.mxfp8 import kernel_problem as mxfp8_problem
@@ -58,8 +59,11 @@ def _protocol_parser() -> ArgumentParser:
                         "ends by then (for a machine whose disk, so a stopped run's checkpoint, ends with the call)")
     p.add_argument("--status", action="store_true",
                    help="say how far the protocol in --out is (runs done, GPU time left at its pace); run nothing")
+    p.add_argument("--plot", type=Path, default=None,
+                   help="with --status: draw the last whole level's verdicts as they stand into this PNG")
     p.add_argument("--hardware", default=None, help="hardware tag in the result names (default: detected, e.g. h200x2)")
-    p.add_argument("--force", action="store_true", help="delete this protocol's runs in --out and start again")
+    p.add_argument("--force", action="store_true", help="delete this protocol's runs in --out and start again "
+                   "(with --status, which deletes nothing: overwrite --plot's file)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads per process")
     p.add_argument("--piece", help=argparse.SUPPRESS)  # internal: one worker piece of the run NAME
     p.add_argument("--gpu-share", type=int, default=1, help=argparse.SUPPRESS)  # internal: runs sharing its GPU
@@ -90,10 +94,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.status:
         if not (args.out / "protocol.json").is_file():
             raise CLIError(f"--status: {args.out} holds no protocol run")
+        if args.plot is not None:
+            check_writable(args.plot, force=args.force)
         plan = pr.load_plan(args.out)  # the pace is kept per runs per GPU (a CPU plan's workers: 1)
         per_gpu = args.parallel if plan.device == "cuda" else 1
-        print("\n".join(pieces.progress_report(plan, args.out, per_gpu=per_gpu)))
+        print("\n".join(pieces.progress_report(plan, args.out, per_gpu=per_gpu, figure=args.plot, force=args.force)))
         return 0
+    if args.plot is not None:
+        raise CLIError("--plot goes with --status (a finished protocol writes its own figures)")
     if args.model is None or args.steps is None:
         raise CLIError("--model and --steps are required")
     overrides = tuple((k, float(v)) for k in pr.TRAIN_OVERRIDES if (v := getattr(args, k)) is not None)

@@ -97,10 +97,12 @@ GROUPS = (("baselines (BF16 + replicates)", ("baseline", "replicate")),
           ("negative control (held-out BF16)", ("heldout",)))
 
 
-def progress_report(plan: pr.ProtocolPlan, out: Path, per_gpu: int = 1) -> list[str]:
+def progress_report(plan: pr.ProtocolPlan, out: Path, per_gpu: int = 1, *, figure: Path | None = None,
+                    force: bool = False) -> list[str]:
     """Lines saying how far a protocol folder is: runs done per verdict group, the last whole level and its
-    verdicts as they stand (judged in memory, nothing written), runs started, and the GPU time left to run at
-    this folder's pace (whole runs, one after another; runs of a recipe with no pace yet are named)."""
+    verdicts as they stand (judged in memory, nothing written but ``figure``, their picture, when asked), runs
+    started, and the GPU time left to run at this folder's pace (whole runs, one after another; runs of a recipe
+    with no pace yet are named)."""
     status = pr.run_status(plan, out)
     runs = plan.runs()
     lines = [f"{plan.prefix} in {out}: {sum(v == 'done' for v in status.values())} of {len(runs)} runs done "
@@ -125,6 +127,18 @@ def progress_report(plan: pr.ProtocolPlan, out: Path, per_gpu: int = 1) -> list[
                 lines.append("  " + projection(plan, verdicts["verdict"]))
         except (BadInput, ValueError) as exc:
             lines.append(f"    cannot judge it: {exc}")
+        else:
+            if figure is not None:
+                from convergence.curves.plots import plot_verdicts
+
+                done = sum(v == "done" for v in status.values())
+                interim = " (interim)" if sub.candidate_replicates < plan.candidate_replicates else ""
+                plot_verdicts(verdicts, figure, force=force,
+                              title=f"{plan.prefix}: {done} of {len(runs)} runs of {plan.steps} steps; judged as "
+                                    f"k = {sub.replicates}, m = {sub.candidate_replicates}{interim}")
+                lines.append(f"  figure: {figure}")
+    if figure is not None and not whole:
+        lines.append("  no figure: no level is whole yet")
     started = [f"{r.name} {status[r.name]}/{plan.steps}" for r in runs if status[r.name] not in ("done", 0)]
     if started:
         lines.append("  started: " + ", ".join(started))

@@ -545,7 +545,7 @@ def test_the_projection_says_how_many_runs_the_margin_needs():
     assert "is out of reach below k = m = 64" in pieces.projection(plan, verdict(0.002))
 
 
-def test_status_judges_the_last_whole_level_without_writing_anything(tmp_path):
+def test_status_judges_the_last_whole_level_without_writing_anything(tmp_path, capsys):
     """--status prints what the runs made say so far: the last whole level's three verdicts, judged in memory
     (here a control 5 % worse comes out not_equivalent, the held-out BF16 runs equivalent); before a level is
     whole it prints none (the control), and a run it cannot read is one line, not a traceback."""
@@ -567,6 +567,9 @@ def test_status_judges_the_last_whole_level_without_writing_anything(tmp_path):
     for r in plan.levels()[0].runs()[:-1]:
         write(r)
     assert "verdict " not in "\n".join(pieces.progress_report(plan, tmp_path))  # no level whole yet
+    fig = tmp_path.parent / f"{tmp_path.name}_status.png"
+    assert "  no figure: no level is whole yet" in pieces.progress_report(plan, tmp_path, figure=fig)
+    assert not fig.exists()
     for r in runs:
         write(r)
     before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
@@ -584,6 +587,17 @@ def test_status_judges_the_last_whole_level_without_writing_anything(tmp_path):
     want = power.half_width(3, fw["seed_spread"], 0.0, m=4)
     assert f"the whole plan (k = 3, m = 4) should resolve about +-{want:.3%}" in "\n".join(lines)
     assert want <= plan.margin and "needs about" not in "\n".join(lines)  # resolved: nothing more to ask for
+
+    # --plot draws those verdicts (only the figure is written); it overwrites nothing unasked, and goes with --status
+    lines = pieces.progress_report(plan, tmp_path, figure=fig)
+    assert f"  figure: {fig}" in lines and fig.stat().st_size > 10_000
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
+    assert "exists" in _bad(capsys, "--status", "--out", str(tmp_path), "--plot", str(fig))
+    assert "--plot goes with --status" in _bad(capsys, "--model", "tiny", "--steps", "4", "--out", str(tmp_path),
+                                               "--plot", str(fig))
+    assert convergence_main(["protocol", "--status", "--out", str(tmp_path), "--plot", str(fig), "--force"]) == 0
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before  # --force deleted nothing
+    capsys.readouterr()
 
     pr.metrics_path(tmp_path, runs[0]).write_text("".join(json.dumps({"step": s, "loss": 2.0}) + "\n"
                                                           for s in range(1, 11)))  # finished, without val_loss

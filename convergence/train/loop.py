@@ -23,7 +23,8 @@ What a run is:
   tokens, tokens_per_s, expert_load_max_share per MoE layer, host_peak_gib and on a GPU gpu_peak_gib (the
   run's peak so far, the largest rank's), with ``phase_times`` phase_s (forward / backward / optimizer);
   on each piece's first step setup_s (seconds from the call to that step); every ``val_every`` steps
-  val_loss, val_loss_se, val_batch_losses and val_s (the evaluation's seconds)),
+  val_loss, val_loss_se, val_batch_losses and val_s (the evaluation's seconds); every ``probe_every`` steps
+  probe_s (the probe's seconds)),
   ``probes.jsonl`` (every ``probe_every`` steps), ``config.json`` (run config, recipe, versions),
   ``checkpoint.pt`` (every ``ckpt_every`` steps, when stopped, and at the end unless ``final_checkpoint`` is
   off; never with ``ckpt_every=0``); then
@@ -231,7 +232,7 @@ def _progress(recipe: str, step: int, total: int, loss: float, tps: float) -> No
 # what the machine measured (time, memory) rather than what the run computed: two runs with the same
 # arithmetic differ only here (ep-identity, the resume and kernel identity tests compare everything else)
 MEASURED_FIELDS = ("tokens_per_s", "dispatch_combine_s", "dispatch_combine_share", "host_peak_gib", "gpu_peak_gib",
-                   "phase_s", "setup_s", "val_s")
+                   "phase_s", "setup_s", "val_s", "probe_s")
 
 
 def computed(record: dict) -> dict:
@@ -349,14 +350,16 @@ def train_recipe(cfg: TrainConfig, recipe_name: str, run_dir: Path, tokens: data
             rec["val_s"] = time.perf_counter() - t_val  # the losses are floats: the evaluation has finished
         if not math.isfinite(loss_f):
             rec["diverged"] = True
-        if place.writer:
-            metrics.append(rec)
         if cfg.probe_every and done % cfg.probe_every == 0:  # every rank probes (collectives); rank 0 writes its own
+            t_probe = time.perf_counter()
             probed = probes_mod.probe(model, place.rows(batch), recipe=recipe, device=device,
                                       kernel=applied.get("kernel"))
+            rec["probe_s"] = time.perf_counter() - t_probe  # the figures are floats: the probe has finished
             if place.writer:
                 probe_log.append({"step": done} | probed | ({"rank": 0, "ranks": place.world} if place.world > 1
                                                             else {}))
+        if place.writer:
+            metrics.append(rec)
         out_of_time = place.any(stop_after_s is not None and time.monotonic() - t_start > stop_after_s)
         last = done == cfg.steps
         if cfg.ckpt_every and (final_checkpoint or not last) and (done % cfg.ckpt_every == 0 or last or out_of_time

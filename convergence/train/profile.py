@@ -11,8 +11,8 @@ rank's seconds of each phase, so on several ranks the phases need not add up to 
 the loss's reduction, the gap between the slowest ranks) is what the step took beyond their sum, floored at
 zero. Medians over the steps after the first ``WARMUP``; memory is the run's peak (the largest rank's). A run
 made without ``--phase-times`` has no breakdown, and says so. Besides its steps, a run's wall time goes to each
-piece's set-up (``setup_s``: model, init, recipe, resume) and its evaluations (``val_s``), summed here; what is
-left of a measured wall time is process start and exit.
+piece's set-up (``setup_s``: model, init, recipe, resume), its evaluations (``val_s``) and its probes
+(``probe_s``), summed here; what is left of a measured wall time is process start, checkpoints and exit.
 """
 
 from __future__ import annotations
@@ -67,6 +67,7 @@ def profile(records: list[dict]) -> dict:
     vals = [r["val_loss"] for r in records if isinstance(r.get("val_loss"), (int, float))]
     setups = [r["setup_s"] for r in records if isinstance(r.get("setup_s"), (int, float))]
     evals = [r["val_s"] for r in records if isinstance(r.get("val_s"), (int, float))]
+    probes = [r["probe_s"] for r in records if isinstance(r.get("probe_s"), (int, float))]
     gpu = [r["gpu_peak_gib"] for r in records if isinstance(r.get("gpu_peak_gib"), (int, float))]
     host = [r["host_peak_gib"] for r in records if isinstance(r.get("host_peak_gib"), (int, float))]
     return {
@@ -77,6 +78,7 @@ def profile(records: list[dict]) -> dict:
         "steps_total_s": sum(x for x in seconds if x is not None),
         "setup_s": sum(setups) if setups else None, "pieces": len(setups) or None,
         "val_s": sum(evals) if evals else None, "evaluations": len(evals) or None,
+        "probe_s": sum(probes) if probes else None, "probes": len(probes) or None,
         "phase_s": phases, "dispatch_combine_s": _median(r.get("dispatch_combine_s") for r in recs),
         "dispatch_combine_share": _median(r.get("dispatch_combine_share") for r in recs),
         "gpu_peak_gib": max(gpu) if gpu else None, "host_peak_gib": max(host) if host else None,
@@ -99,7 +101,8 @@ def report(profiles: dict[str, dict]) -> str:
             ("first step s", lambda p: _cell(p["first_step_s"], ".1f")),
             ("all steps s", lambda p: _cell(p["steps_total_s"], ".1f")),
             ("set-up s (pieces)", lambda p: f"{_cell(p['setup_s'], '.1f')} ({p['pieces'] or 0})"),
-            ("evaluations s (n)", lambda p: f"{_cell(p['val_s'], '.1f')} ({p['evaluations'] or 0})")]
+            ("evaluations s (n)", lambda p: f"{_cell(p['val_s'], '.1f')} ({p['evaluations'] or 0})"),
+            ("probes s (n)", lambda p: f"{_cell(p['probe_s'], '.1f')} ({p['probes'] or 0})")]
     for phase in (*PHASES, "other"):
         rows.append((f"  {phase} s", lambda p, ph=phase: _cell((p["phase_s"] or {}).get(ph), ".3f")))
     rows += [("  dispatch+combine s", lambda p: _cell(p["dispatch_combine_s"], ".3f")),

@@ -26,6 +26,8 @@ def _records(steps=6, optimizer=0.4, warm_s=10.0, phases=True):
             r["phase_s"] = {"forward": 0.5, "backward": 1.0, "optimizer": optimizer}
         if s % 3 == 0:
             r["val_loss"], r["val_s"] = 4.0 - 0.1 * s, 1.5
+        if s % 2 == 0:
+            r["probe_s"] = 0.25
         if s in (1, 5):  # two pieces: the second resumed at step 5
             r["setup_s"] = 7.0 if s == 1 else 3.0
         out.append(r)
@@ -42,15 +44,16 @@ def test_profile_reads_known_numbers_exactly():
     assert p["val_loss_last"] == pytest.approx(3.4) and p["loss_first"] == pytest.approx(4.9)
     # where the wall time went besides the steps: 2 x 10 + 4 x 2 s of steps, two set-ups, two evaluations
     assert p["steps_total_s"] == pytest.approx(28.0)
-    assert (p["setup_s"], p["pieces"], p["val_s"], p["evaluations"]) == (10.0, 2, 3.0, 2)
+    assert (p["setup_s"], p["pieces"], p["val_s"], p["evaluations"], p["probe_s"], p["probes"]) == (10.0, 2, 3.0, 2,
+                                                                                                   0.75, 3)
     text = pf.report({"run": p})
     assert "set-up s (pieces)" in text and "10.0 (2)" in text and "3.0 (2)" in text
 
 
 def test_a_run_logged_before_setup_and_evaluation_times_reads_as_unknown():
-    old = [{k: v for k, v in r.items() if k not in ("setup_s", "val_s")} for r in _records()]
+    old = [{k: v for k, v in r.items() if k not in ("setup_s", "val_s", "probe_s")} for r in _records()]
     p = pf.profile(old)
-    assert (p["setup_s"], p["pieces"], p["val_s"], p["evaluations"]) == (None, None, None, None)
+    assert (p["setup_s"], p["pieces"], p["val_s"], p["evaluations"], p["probe_s"]) == (None, None, None, None, None)
     assert "n/a (0)" in pf.report({"old": p})
 
 
@@ -73,7 +76,8 @@ def test_profile_of_a_real_cpu_run(tmp_path, capsys):
     """A tiny CPU run with --phase-times: its profile's medians are those of its own records, and the figure
     and JSON are written."""
     args = ["train", "--model", "tiny", "--recipe", "bf16", "--steps", "5", "--batch", "4", "--seq", "32",
-            "--val-every", "5", "--val-batches", "1", "--threads", "1", "--phase-times", "--out", str(tmp_path / "r")]
+            "--val-every", "5", "--val-batches", "1", "--threads", "1", "--phase-times", "--probe-every", "2",
+            "--out", str(tmp_path / "r")]
     assert main(args) == 0
     trained = capsys.readouterr().out  # the run ends with its cost and the command that breaks it down
     assert "bf16: 5 steps, median " in trained and "s/step" in trained and "peak host " in trained
@@ -92,3 +96,4 @@ def test_profile_of_a_real_cpu_run(tmp_path, capsys):
     # one piece: its set-up on the first record only; one evaluation (--val-every 5), timed where it is logged
     assert [r["step"] for r in recs if "setup_s" in r] == [1] and got["setup_s"] > 0
     assert [r["step"] for r in recs if "val_s" in r] == [5] and got["evaluations"] == 1 and got["val_s"] > 0
+    assert [r["step"] for r in recs if "probe_s" in r] == [2, 4] and got["probes"] == 2 and got["probe_s"] > 0

@@ -3,7 +3,7 @@ validation loss, run in resumable pieces.
 
 Public: ``ProtocolPlan``, ``RunSpec``, ``DESIGNS``, ``VERDICTS``, ``open_protocol(plan, out)``, ``load_plan(out)``,
 ``run_status(plan, out)``, ``run_state(plan, out, spec)``, ``run_piece(plan, spec, out, ...)``, ``judge(plan, out)``,
-``as_expected``, ``write_results(plan, out, verdicts, command, hardware)``.
+``check_initial_weights(plan, out)``, ``as_expected``, ``write_results(plan, out, verdicts, command, hardware)``.
 
 The runs (``ProtocolPlan.runs``), all from the same ``convergence.train.loop`` and the same token stream:
 
@@ -325,10 +325,36 @@ def as_expected(verdict: str, expected: str | None) -> bool | None:
     return verdict == expected or (expected == "not_equivalent" and verdict == "diverged")
 
 
+def check_initial_weights(plan: ProtocolPlan, out: Path) -> None:
+    """The design's premise, checked from the runs' own config.json: runs given one init seed start from the
+    same weights, and runs given different seeds from different ones (a seed that does not reach the init would
+    make an init design a rounding one). Fingerprints older than SHA-256 (float sums, which depend on the CPU
+    thread count) and runs not made yet are not compared."""
+    by_seed: dict[int, dict[str, list[str]]] = {}
+    for spec in plan.runs():
+        path = metrics_path(out, spec).parent / "config.json"
+        fp = json.loads(path.read_text()).get("init_fingerprint") if path.is_file() else None
+        if isinstance(fp, str) and fp.startswith("sha256:"):
+            by_seed.setdefault(spec.seed, {}).setdefault(fp, []).append(spec.name)
+    for seed, fps in by_seed.items():
+        if len(fps) > 1:
+            raise BadInput(f"{out}: runs of init seed {seed} start from different weights ("
+                           + "; ".join(f"{', '.join(names)}: {fp}" for fp, names in fps.items()) + ")")
+    seeds_of: dict[str, list[int]] = {}
+    for seed, fps in by_seed.items():
+        seeds_of.setdefault(next(iter(fps)), []).append(seed)
+    for fp, seeds in seeds_of.items():
+        if len(seeds) > 1:
+            raise BadInput(f"{out}: init seeds {', '.join(map(str, sorted(seeds)))} gave the same weights ({fp}): "
+                           "the seed does not reach the initialisation")
+
+
 def judge(plan: ProtocolPlan, out: Path) -> dict[str, dict]:
-    """The three comparisons (``VERDICTS``) on validation loss, from the finished runs."""
+    """The three comparisons (``VERDICTS``) on validation loss, from the finished runs (their initial weights
+    checked against the design first)."""
     from convergence.curves.compare import compare_paths
 
+    check_initial_weights(plan, out)
     baselines = [metrics_path(out, r) for r in plan.runs() if r.role in ("baseline", "replicate")]
     result = {}
     for name, (_role, expected, shows) in VERDICTS.items():

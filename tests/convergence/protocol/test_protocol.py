@@ -528,6 +528,36 @@ def test_status_names_the_smaller_protocol_that_is_complete(tmp_path):
     assert "complete as the smaller protocol k = 2, m = 2" in text and "--replicates 2 --candidate-replicates 2" in text
 
 
+def test_judging_checks_that_the_runs_start_from_the_weights_their_design_says(tmp_path):
+    """Runs of one init seed must carry one init fingerprint, runs of different seeds different ones (read from
+    their config.json); a mismatch is one line naming the runs. Fingerprints older than SHA-256 are not compared.
+    The controls: a rounding plan's runs given two fingerprints, and an init plan whose seeds give one."""
+    def write(plan, fingerprint):
+        for spec in plan.runs():
+            path = pr.metrics_path(tmp_path, spec).parent / "config.json"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps({"init_fingerprint": fingerprint(spec)}))
+
+    rounding = pr.ProtocolPlan(model="tiny", steps=10, replicates=3).check()
+    write(rounding, lambda s: "sha256:aaaa")
+    pr.check_initial_weights(rounding, tmp_path)  # one seed, one fingerprint
+    odd = rounding.runs()[2].name
+    write(rounding, lambda s: "sha256:bbbb" if s.name == odd else "sha256:aaaa")
+    with pytest.raises(pr.BadInput, match=f"runs of init seed 0 start from different weights .*{odd}: sha256:bbbb"):
+        pr.check_initial_weights(rounding, tmp_path)
+    write(rounding, lambda s: "0123abcd" if s.name == odd else "sha256:aaaa")  # pre-SHA-256: not compared
+    pr.check_initial_weights(rounding, tmp_path)
+
+    shutil.rmtree(tmp_path / "runs")
+    init = pr.ProtocolPlan(model="tiny", steps=10, replicates=3, design="init").check()
+    assert len({s.seed for s in init.runs()}) > 1
+    write(init, lambda s: f"sha256:{s.seed:04d}")
+    pr.check_initial_weights(init, tmp_path)  # each seed its own weights
+    write(init, lambda s: "sha256:same")
+    with pytest.raises(pr.BadInput, match="init seeds 0, 1, 2.* gave the same weights"):
+        pr.check_initial_weights(init, tmp_path)
+
+
 def test_the_projection_says_how_many_runs_the_margin_needs():
     """When the whole plan would not resolve the margin, the status says what would: k = m = 48 at the proxy
     protocol's spread of 2026-12-01 (0.391 %, set error 0.075 %), 192 runs; a set error of 0.2 % alone puts it

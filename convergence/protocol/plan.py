@@ -3,7 +3,7 @@ validation loss, run in resumable pieces.
 
 Public: ``ProtocolPlan``, ``RunSpec``, ``DESIGNS``, ``VERDICTS``, ``open_protocol(plan, out)``, ``load_plan(out)``,
 ``run_status(plan, out)``, ``run_state(plan, out, spec)``, ``run_piece(plan, spec, out, ...)``, ``judge(plan, out)``,
-``check_initial_weights(plan, out)``, ``as_expected``, ``write_results(plan, out, verdicts, command, hardware)``.
+``check_design(plan, out)``, ``as_expected``, ``write_results(plan, out, verdicts, command, hardware)``.
 
 The runs (``ProtocolPlan.runs``), all from the same ``convergence.train.loop`` and the same token stream:
 
@@ -325,17 +325,27 @@ def as_expected(verdict: str, expected: str | None) -> bool | None:
     return verdict == expected or (expected == "not_equivalent" and verdict == "diverged")
 
 
-def check_initial_weights(plan: ProtocolPlan, out: Path) -> None:
-    """The design's premise, checked from the runs' own config.json: runs given one init seed start from the
-    same weights, and runs given different seeds from different ones (a seed that does not reach the init would
-    make an init design a rounding one). Fingerprints older than SHA-256 (float sums, which depend on the CPU
-    thread count) and runs not made yet are not compared."""
+def check_design(plan: ProtocolPlan, out: Path) -> None:
+    """The design's premise, checked from the runs' own files: runs given one init seed start from the same
+    weights and runs given different seeds from different ones (by the init fingerprint in config.json: a seed
+    that does not reach the init would make an init design a rounding one), and no two finished runs ended with
+    the same validation losses (a perturbation that did not reach the run would make its replicate a copy, and
+    the spread too small). Fingerprints older than SHA-256 (float sums, which depend on the CPU thread count) and
+    runs not made yet are not compared."""
     by_seed: dict[int, dict[str, list[str]]] = {}
+    ends: dict[tuple, str] = {}
     for spec in plan.runs():
         path = metrics_path(out, spec).parent / "config.json"
         fp = json.loads(path.read_text()).get("init_fingerprint") if path.is_file() else None
         if isinstance(fp, str) and fp.startswith("sha256:"):
             by_seed.setdefault(spec.seed, {}).setdefault(fp, []).append(spec.name)
+        vals = [r["val_batch_losses"] for r in JsonlLog(metrics_path(out, spec)).records() if "val_batch_losses" in r]
+        if vals:
+            end = tuple(vals[-1])
+            if end in ends:
+                raise BadInput(f"{out}: runs {ends[end]} and {spec.name} ended with the same validation losses, "
+                               "batch for batch: the design's change did not reach one of them")
+            ends[end] = spec.name
     for seed, fps in by_seed.items():
         if len(fps) > 1:
             raise BadInput(f"{out}: runs of init seed {seed} start from different weights ("
@@ -350,11 +360,11 @@ def check_initial_weights(plan: ProtocolPlan, out: Path) -> None:
 
 
 def judge(plan: ProtocolPlan, out: Path) -> dict[str, dict]:
-    """The three comparisons (``VERDICTS``) on validation loss, from the finished runs (their initial weights
-    checked against the design first)."""
+    """The three comparisons (``VERDICTS``) on validation loss, from the finished runs (checked against the design
+    first: ``check_design``)."""
     from convergence.curves.compare import compare_paths
 
-    check_initial_weights(plan, out)
+    check_design(plan, out)
     baselines = [metrics_path(out, r) for r in plan.runs() if r.role in ("baseline", "replicate")]
     result = {}
     for name, (_role, expected, shows) in VERDICTS.items():

@@ -143,7 +143,9 @@ def test_a_finished_gpu_folder_is_judged_on_a_machine_without_one(tmp_path, caps
     read validation losses), tagged with the GPU its runs name; an unfinished one is still refused (the control),
     as are runs that name two kinds of GPU (then --hardware names it)."""
     out = tmp_path / "p"
-    common = ["--model", "tiny", "--steps", "4", "--replicates", "3", "--batch", "4", "--seq", "32", "--val-every",
+    # 6 steps: at 4 the tiny rounding replicates still end with bit-identical validation losses (copies, which
+    # judging refuses: check_design); at 6 they differ
+    common = ["--model", "tiny", "--steps", "6", "--replicates", "3", "--batch", "4", "--seq", "32", "--val-every",
               "2", "--val-batches", "3", "--probe-every", "0", "--mxfp8-kernel", "emulated", "--out", str(out)]
     convergence_main(["protocol", *common])
     state = json.loads((out / "protocol.json").read_text())
@@ -265,7 +267,7 @@ def test_protocol_cli_runs_to_the_end_and_exits_with_the_candidates_verdict(tmp_
     from convergence.curves.compare import EXIT_CODES
 
     out = tmp_path / "p"
-    argv = ["protocol", "--model", "tiny", "--steps", "4", "--replicates", "3", "--batch", "4", "--seq", "32",
+    argv = ["protocol", "--model", "tiny", "--steps", "6", "--replicates", "3", "--batch", "4", "--seq", "32",
             "--val-every", "2", "--val-batches", "3", "--probe-every", "2", "--mxfp8-kernel", "emulated",
             "--out", str(out)]
     rc = convergence_main(argv)
@@ -275,7 +277,7 @@ def test_protocol_cli_runs_to_the_end_and_exits_with_the_candidates_verdict(tmp_
     assert "protocol complete" in printed and "positive_control" in printed and "resolves +-" in printed
     names = {p.name for p in (out / "results").iterdir()}
     assert {"record.sh"} | {f"tiny_long_{v}__cpu.json" for v in pr.VERDICTS} <= names
-    runs = pr.ProtocolPlan(model="tiny", steps=4, replicates=3).runs()
+    runs = pr.ProtocolPlan(model="tiny", steps=6, replicates=3).runs()
     assert sum(n.endswith(".jsonl") and "_probes__" not in n for n in names) == len(runs)
     probed = {s.name for s in runs if s.recipe != "bf16"}  # probes compare MXFP8 with BF16: MXFP8 runs only
     assert {n.split("_probes__")[0].removeprefix("tiny_long_") for n in names if "_probes__" in n
@@ -288,11 +290,13 @@ def test_protocol_cli_runs_to_the_end_and_exits_with_the_candidates_verdict(tmp_
 @pytest.mark.timeout(300)
 def test_protocol_cli_grows_to_candidate_replicates_and_judges_the_groups(tmp_path, capsys):
     """A finished protocol given --candidate-replicates 2 runs only the new runs (a candidate replicate, a control
-    replicate and a second held-out run) and judges the candidate and both controls as groups of two."""
+    replicate and a second held-out run) and judges the candidate and both controls as groups of two. Design
+    seed: with rounding, the tiny MXFP8 runs stay bit-identical to their row-permuted replicates for 10 steps
+    and more on CPU (judging refuses such copies, check_design)."""
     out = tmp_path / "p"
-    argv = ["protocol", "--model", "tiny", "--steps", "4", "--replicates", "3", "--batch", "4", "--seq", "32",
+    argv = ["protocol", "--model", "tiny", "--steps", "6", "--replicates", "3", "--batch", "4", "--seq", "32",
             "--val-every", "2", "--val-batches", "3", "--probe-every", "0", "--mxfp8-kernel", "emulated",
-            "--out", str(out)]
+            "--design", "seed", "--out", str(out)]
     convergence_main(argv)
     first = {p: p.read_bytes() for p in (out / "runs").rglob("metrics.jsonl")}
     capsys.readouterr()
@@ -301,14 +305,14 @@ def test_protocol_cli_grows_to_candidate_replicates_and_judges_the_groups(tmp_pa
     assert "candidate_replicates 1 -> 2" in printed and "protocol complete" in printed
     assert all(p.read_bytes() == b for p, b in first.items())  # the runs made are kept as they were
     assert {p.parts[-3] for p in (out / "runs").rglob("metrics.jsonl")} - {p.parts[-3] for p in first} == {
-        "mxfp8_rounding1", "mxfp8-head_rounding1", "bf16_rounding4"}
+        "mxfp8_seed1", "mxfp8-head_seed1", "bf16_seed4"}
     verdict = json.loads((out / "results" / "tiny_long_verdict__cpu.json").read_text())
-    assert verdict["protocol"]["judged_runs"] == ["mxfp8", "mxfp8_rounding1"]
+    assert verdict["protocol"]["judged_runs"] == ["mxfp8", "mxfp8_seed1"]
     assert verdict["final_window"]["candidate_runs"] == 2 and rc in (0, 1, 3)
     neg = json.loads((out / "results" / "tiny_long_negative_control__cpu.json").read_text())
-    assert neg["protocol"]["judged_runs"] == ["bf16_rounding3", "bf16_rounding4"]
+    assert neg["protocol"]["judged_runs"] == ["bf16_seed3", "bf16_seed4"]
     pos = json.loads((out / "results" / "tiny_long_positive_control__cpu.json").read_text())
-    assert pos["protocol"]["judged_runs"] == ["mxfp8-head", "mxfp8-head_rounding1"]
+    assert pos["protocol"]["judged_runs"] == ["mxfp8-head", "mxfp8-head_seed1"]
     assert pos["final_window"]["candidate_runs"] == 2
 
 
@@ -528,10 +532,11 @@ def test_status_names_the_smaller_protocol_that_is_complete(tmp_path):
     assert "complete as the smaller protocol k = 2, m = 2" in text and "--replicates 2 --candidate-replicates 2" in text
 
 
-def test_judging_checks_that_the_runs_start_from_the_weights_their_design_says(tmp_path):
+def test_judging_checks_that_the_runs_are_what_their_design_says(tmp_path):
     """Runs of one init seed must carry one init fingerprint, runs of different seeds different ones (read from
-    their config.json); a mismatch is one line naming the runs. Fingerprints older than SHA-256 are not compared.
-    The controls: a rounding plan's runs given two fingerprints, and an init plan whose seeds give one."""
+    their config.json), and no two runs may end with the same validation losses; a mismatch is one line naming
+    the runs. Fingerprints older than SHA-256 are not compared. The controls: a rounding plan's runs given two
+    fingerprints, an init plan whose seeds give one, and a run whose losses copy another's."""
     def write(plan, fingerprint):
         for spec in plan.runs():
             path = pr.metrics_path(tmp_path, spec).parent / "config.json"
@@ -540,22 +545,32 @@ def test_judging_checks_that_the_runs_start_from_the_weights_their_design_says(t
 
     rounding = pr.ProtocolPlan(model="tiny", steps=10, replicates=3).check()
     write(rounding, lambda s: "sha256:aaaa")
-    pr.check_initial_weights(rounding, tmp_path)  # one seed, one fingerprint
+    pr.check_design(rounding, tmp_path)  # one seed, one fingerprint
     odd = rounding.runs()[2].name
     write(rounding, lambda s: "sha256:bbbb" if s.name == odd else "sha256:aaaa")
     with pytest.raises(pr.BadInput, match=f"runs of init seed 0 start from different weights .*{odd}: sha256:bbbb"):
-        pr.check_initial_weights(rounding, tmp_path)
+        pr.check_design(rounding, tmp_path)
     write(rounding, lambda s: "0123abcd" if s.name == odd else "sha256:aaaa")  # pre-SHA-256: not compared
-    pr.check_initial_weights(rounding, tmp_path)
+    pr.check_design(rounding, tmp_path)
 
     shutil.rmtree(tmp_path / "runs")
     init = pr.ProtocolPlan(model="tiny", steps=10, replicates=3, design="init").check()
     assert len({s.seed for s in init.runs()}) > 1
     write(init, lambda s: f"sha256:{s.seed:04d}")
-    pr.check_initial_weights(init, tmp_path)  # each seed its own weights
+    pr.check_design(init, tmp_path)  # each seed its own weights
     write(init, lambda s: "sha256:same")
     with pytest.raises(pr.BadInput, match="init seeds 0, 1, 2.* gave the same weights"):
-        pr.check_initial_weights(init, tmp_path)
+        pr.check_design(init, tmp_path)
+
+    # no two runs end with the same validation losses: a replicate the change did not reach is a copy
+    write(init, lambda s: f"sha256:{s.seed:04d}")
+    runs = init.runs()
+    for i, spec in enumerate(runs):
+        pr.metrics_path(tmp_path, spec).write_text(json.dumps({"step": 10, "val_batch_losses": [2.0, 2.0 + i]}) + "\n")
+    pr.check_design(init, tmp_path)
+    pr.metrics_path(tmp_path, runs[3]).write_text(json.dumps({"step": 10, "val_batch_losses": [2.0, 2.0 + 1]}) + "\n")
+    with pytest.raises(pr.BadInput, match=f"runs {runs[1].name} and {runs[3].name} ended with the same validation"):
+        pr.check_design(init, tmp_path)
 
 
 def test_the_projection_says_how_many_runs_the_margin_needs():

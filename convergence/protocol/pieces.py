@@ -105,8 +105,8 @@ def progress_report(plan: pr.ProtocolPlan, out: Path, per_gpu: int = 1, *, figur
     with no pace yet are named)."""
     status = pr.run_status(plan, out)
     runs = plan.runs()
-    lines = [f"{plan.prefix} in {out}: {sum(v == 'done' for v in status.values())} of {len(runs)} runs done "
-             f"({plan.steps} steps each)"]
+    done = sum(v == "done" for v in status.values())
+    lines = [f"{plan.prefix} in {out}: {done} of {len(runs)} runs done ({plan.steps} steps each)"]
     for title, roles in GROUPS:
         group = [r for r in runs if r.role in roles]
         lines.append(f"  {title}: {sum(status[r.name] == 'done' for r in group)} of {len(group)}")
@@ -131,7 +131,6 @@ def progress_report(plan: pr.ProtocolPlan, out: Path, per_gpu: int = 1, *, figur
             if figure is not None:
                 from convergence.curves.plots import plot_verdicts
 
-                done = sum(v == "done" for v in status.values())
                 interim = " (interim)" if sub.candidate_replicates < plan.candidate_replicates else ""
                 plot_verdicts(verdicts, figure, force=force,
                               title=f"{plan.prefix}: {done} of {len(runs)} runs of {plan.steps} steps; judged as "

@@ -281,8 +281,18 @@ def load_plan(out: Path) -> ProtocolPlan:
     return plan_from_dict(json.loads((Path(out) / "protocol.json").read_text()))
 
 
+def run_dir(out: Path, spec: RunSpec) -> Path:
+    return Path(out) / "runs" / spec.name / spec.recipe
+
+
 def metrics_path(out: Path, spec: RunSpec) -> Path:
-    return Path(out) / "runs" / spec.name / spec.recipe / "metrics.jsonl"
+    return run_dir(out, spec) / "metrics.jsonl"
+
+
+def _run_config(out: Path, spec: RunSpec) -> dict:
+    """A run's config.json ({} while the run has not written one)."""
+    path = run_dir(out, spec) / "config.json"
+    return json.loads(path.read_text()) if path.is_file() else {}
 
 
 def run_state(plan: ProtocolPlan, out: Path, spec: RunSpec) -> int | str:
@@ -304,15 +314,15 @@ def run_piece(plan: ProtocolPlan, spec: RunSpec, out: Path, *, stop_after_s: flo
     cfg = plan.train_config(spec)
     tokens = tokens or data_mod.load_tokens(cfg.data)
     for other in plan.runs():  # the folder's runs are compared with each other: all on the same tokens
-        made = Path(out) / "runs" / other.name / other.recipe / "config.json"
+        made = run_dir(out, other) / "config.json"
         if made.is_file():
             data_mod.check_same_data(made, tokens.meta)
             break
-    run_dir = Path(out) / "runs" / spec.name / spec.recipe
-    done = train_recipe(cfg, spec.recipe, run_dir, tokens, resume=True, progress=progress, stop_after_s=stop_after_s,
+    folder = run_dir(out, spec)
+    done = train_recipe(cfg, spec.recipe, folder, tokens, resume=True, progress=progress, stop_after_s=stop_after_s,
                         final_checkpoint=False)
     if done:
-        (run_dir / "checkpoint.pt").unlink(missing_ok=True)
+        (folder / "checkpoint.pt").unlink(missing_ok=True)
     return done
 
 
@@ -335,8 +345,7 @@ def check_design(plan: ProtocolPlan, out: Path) -> None:
     by_seed: dict[int, dict[str, list[str]]] = {}
     ends: dict[tuple, str] = {}
     for spec in plan.runs():
-        path = metrics_path(out, spec).parent / "config.json"
-        fp = json.loads(path.read_text()).get("init_fingerprint") if path.is_file() else None
+        fp = _run_config(out, spec).get("init_fingerprint")
         if isinstance(fp, str) and fp.startswith("sha256:"):
             by_seed.setdefault(spec.seed, {}).setdefault(fp, []).append(spec.name)
         vals = [r["val_batch_losses"] for r in JsonlLog(metrics_path(out, spec)).records() if "val_batch_losses" in r]
@@ -395,8 +404,7 @@ def runs_hardware_tag(plan: ProtocolPlan, out: Path) -> str:
 
     tags = set()
     for spec in plan.runs():
-        path = metrics_path(out, spec).parent / "config.json"
-        env = json.loads(path.read_text()).get("environment", {}) if path.is_file() else {}
+        env = _run_config(out, spec).get("environment", {})
         tags.add(gpu_tag(env["gpus"][0]) if env.get("gpus") else "cpu" if env else "unknown")
     if len(tags) != 1 or "unknown" in tags:
         raise BadInput(f"{out}: the runs do not name one kind of hardware ({', '.join(sorted(tags))}): "

@@ -37,6 +37,16 @@ def load_records(path: Path) -> list[dict]:
                            inside="metrics.jsonl")
 
 
+def _numbers(records: list[dict], key: str) -> list[float]:
+    """The records' values of ``key`` where it is a number (a field a record lacks or logged as null is left out)."""
+    return [r[key] for r in records if isinstance(r.get(key), (int, float))]
+
+
+def _total(values: list[float]) -> tuple[float, int] | tuple[None, None]:
+    """(their sum, how many); (None, None) when there are none, as in a run logged before the field existed."""
+    return (sum(values), len(values)) if values else (None, None)
+
+
 def _median(values) -> float | None:
     vals = [v for v in values if isinstance(v, (int, float))]
     return statistics.median(vals) if vals else None
@@ -64,21 +74,18 @@ def profile(records: list[dict]) -> dict:
         phases = {p: _median(r["phase_s"].get(p) for r in recs) for p in PHASES}
         if step_s is not None and None not in phases.values():
             phases["other"] = max(0.0, step_s - sum(phases.values()))
-    vals = [r["val_loss"] for r in records if isinstance(r.get("val_loss"), (int, float))]
-    setups = [r["setup_s"] for r in records if isinstance(r.get("setup_s"), (int, float))]
-    evals = [r["val_s"] for r in records if isinstance(r.get("val_s"), (int, float))]
-    probes = [r["probe_s"] for r in records if isinstance(r.get("probe_s"), (int, float))]
-    gpu = [r["gpu_peak_gib"] for r in records if isinstance(r.get("gpu_peak_gib"), (int, float))]
-    host = [r["host_peak_gib"] for r in records if isinstance(r.get("host_peak_gib"), (int, float))]
+    vals, gpu, host = (_numbers(records, k) for k in ("val_loss", "gpu_peak_gib", "host_peak_gib"))
+    # where a run's wall time goes besides its steps
+    setup_s, pieces = _total(_numbers(records, "setup_s"))
+    val_s, evaluations = _total(_numbers(records, "val_s"))
+    probe_s, probes = _total(_numbers(records, "probe_s"))
     return {
         "steps": len(records), "median_over_steps": [records[tail][0]["step"], records[-1]["step"]],
         "tokens_per_step": records[0].get("tokens") if isinstance(records[0].get("tokens"), int) else None,
         "first_step_s": seconds[0], "step_s": step_s, "tokens_per_s": _median(r.get("tokens_per_s") for r in recs),
-        # where a run's wall time goes besides its steps (runs made before these were logged: None)
         "steps_total_s": sum(x for x in seconds if x is not None),
-        "setup_s": sum(setups) if setups else None, "pieces": len(setups) or None,
-        "val_s": sum(evals) if evals else None, "evaluations": len(evals) or None,
-        "probe_s": sum(probes) if probes else None, "probes": len(probes) or None,
+        "setup_s": setup_s, "pieces": pieces, "val_s": val_s, "evaluations": evaluations, "probe_s": probe_s,
+        "probes": probes,
         "phase_s": phases, "dispatch_combine_s": _median(r.get("dispatch_combine_s") for r in recs),
         "dispatch_combine_share": _median(r.get("dispatch_combine_share") for r in recs),
         "gpu_peak_gib": max(gpu) if gpu else None, "host_peak_gib": max(host) if host else None,

@@ -61,9 +61,10 @@ def floor_half_width(spread: float, se_set: float = 0.0, confidence: float = 0.9
 
 
 def replicates_needed(spread: float, target: float, se_set: float = 0.0, confidence: float = 0.95, *,
-                      balanced: bool = False, k_max: int = K_MAX) -> int | None:
+                      balanced: bool = False, k_max: int | None = None) -> int | None:
     """The fewest baselines (k >= 2) whose half-width is at most ``target`` (``balanced``: as many candidate
-    runs as baselines); None if ``k_max`` do not suffice."""
+    runs as baselines); None if ``k_max`` do not suffice (default ``BALANCED_MAX`` balanced, else ``K_MAX``)."""
+    k_max = k_max or (BALANCED_MAX if balanced else K_MAX)
     for k in range(2, k_max + 1):
         if half_width(k, spread, se_set, confidence, m=k if balanced else 1) <= target:
             return k
@@ -142,10 +143,9 @@ def analyse(ms: list[Measured], *, margin: float = 0.0025, confidence: float = 0
                      "floor_balanced": floor_half_width(0.0, m.se_set, confidence),
                      "replicates_for_margin": replicates_needed(m.spread, margin, m.se_set, confidence),
                      "replicates_for_half_margin": replicates_needed(m.spread, margin / 2, m.se_set, confidence),
-                     "balanced_for_margin": replicates_needed(m.spread, margin, m.se_set, confidence, balanced=True,
-                                                              k_max=BALANCED_MAX),
+                     "balanced_for_margin": replicates_needed(m.spread, margin, m.se_set, confidence, balanced=True),
                      "balanced_for_margin_without_set_error": replicates_needed(
-                         m.spread, margin, 0.0, confidence, balanced=True, k_max=BALANCED_MAX)})
+                         m.spread, margin, 0.0, confidence, balanced=True)})
     fit = fit_spread([(m.steps, m.spread) for m in ms])
     longest = max(ms, key=lambda m: m.steps) if ms else None
     plans = []

@@ -179,9 +179,11 @@ def projection(plan: pr.ProtocolPlan, verdict: dict) -> str:
         return line
     k = power.replicates_needed(spread, plan.margin, se_set, conf, balanced=True)
     # the plan's runs: k baselines, and k each of the candidate, the control and the held-out BF16 runs
-    return line + (f"; +-{plan.margin:.3%} needs about k = m = {k} ({4 * k} runs)" if k else
-                   f"; +-{plan.margin:.3%} is out of reach below k = m = {power.K_MAX} at this spread and held-out "
-                   f"set error ({se_set:.3%})")
+    if k:
+        return line + f"; +-{plan.margin:.3%} needs about k = m = {k} ({4 * k} runs)"
+    floor = power.floor_half_width(0.0, se_set, conf)
+    return line + (f"; +-{plan.margin:.3%} is out of reach with this held-out set: its error ({se_set:.3%}) alone "
+                   f"leaves +-{floor:.3%} at any k = m (a larger set: --val-batches)")
 
 
 def _order(plan: pr.ProtocolPlan, status: dict) -> list[pr.RunSpec]:

@@ -575,8 +575,10 @@ def test_judging_checks_that_the_runs_are_what_their_design_says(tmp_path):
 
 def test_the_projection_says_how_many_runs_the_margin_needs():
     """When the whole plan would not resolve the margin, the status says what would: k = m = 48 at the proxy
-    protocol's spread of 2026-12-01 (0.391 %, set error 0.075 %), 192 runs; a set error of 0.2 % alone puts it
-    out of reach (its floor, 1.96 x 0.2 %, is wider than 0.25 %: the control)."""
+    protocol's spread at 12 runs (0.391 %, set error 0.075 %), 192 runs, and k = m = 66 at its spread at 16
+    runs (0.512 %, 0.064 %), past the 64 that bound the unbalanced search (the status said "out of reach"
+    there, wrongly); a set error of 0.2 % alone puts it out of reach (its floor, 2.24 x 0.2 %, is wider than
+    0.25 %: the control)."""
     from convergence.curves import power
     from convergence.protocol import pieces
 
@@ -587,7 +589,11 @@ def test_the_projection_says_how_many_runs_the_margin_needs():
 
     need = power.replicates_needed(0.00391, plan.margin, 0.00075, balanced=True)
     assert need == 48 and "+-0.250% needs about k = m = 48 (192 runs)" in pieces.projection(plan, verdict(0.00075))
-    assert "is out of reach below k = m = 64" in pieces.projection(plan, verdict(0.002))
+    assert "out of reach with this held-out set: its error (0.200%) alone leaves +-0.448%" in pieces.projection(
+        plan, verdict(0.002))
+    # beyond 64 replicates the balanced plan still shrinks as 1/sqrt(k) (2026-12-01's 16 runs: 0.512 %, 0.064 %)
+    later = {"final_window": {"seed_spread": 0.00512, "se_set": 0.00064, "replicate_levels": [0, 1, 2, 3]}}
+    assert "needs about k = m = 66 (264 runs)" in pieces.projection(plan, later)
 
 
 def test_status_judges_the_last_whole_level_without_writing_anything(tmp_path, capsys):

@@ -21,7 +21,9 @@ What a run is:
   peak learning rate, gradient-norm clipping;
 * outputs under ``OUT/<recipe>/``: ``metrics.jsonl`` (one line per step: step, loss, grad_norm, lr,
   tokens, tokens_per_s, expert_load_max_share per MoE layer, host_peak_gib and on a GPU gpu_peak_gib (the
-  run's peak so far, the largest rank's), with ``phase_times`` phase_s (forward / backward / optimizer);
+  piece's peak so far, the largest rank's: both peaks are reset when a piece starts, so runs trained one
+  after another in one process, as the protocol does on one GPU, do not inherit each other's), with
+  ``phase_times`` phase_s (forward / backward / optimizer);
   on each piece's first step setup_s (seconds from the call to that step); every ``val_every`` steps
   val_loss, val_loss_se, val_batch_losses and val_s (the evaluation's seconds); every ``probe_every`` steps
   probe_s (the probe's seconds)),
@@ -257,9 +259,21 @@ class _PhaseClock:
         self.spans[name], self._last = now - self._last, now
 
 
+def _reset_peak_memory(device: torch.device) -> None:
+    """Start both peaks afresh: CUDA's allocator statistics, and the process's resident-set high-water mark
+    (Linux: writing 5 to /proc/self/clear_refs; elsewhere the host peak stays the process's)."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
+
+
 def _peak_memory(device: torch.device, place) -> dict:
-    """The run's peak so far, the largest over ranks: GPU memory PyTorch allocated (on CUDA) and the process's
-    resident host memory (Linux ru_maxrss, KiB), in GiB."""
+    """The piece's peak so far (``_reset_peak_memory``), the largest over ranks: GPU memory PyTorch allocated
+    (on CUDA) and the process's resident host memory (Linux ru_maxrss, KiB), in GiB."""
     host = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
     if device.type != "cuda":
         return {"host_peak_gib": place.max([host])[0]}
@@ -278,6 +292,7 @@ def train_recipe(cfg: TrainConfig, recipe_name: str, run_dir: Path, tokens: data
     t_enter = time.perf_counter()  # setup_s counts from here
     place = place or Single(torch.device(cfg.device))
     device = place.device
+    _reset_peak_memory(device)
     recipe = get_recipe(recipe_name)
     model = build_model(cfg, tokens.vocab_size)
     model.activation_checkpointing = cfg.activation_checkpointing

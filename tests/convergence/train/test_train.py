@@ -447,6 +447,38 @@ def test_deterministic_flag_holds_for_the_run_on_one_process_and_is_restored(tmp
         assert torch.are_deterministic_algorithms_enabled() == before
 
 
+@pytest.mark.skipif(not os.access("/proc/self/clear_refs", os.W_OK), reason="needs Linux's /proc/self/clear_refs")
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_a_run_does_not_inherit_the_memory_peaks_of_what_ran_before_it_in_the_process(tmp_path, device):
+    """The protocol trains its runs one after another in one process on one GPU: on 2026-12-01 a BF16 run
+    after a resumed one (which had read an 11 GB checkpoint) logged that run's 11.2 GiB host peak and its
+    GPU peak as its own. Each piece now starts its peaks afresh. Control: the process's own peaks
+    (ru_maxrss, CUDA's allocator statistics) still hold the 1 GiB blocks made before the run, which the run's
+    figures must not."""
+    import resource
+
+    def host_gib():
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+
+    block = bytearray(2**30)
+    block[::4096] = b"\x01" * len(block[::4096])  # resident: every page touched
+    host_before = host_gib()
+    del block
+    assert host_gib() == host_before  # the control: a process's peak outlives what made it
+    if device == "cuda":
+        gpu_block = torch.ones(2**28, device=device)  # 1 GiB of float32
+        del gpu_block
+        assert torch.cuda.max_memory_allocated() >= 2**30
+    args = ["train", "--model", "tiny", "--recipe", "bf16", "--steps", "2", "--batch", "2", "--seq", "32",
+            "--val-every", "2", "--val-batches", "1", "--threads", "1", "--device", device, "--out", str(tmp_path)]
+    assert convergence_main(args) == 0
+    records = _records(tmp_path / "bf16" / "metrics.jsonl")
+    # the tiny run needs far less than a 1 GiB block (~0.1 GiB of host memory above what the process held)
+    assert max(r["host_peak_gib"] for r in records) <= host_gib() < host_before - 0.5
+    if device == "cuda":
+        assert max(r["gpu_peak_gib"] for r in records) < 0.5
+
+
 def test_phase_times_and_peak_memory_are_measured_and_change_no_computed_bit(tmp_path):
     """Issue #19 asks where a step's time goes and how much memory it takes: every record has the run's peak
     host memory (and GPU memory on a GPU), and --phase-times adds forward / backward / optimizer seconds that

@@ -451,10 +451,10 @@ def test_deterministic_flag_holds_for_the_run_on_one_process_and_is_restored(tmp
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 def test_a_run_does_not_inherit_the_memory_peaks_of_what_ran_before_it_in_the_process(tmp_path, device):
     """The protocol trains its runs one after another in one process on one GPU: on 2026-12-01 a BF16 run
-    after a resumed one (which had read an 11 GB checkpoint) logged that run's 11.2 GiB host peak and its
-    GPU peak as its own. Each piece now starts its peaks afresh. Control: the process's own peaks
-    (ru_maxrss, CUDA's allocator statistics) still hold the 1 GiB blocks made before the run, which the run's
-    figures must not."""
+    after a resumed one (which had read an 11 GB checkpoint) logged that run's 11.2 GiB host peak as its own,
+    and a BF16 run after an MXFP8 one the MXFP8 run's 25.6 GiB GPU peak. Each piece now starts its peaks
+    afresh. Control: the process's own peaks (ru_maxrss, CUDA's allocator statistics) still hold the 1 GiB
+    blocks made before the run, which the run's figures must not."""
     import resource
 
     def host_gib():

@@ -1,9 +1,10 @@
 """Power of the paired verdict on validation loss: how many replicates and steps a margin needs.
 
 Public: ``half_width(k, spread, se_set=0, confidence=0.95, m=1)``, ``replicates_needed(spread, target, ...)``,
-``floor_half_width(spread, se_set, confidence)``, ``fit_spread(points)``, ``steps_needed(fit, spread)``,
-``Measured`` / ``measured(result)`` (from a ``compare --metric val_loss`` result), ``with_larger_set(m, times)``,
-``analyse(measurements, ...)``, ``report(analysis)``.
+``floor_half_width(spread, se_set, confidence)``, ``pooled_spread(groups)``, ``spread_interval(spread, dof)``,
+``fit_spread(points)``, ``steps_needed(fit, spread)``, ``Measured`` / ``measured(result)`` (from a
+``compare --metric val_loss`` result), ``with_larger_set(m, times)``, ``analyse(measurements, ...)``,
+``report(analysis)``.
 
 The verdict (``convergence.curves.paired``) puts ``x_c +- t(1 - (1 - c)/4, k - 1) * sqrt(s^2 (1 + 1/k) + e^2)``
 around the candidate's relative difference, with ``s`` the spread of the k baseline replicates and ``e`` the
@@ -69,6 +70,23 @@ def replicates_needed(spread: float, target: float, se_set: float = 0.0, confide
         if half_width(k, spread, se_set, confidence, m=k if balanced else 1) <= target:
             return k
     return None
+
+
+def pooled_spread(groups: list[list[float]]) -> tuple[float, int] | None:
+    """(spread, degrees of freedom) of runs in groups that may differ in their mean (BF16 runs, a candidate's
+    runs): each around its own mean, pooled; None without a degree of freedom."""
+    dof = sum(len(g) - 1 for g in groups if len(g) > 1)
+    if dof < 1:
+        return None
+    squares = sum(float(((np.asarray(g) - np.mean(g)) ** 2).sum()) for g in groups if len(g) > 1)
+    return math.sqrt(squares / dof), dof
+
+
+def spread_interval(spread: float, dof: int, confidence: float = 0.95) -> tuple[float, float]:
+    """Where the true spread lies, given one measured with ``dof`` degrees of freedom (normal runs: dof s^2 /
+    sigma^2 is chi-square): with 3 the interval spans 0.57x to 3.7x the measured spread, with 30 0.80x to 1.34x."""
+    a = (1 - confidence) / 2
+    return (spread * math.sqrt(dof / stats.chi2.ppf(1 - a, dof)), spread * math.sqrt(dof / stats.chi2.ppf(a, dof)))
 
 
 def fit_spread(points: list[tuple[int, float]]) -> tuple[float, float] | None:
@@ -164,8 +182,9 @@ def report(a: dict) -> str:
     for r in a["rows"]:
         x = r["measured"]
         est = "" if x["estimate"] is None else f", candidate estimate {x['estimate']:+.3%}"
+        lo, hi = spread_interval(x["spread"], x["replicates"] - 1)
         out.append(f"{x['source'] or 'measured'}: {x['replicates']} replicates at {x['steps']} steps, spread "
-                   f"{x['spread']:.3%}, held-out set s.e. {x['se_set']:.3%}"
+                   f"{x['spread']:.3%} (95 % interval {lo:.3%} to {hi:.3%}), held-out set s.e. {x['se_set']:.3%}"
                    + (f" over {x['heldout_batches']} batches" if x.get("heldout_batches") else "") + est)
         out.append("  half-width with k replicates: " + ", ".join(f"k={k} {v:.3%}" for k, v in r["half_width"].items()))
         need = {t: r[f"replicates_for_{t}"] for t in ("margin", "half_margin")}

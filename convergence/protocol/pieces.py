@@ -2,7 +2,7 @@
 
 Public: ``execute(plan, out, *, slots, per_gpu, stop_after_s, whole_runs, worker_argv, progress) -> dict`` (name ->
 "done" or steps logged), ``expected_wall_s(out, plan, recipe, per_gpu)``, ``progress_report(plan, out, per_gpu)``,
-``projection(plan, verdict)``, ``protocol_worker(out, threads, gpu_share)``, ``gpus_of_slots(slots, per_gpu)``,
+``projection(plan, verdicts)``, ``protocol_worker(out, threads, gpu_share)``, ``gpus_of_slots(slots, per_gpu)``,
 ``RunFailed``, ``STARTUP_S``,
 ``PACE_FILE``, ``PACE_MARGIN``.
 
@@ -124,7 +124,7 @@ def progress_report(plan: pr.ProtocolPlan, out: Path, per_gpu: int = 1, *, figur
             if sub.candidate_replicates < plan.candidate_replicates:
                 lines.append("    (interim: the plan's verdict is the whole plan's; stopping because an interim one "
                              "looks decided would bias it, stopping for want of GPU time does not)")
-                lines.append("  " + projection(plan, verdicts["verdict"]))
+                lines.append("  " + projection(plan, verdicts))
         except (BadInput, ValueError) as exc:
             lines.append(f"    cannot judge it: {exc}")
         else:
@@ -161,29 +161,40 @@ def progress_report(plan: pr.ProtocolPlan, out: Path, per_gpu: int = 1, *, figur
     return lines
 
 
-def projection(plan: pr.ProtocolPlan, verdict: dict) -> str:
-    """What the whole plan should resolve if its runs spread as the whole level's do (``convergence power``'s
-    arithmetic on the final window's replicate spread and held-out set error), and, when that is wider than the
-    margin, how many runs would reach it."""
+def projection(plan: pr.ProtocolPlan, verdicts: dict) -> str:
+    """What the whole plan should resolve (``convergence power``'s arithmetic), and, when that is wider than the
+    margin, how many runs would reach it. The spread is the final window's, pooled over every BF16 run (the
+    baselines and the held-out ones: one group) and the candidate's runs (around their own mean; the planning
+    formula takes the two spreads equal), with its 95 % interval: a spread from a few runs is uncertain by a
+    factor of two or more, and the runs it asks for by its square."""
     from convergence.curves import power
 
-    fw = verdict["final_window"]
-    if fw.get("seed_spread") is None:
+    fw = verdicts["verdict"]["final_window"]
+    held_out = verdicts.get("negative_control", {}).get("final_window", {}).get("candidate_levels") or []
+    bf16 = list(fw["replicate_levels"]) + list(held_out)
+    candidate = fw.get("candidate_levels") or []
+    pooled = power.pooled_spread([bf16, candidate])
+    if pooled is None:
         return "the whole plan's resolution: unknown (no spread measured yet)"
-    spread, se_set, conf = fw["seed_spread"], fw.get("se_set") or 0.0, verdict.get("confidence", 0.95)
-    hw = power.half_width(plan.replicates, spread, se_set, conf, m=plan.candidate_replicates)
-    line = (f"at this spread ({spread:.3%}, {len(fw['replicate_levels'])} baselines) the whole plan "
-            f"(k = {plan.replicates}, m = {plan.candidate_replicates}) should resolve about +-{hw:.3%} in the final "
-            f"window, against a margin of +-{plan.margin:.3%}")
-    if hw <= plan.margin:
+    (spread, dof), se_set, conf = pooled, fw.get("se_set") or 0.0, verdicts["verdict"].get("confidence", 0.95)
+    lo, hi = power.spread_interval(spread, dof)
+    k, m = plan.replicates, plan.candidate_replicates
+    hw = [power.half_width(k, s, se_set, conf, m=m) for s in (spread, lo, hi)]
+    line = (f"at the spread measured so far ({spread:.3%}, {len(bf16)} BF16 and {len(candidate)} {plan.candidate} "
+            f"runs, {dof} degrees of freedom; 95 % interval {lo:.3%} to {hi:.3%}) the whole plan (k = {k}, m = {m}) "
+            f"should resolve about +-{hw[0]:.3%} (+-{hw[1]:.3%} to +-{hw[2]:.3%}) in the final window, against a "
+            f"margin of +-{plan.margin:.3%}")
+    if hw[0] <= plan.margin:
         return line
-    k = power.replicates_needed(spread, plan.margin, se_set, conf, balanced=True)
+    need = [power.replicates_needed(s, plan.margin, se_set, conf, balanced=True) for s in (spread, lo, hi)]
+    if need[0] is None:
+        floor = power.floor_half_width(0.0, se_set, conf)
+        return line + (f"; +-{plan.margin:.3%} is out of reach with this held-out set: its error ({se_set:.3%}) "
+                       f"alone leaves +-{floor:.3%} at any k = m (a larger set: --val-batches)")
     # the plan's runs: k baselines, and k each of the candidate, the control and the held-out BF16 runs
-    if k:
-        return line + f"; +-{plan.margin:.3%} needs about k = m = {k} ({4 * k} runs)"
-    floor = power.floor_half_width(0.0, se_set, conf)
-    return line + (f"; +-{plan.margin:.3%} is out of reach with this held-out set: its error ({se_set:.3%}) alone "
-                   f"leaves +-{floor:.3%} at any k = m (a larger set: --val-batches)")
+    most = need[2] or f"more than {power.BALANCED_MAX}"
+    return line + (f"; +-{plan.margin:.3%} needs about k = m = {need[0]} ({4 * need[0]} runs; {need[1]} to {most} "
+                   f"over the spread's interval)")
 
 
 def _order(plan: pr.ProtocolPlan, status: dict) -> list[pr.RunSpec]:

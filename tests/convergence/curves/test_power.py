@@ -45,6 +45,17 @@ def test_golden_protocol_says_the_margin_is_out_of_reach_at_1500_steps():
     row = a["rows"][0]
     assert row["replicates_for_margin"] is None and row["floor"] > 0.0025
     assert "no number of baselines reaches the margin with one candidate run" in power.report(a)
+    lo, hi = power.spread_interval(m.spread, m.replicates - 1)  # how well the replicates know their spread
+    assert lo < m.spread < hi and f"(95 % interval {lo:.3%} to {hi:.3%})" in power.report(a)
+
+
+def test_a_spread_from_few_runs_is_known_only_roughly():
+    """The spread's interval is chi-square's: narrow with many degrees of freedom, wide with few; pooling groups
+    around their own means (a shifted group adds no spread) gains the degrees of freedom of each."""
+    assert power.spread_interval(0.01, 1000)[1] < 0.0105 < 0.02 < power.spread_interval(0.01, 2)[1]
+    same = power.pooled_spread([[0.0, 0.01], [0.05, 0.06]])  # the second group 5 % away, the same spread
+    assert same[1] == 2 and same[0] == pytest.approx(0.01 / 2 ** 0.5)
+    assert power.pooled_spread([[0.0], [0.1]]) is None  # no group has two runs
 
 
 def test_candidate_replicates_half_width_is_the_verdicts_and_has_only_the_sets_floor():

@@ -573,27 +573,36 @@ def test_judging_checks_that_the_runs_are_what_their_design_says(tmp_path):
         pr.check_design(init, tmp_path)
 
 
-def test_the_projection_says_how_many_runs_the_margin_needs():
-    """When the whole plan would not resolve the margin, the status says what would: k = m = 48 at the proxy
-    protocol's spread at 12 runs (0.391 %, set error 0.075 %), 192 runs, and k = m = 66 at its spread at 16
-    runs (0.512 %, 0.064 %), past the 64 that bound the unbalanced search (the status said "out of reach"
-    there, wrongly); a set error of 0.2 % alone puts it out of reach (its floor, 2.24 x 0.2 %, is wider than
-    0.25 %: the control)."""
+def test_the_projection_says_how_many_runs_the_margin_needs_and_how_sure_that_is():
+    """When the whole plan would not resolve the margin, the status says what would, from the spread pooled over
+    every BF16 run and the candidate's runs, with that spread's 95 % interval. The proxy protocol's 16 runs of
+    2026-12-01 (final-window levels below, set error 0.064 %): 0.488 % over 10 degrees of freedom, k = m = 60
+    (240 runs), 31 to 178 over the interval. (With the 4 baselines alone, 3 degrees of freedom, the status had
+    said "out of reach below k = m = 64": the balanced search stopped at 64.) A set error of 0.2 % puts the
+    margin out of reach at any k (its floor, 2.24 x 0.2 %, is wider than 0.25 %: the control); one run per
+    group measures no spread."""
     from convergence.curves import power
     from convergence.protocol import pieces
 
     plan = pr.ProtocolPlan(model="proxy", steps=1500, replicates=16, candidate_replicates=16).check()
 
-    def verdict(se_set):
-        return {"final_window": {"seed_spread": 0.00391, "se_set": se_set, "replicate_levels": [0, 1, 2]}}
+    def verdicts(se_set, bases=(-0.00172, 0.00609, 0.00161, -0.00599), cand=(0.00061, 0.00765, 0.01469, 0.00137),
+                 held=(0.00167, 0.00589, 0.00065, -0.00049)):
+        return {"verdict": {"final_window": {"replicate_levels": list(bases), "candidate_levels": list(cand),
+                                             "se_set": se_set}},
+                "negative_control": {"final_window": {"candidate_levels": list(held)}}}
 
-    need = power.replicates_needed(0.00391, plan.margin, 0.00075, balanced=True)
-    assert need == 48 and "+-0.250% needs about k = m = 48 (192 runs)" in pieces.projection(plan, verdict(0.00075))
+    spread, dof = power.pooled_spread([[-0.00172, 0.00609, 0.00161, -0.00599, 0.00167, 0.00589, 0.00065, -0.00049],
+                                       [0.00061, 0.00765, 0.01469, 0.00137]])
+    assert dof == 10 and round(spread, 5) == 0.00488
+    line = pieces.projection(plan, verdicts(0.00064))
+    assert "(0.488%, 8 BF16 and 4 mxfp8 runs, 10 degrees of freedom; 95 % interval 0.341% to 0.856%)" in line
+    assert "+-0.250% needs about k = m = 60 (240 runs; 31 to 178 over the spread's interval)" in line
     assert "out of reach with this held-out set: its error (0.200%) alone leaves +-0.448%" in pieces.projection(
-        plan, verdict(0.002))
-    # beyond 64 replicates the balanced plan still shrinks as 1/sqrt(k) (2026-12-01's 16 runs: 0.512 %, 0.064 %)
-    later = {"final_window": {"seed_spread": 0.00512, "se_set": 0.00064, "replicate_levels": [0, 1, 2, 3]}}
-    assert "needs about k = m = 66 (264 runs)" in pieces.projection(plan, later)
+        plan, verdicts(0.002))
+    assert "unknown (no spread measured yet)" in pieces.projection(plan, verdicts(0.00064, (0.0,), (0.0,), ()))
+    lo, hi = power.spread_interval(0.01, 3)
+    assert round(lo, 5) == 0.00566 and round(hi, 5) == 0.03729  # chi-square with 3 degrees of freedom
 
 
 def test_status_judges_the_last_whole_level_without_writing_anything(tmp_path, capsys):
@@ -634,8 +643,11 @@ def test_status_judges_the_last_whole_level_without_writing_anything(tmp_path, c
     assert "k = 2, m = 2" in "\n".join(lines)
     from convergence.curves import power  # what the whole plan should resolve at this spread: power's arithmetic
 
-    fw = pr.judge(level, tmp_path)["verdict"]["final_window"]
-    want = power.half_width(3, fw["seed_spread"], 0.0, m=4)
+    judged = pr.judge(level, tmp_path)
+    held_out = judged["negative_control"]["final_window"]["candidate_levels"]
+    fw = judged["verdict"]["final_window"]
+    spread, _ = power.pooled_spread([fw["replicate_levels"] + held_out, fw["candidate_levels"]])
+    want = power.half_width(3, spread, 0.0, m=4)
     assert f"the whole plan (k = 3, m = 4) should resolve about +-{want:.3%}" in "\n".join(lines)
     assert want <= plan.margin and "needs about" not in "\n".join(lines)  # resolved: nothing more to ask for
 

@@ -11,10 +11,13 @@ Each argument is a run directory (``OUT`` of ``convergence train``, holding ``<r
 ``metrics.jsonl``. Every record's fields are compared for equality except
 ``convergence.train.loop.MEASURED_FIELDS`` (wall time, memory, and what derives from them); JSON floats are
 written with ``repr``, so equal values are equal bits. The report names the compared fields, the first
-differing step and field (value in A and in B), and, from the same run, each side's median tokens/s and share
+differing step and field (value in A and in B), where runs differ how far apart they end (the last common
+step's loss, the last common evaluation's validation loss: two runs without ``--deterministic`` drift apart
+by what training amplifies from one reduction order), and, from the same run, each side's median tokens/s and share
 of step time in dispatch/combine (``convergence.train.profile``: steps after the first ``WARMUP``). Exit 0
-identical, 1 different, 2 bad input. ``--json`` writes the result with versions and hardware, in the shape
-kept under ``golden/training/``; an existing file is never overwritten without ``--force``.
+identical, 1 different, 2 bad input. ``--json`` writes the result with versions and hardware (each run's, from
+its config.json, and the comparing machine's), in the shape kept under ``golden/training/``; an existing file is
+never overwritten without ``--force``.
 """
 
 from __future__ import annotations
@@ -55,7 +58,8 @@ def _settings(metrics: Path) -> dict:
     dist, train, recipe = d.get("distributed", {}), d.get("train", {}), d.get("recipe", {})
     return {"ep": dist.get("ep"), "ep_backend": dist.get("ep_backend"), "backend_class": dist.get("backend_class"),
             "mxfp8_kernel": recipe.get("kernel"), "optimizer_state": train.get("optimizer_state"),
-            "deterministic": train.get("deterministic", dist.get("deterministic"))}
+            "deterministic": train.get("deterministic", dist.get("deterministic")),
+            "environment": d.get("environment")}  # where the run ran (the JSON's own is where it was compared)
 
 
 def _speed(recs: list[dict]) -> dict:
@@ -76,6 +80,20 @@ def first_difference(a: list[dict], b: list[dict]) -> dict | None:
     return None
 
 
+def end_difference(a: list[dict], b: list[dict]) -> dict:
+    """The last common step's loss and the last step both runs evaluated: their values in A and B and B's
+    relative difference from A (None where a side lacks the field)."""
+    steps_b = {r.get("step"): r for r in b}
+    out: dict = {}
+    for key in ("loss", "val_loss"):
+        common = [(ra, steps_b[ra.get("step")]) for ra in a
+                  if ra.get(key) is not None and steps_b.get(ra.get("step"), {}).get(key) is not None]
+        if common:
+            ra, rb = common[-1]
+            out[key] = {"step": ra["step"], "a": ra[key], "b": rb[key], "relative": rb[key] / ra[key] - 1.0}
+    return out
+
+
 def compare_runs(a: Path, b: Path, recipes: Sequence[str] | None = None) -> dict:
     runs_a, runs_b = _runs(Path(a), recipes), _runs(Path(b), recipes)
     if set(runs_a) == set(runs_b):
@@ -94,6 +112,7 @@ def compare_runs(a: Path, b: Path, recipes: Sequence[str] | None = None) -> dict
         diff = first_difference(ra, rb)
         result["recipes"][name] = {
             "steps": [len(ra), len(rb)], "identical": diff is None, "first_difference": diff,
+            "at_end": None if diff is None else end_difference(ra, rb),
             "a": {"metrics": str(pa), **_settings(pa), **_speed(ra)},
             "b": {"metrics": str(pb), **_settings(pb), **_speed(rb)},
         }
@@ -114,6 +133,9 @@ def report(r: dict) -> str:
         verdict = "IDENTICAL" if d is None else (
             f"DIFFER at step {d['step']}, field {d['field']}: A {d['a']!r} vs B {d['b']!r}")
         lines.append(f"{name}: {rec['steps'][0]} vs {rec['steps'][1]} steps, {verdict}")
+        for key, e in (rec.get("at_end") or {}).items():
+            lines.append(f"  at the end: {key} at step {e['step']}: A {e['a']:.6g} vs B {e['b']:.6g} "
+                         f"(B {e['relative']:+.3%} from A)")
         sa, sb = rec["a"], rec["b"]
         ratio = (sb["tokens_per_s"] / sa["tokens_per_s"]) if sa["tokens_per_s"] and sb["tokens_per_s"] else None
         lines.append(f"  {'side':<4} {'backend':<10} {'kernel':<9} {'determ.':<8} {'tokens/s':>12} "
@@ -123,5 +145,9 @@ def report(r: dict) -> str:
                          f"{s.get('deterministic')!s:<8} {_fmt(s['tokens_per_s'], ',.0f'):>12} "
                          f"{_fmt(s['dispatch_combine_share'], '.1%'):>17}")
         lines.append(f"  tokens/s B / A: {_fmt(ratio, '.3f')} (medians after step {WARMUP}, one session)")
+    if not r["identical"] and any(s.get("deterministic") is False for rec in r["recipes"].values()
+                                  for s in (rec["a"], rec["b"])):
+        lines.append("(a run was made without --deterministic: on a GPU its reductions may run in another order, "
+                     "so identity was not expected)")
     lines.append("verdict: " + ("IDENTICAL" if r["identical"] else "DIFFERENT"))
     return "\n".join(lines)

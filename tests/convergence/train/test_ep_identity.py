@@ -10,14 +10,19 @@ from convergence.train.ep_identity import compare_runs
 from convergence.train.loop import MEASURED_FIELDS
 
 
-def _run(root: Path, backend: str, losses: list[float], tps: float) -> Path:
+def _run(root: Path, backend: str, losses: list[float], tps: float, val: dict | None = None,
+         deterministic: bool | None = None) -> Path:
     d = root / backend / "bf16"
     d.mkdir(parents=True)
     recs = [{"step": i + 1, "loss": x, "grad_norm": 1.0, "tokens_per_s": tps * (i + 1),
              "dispatch_combine_s": 0.01 * i, "dispatch_combine_share": 0.1, "expert_load_max_share": {"layer1": 0.2}}
             for i, x in enumerate(losses)]
+    for r in recs:
+        r.update({"val_loss": val[r["step"]]} if val and r["step"] in val else {})
     (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
-    (d / "config.json").write_text(json.dumps({"distributed": {"ep": 2, "ep_backend": backend}}))
+    train = {} if deterministic is None else {"train": {"deterministic": deterministic}}
+    (d / "config.json").write_text(json.dumps({"distributed": {"ep": 2, "ep_backend": backend}, **train,
+                                               "environment": {"gpus": [f"GPU of {backend}"]}}))
     return root / backend
 
 
@@ -32,6 +37,7 @@ def test_ep_identity_ignores_only_timing_fields(tmp_path, capsys):
     result = json.loads(out.read_text())
     assert result["identical"] and result["excluded_fields"] == list(MEASURED_FIELDS)
     assert "environment" in result and result["recipes"]["bf16"]["b"]["ep_backend"] == "deepep"
+    assert result["recipes"]["bf16"]["b"]["environment"] == {"gpus": ["GPU of deepep"]}  # where each run ran
 
 
 def test_ep_identity_names_first_differing_step_and_field(tmp_path, capsys):
@@ -42,6 +48,20 @@ def test_ep_identity_names_first_differing_step_and_field(tmp_path, capsys):
     short = _run(tmp_path / "s", "deepep", [5.5, 5.25], tps=1.0)
     d = compare_runs(a, short)["recipes"]["bf16"]["first_difference"]
     assert d == {"step": 3, "field": "<record count>", "a": 3, "b": 2}
+
+
+def test_ep_identity_says_how_far_apart_differing_runs_end(tmp_path, capsys):
+    """Two runs that part at step 2 end 10 % apart in loss and 1 % in validation loss (the last step both
+    evaluated: B's last evaluation has no partner); identical runs carry no such block."""
+    a = _run(tmp_path, "reference", [5.5, 5.0, 4.0], tps=1.0, val={2: 5.0, 3: 4.0}, deterministic=False)
+    b = _run(tmp_path, "deepep", [5.5, 5.5, 4.4], tps=1.0, val={2: 5.05}, deterministic=False)
+    assert convergence_main(["ep-identity", str(a), str(b)]) == 1
+    out = capsys.readouterr().out
+    assert "at the end: loss at step 3: A 4 vs B 4.4 (B +10.000% from A)" in out
+    assert "at the end: val_loss at step 2: A 5 vs B 5.05 (B +1.000% from A)" in out
+    assert "without --deterministic" in out
+    same = compare_runs(a, a)["recipes"]["bf16"]
+    assert same["identical"] and same["at_end"] is None
 
 
 def test_ep_identity_bad_input_one_line(tmp_path, capsys):

@@ -2,6 +2,7 @@
 
 Public: ``half_width(k, spread, se_set=0, confidence=0.95, m=1)``, ``replicates_needed(spread, target, ...)``,
 ``floor_half_width(spread, se_set, confidence)``, ``pooled_spread(groups)``, ``spread_interval(spread, dof)``,
+``spread_ratio(baseline, candidate)``,
 ``fit_spread(points)``, ``steps_needed(fit, spread)``, ``Measured`` / ``measured(result)`` (from a
 ``compare --metric val_loss`` result), ``with_larger_set(m, times)``, ``analyse(measurements, ...)``,
 ``report(analysis)``.
@@ -47,12 +48,13 @@ def _level(confidence: float) -> float:
     return 1 - (1 - confidence) / 4  # two ranges (whole and final), two-sided: as the verdict
 
 
-def half_width(k: int, spread: float, se_set: float = 0.0, confidence: float = 0.95, m: int = 1) -> float:
+def half_width(k: int, spread: float, se_set: float = 0.0, confidence: float = 0.95, m: int = 1,
+               cand_spread: float | None = None) -> float:
     """The verdict's interval half-width with ``k`` baselines of spread ``spread`` (k >= 2) and ``m`` candidate
-    runs of the same spread (``convergence.curves.paired.between_runs``)."""
+    runs of spread ``cand_spread`` (default the same; ``convergence.curves.paired.between_runs``)."""
     if k < 2:
         return math.inf
-    se, dof = between_runs(k, spread, m, spread if m >= 2 else None)
+    se, dof = between_runs(k, spread, m, (spread if cand_spread is None else cand_spread) if m >= 2 else None)
     return float(stats.t.ppf(_level(confidence), dof)) * math.sqrt(se ** 2 + se_set ** 2)
 
 
@@ -62,12 +64,13 @@ def floor_half_width(spread: float, se_set: float = 0.0, confidence: float = 0.9
 
 
 def replicates_needed(spread: float, target: float, se_set: float = 0.0, confidence: float = 0.95, *,
-                      balanced: bool = False, k_max: int | None = None) -> int | None:
+                      balanced: bool = False, k_max: int | None = None, cand_spread: float | None = None) -> int | None:
     """The fewest baselines (k >= 2) whose half-width is at most ``target`` (``balanced``: as many candidate
-    runs as baselines); None if ``k_max`` do not suffice (default ``BALANCED_MAX`` balanced, else ``K_MAX``)."""
+    runs as baselines, of spread ``cand_spread``, default ``spread``); None if ``k_max`` do not suffice (default
+    ``BALANCED_MAX`` balanced, else ``K_MAX``)."""
     k_max = k_max or (BALANCED_MAX if balanced else K_MAX)
     for k in range(2, k_max + 1):
-        if half_width(k, spread, se_set, confidence, m=k if balanced else 1) <= target:
+        if half_width(k, spread, se_set, confidence, m=k if balanced else 1, cand_spread=cand_spread) <= target:
             return k
     return None
 
@@ -80,6 +83,21 @@ def pooled_spread(groups: list[list[float]]) -> tuple[float, int] | None:
         return None
     squares = sum(float(((np.asarray(g) - np.mean(g)) ** 2).sum()) for g in groups if len(g) > 1)
     return math.sqrt(squares / dof), dof
+
+
+def spread_ratio(baseline: list[float], candidate: list[float]) -> dict | None:
+    """Do the candidate's runs spread more (or less) than the baselines'? Each group's spread around its own mean,
+    their ratio, and the F-test's two-sided p for equal spreads (normal runs); None unless both have two runs.
+    Planning with one pooled spread assumes them equal; the verdict itself does not (Welch)."""
+    if len(baseline) < 2 or len(candidate) < 2:
+        return None
+    sb, sc = float(np.std(baseline, ddof=1)), float(np.std(candidate, ddof=1))
+    if sb == 0:
+        return None
+    da, dc = len(baseline) - 1, len(candidate) - 1
+    one_sided = float(stats.f.sf((sc / sb) ** 2, dc, da))
+    return {"baseline": sb, "candidate": sc, "ratio": sc / sb, "dof": (da, dc),
+            "p_equal": min(1.0, 2 * min(one_sided, 1 - one_sided))}
 
 
 def spread_interval(spread: float, dof: int, confidence: float = 0.95) -> tuple[float, float]:

@@ -166,7 +166,8 @@ def projection(plan: pr.ProtocolPlan, verdicts: dict) -> str:
     margin, how many runs would reach it. The spread is the final window's, pooled over every BF16 run (the
     baselines and the held-out ones: one group) and the candidate's runs (around their own mean; the planning
     formula takes the two spreads equal), with its 95 % interval: a spread from a few runs is uncertain by a
-    factor of two or more, and the runs it asks for by its square."""
+    factor of two or more, and the runs it asks for by its square. Then the two spreads apart, the F-test of their
+    equality and the runs they ask for: a candidate's runs need not spread as BF16's do."""
     from convergence.curves import power
 
     fw = verdicts["verdict"]["final_window"]
@@ -193,8 +194,17 @@ def projection(plan: pr.ProtocolPlan, verdicts: dict) -> str:
                        f"alone leaves +-{floor:.3%} at any k = m (a larger set: --val-batches)")
     # the plan's runs: k baselines, and k each of the candidate, the control and the held-out BF16 runs
     most = need[2] or f"more than {power.BALANCED_MAX}"
-    return line + (f"; +-{plan.margin:.3%} needs about k = m = {need[0]} ({4 * need[0]} runs; {need[1]} to {most} "
-                   f"over the spread's interval)")
+    line += (f"; +-{plan.margin:.3%} needs about k = m = {need[0]} ({4 * need[0]} runs; {need[1]} to {most} "
+             f"over the spread's interval)")
+    ratio = power.spread_ratio(bf16, candidate)
+    if ratio is None:
+        return line
+    apart = power.replicates_needed(ratio["baseline"], plan.margin, se_set, conf, balanced=True,
+                                    cand_spread=ratio["candidate"])
+    return line + (f"\n  the pooled spread takes {plan.candidate}'s runs to spread as BF16's: they spread "
+                   f"{ratio['candidate']:.3%} against {ratio['baseline']:.3%} ({ratio['ratio']:.2f}x; equal spreads: "
+                   f"F-test p = {ratio['p_equal']:.2f}); taken apart, +-{plan.margin:.3%} needs about k = m = "
+                   + (f"{apart} ({4 * apart} runs)" if apart else f"more than {power.BALANCED_MAX}"))
 
 
 def _order(plan: pr.ProtocolPlan, status: dict) -> list[pr.RunSpec]:

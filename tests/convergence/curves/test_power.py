@@ -6,6 +6,7 @@ import dataclasses
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from convergence.curves import power
@@ -105,3 +106,19 @@ def test_a_larger_held_out_set_divides_only_its_error_by_the_root_of_its_size(ca
     assert convergence_main(["power", str(path), "--larger-set", "0"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--larger-set" in err
+
+
+def test_spread_ratio_tells_a_wider_candidate_from_chance():
+    """The F-test of equal spreads: a candidate group spreading 3x the baselines' over 12 runs each is told
+    apart (p < 0.01); the same draws shifted are not (p = 1: equal spreads, the control); the runs a margin
+    needs grow with the candidate's spread; one run in a group measures no spread."""
+    rng = np.random.default_rng(0)
+    base = rng.normal(0, 0.004, 12)
+    wide = power.spread_ratio(list(base), list(3 * base + 0.01))  # another mean does not count as spread
+    assert round(wide["ratio"], 6) == 3.0 and wide["p_equal"] < 0.01 and wide["dof"] == (11, 11)
+    same = power.spread_ratio(list(base), list(base + 0.01))
+    assert round(same["ratio"], 6) == 1.0 and same["p_equal"] > 0.999
+    pooled = power.replicates_needed(0.004, 0.0025, balanced=True)
+    assert power.replicates_needed(0.004, 0.0025, balanced=True, cand_spread=0.004) == pooled
+    assert power.replicates_needed(0.004, 0.0025, balanced=True, cand_spread=0.008) > 2 * pooled
+    assert power.spread_ratio([0.0, 0.01], [0.02]) is None

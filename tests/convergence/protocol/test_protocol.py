@@ -577,10 +577,10 @@ def test_the_projection_says_how_many_runs_the_margin_needs_and_how_sure_that_is
     """When the whole plan would not resolve the margin, the status says what would, from the spread pooled over
     every BF16 run and the candidate's runs, with that spread's 95 % interval. The proxy protocol's 16 runs of
     2026-12-01 (final-window levels below, set error 0.064 %): 0.488 % over 10 degrees of freedom, k = m = 60
-    (240 runs), 31 to 178 over the interval. (With the 4 baselines alone, 3 degrees of freedom, the status had
-    said "out of reach below k = m = 64": the balanced search stopped at 64.) A set error of 0.2 % puts the
-    margin out of reach at any k (its floor, 2.24 x 0.2 %, is wider than 0.25 %: the control); one run per
-    group measures no spread."""
+    (240 runs), 31 to 178 over the interval; with the candidate's spread apart from BF16's, 73. (With the 4
+    baselines alone, 3 degrees of freedom, the status had said "out of reach below k = m = 64": the balanced
+    search stopped at 64.) A set error of 0.2 % puts the margin out of reach at any k (its floor, 2.24 x 0.2 %,
+    is wider than 0.25 %: the control); one run per group measures no spread."""
     from convergence.curves import power
     from convergence.protocol import pieces
 
@@ -598,6 +598,10 @@ def test_the_projection_says_how_many_runs_the_margin_needs_and_how_sure_that_is
     line = pieces.projection(plan, verdicts(0.00064))
     assert "(0.488%, 8 BF16 and 4 mxfp8 runs, 10 degrees of freedom; 95 % interval 0.341% to 0.856%)" in line
     assert "+-0.250% needs about k = m = 60 (240 runs; 31 to 178 over the spread's interval)" in line
+    # the spreads apart: MXFP8's 4 runs spread 1.66x the 8 BF16 runs' (not significant at 3 and 7 degrees of
+    # freedom), and at those spreads the margin asks for more runs than the pooled one says
+    assert ("mxfp8's runs to spread as BF16's: they spread 0.655% against 0.395% (1.66x; equal spreads: F-test "
+            "p = 0.24); taken apart, +-0.250% needs about k = m = 73 (292 runs)") in line
     assert "out of reach with this held-out set: its error (0.200%) alone leaves +-0.448%" in pieces.projection(
         plan, verdicts(0.002))
     assert "unknown (no spread measured yet)" in pieces.projection(plan, verdicts(0.00064, (0.0,), (0.0,), ()))

@@ -2,8 +2,8 @@
 
 Public: ``execute(plan, out, *, slots, per_gpu, stop_after_s, whole_runs, worker_argv, progress) -> dict`` (name ->
 "done" or steps logged), ``expected_wall_s(out, plan, recipe, per_gpu)``, ``progress_report(plan, out, per_gpu)``,
-``projection(plan, verdicts)``, ``protocol_worker(out, threads, gpu_share)``, ``gpus_of_slots(slots, per_gpu)``,
-``RunFailed``, ``STARTUP_S``,
+``planning_levels(plan, sub, out, status)``, ``projection(plan, verdicts, levels)``,
+``protocol_worker(out, threads, gpu_share)``, ``gpus_of_slots(slots, per_gpu)``, ``RunFailed``, ``STARTUP_S``,
 ``PACE_FILE``, ``PACE_MARGIN``.
 
 * One slot: the pieces run in this process, one after another, on the token stream loaded once.
@@ -124,7 +124,7 @@ def progress_report(plan: pr.ProtocolPlan, out: Path, per_gpu: int = 1, *, figur
             if sub.candidate_replicates < plan.candidate_replicates:
                 lines.append("    (interim: the plan's verdict is the whole plan's; stopping because an interim one "
                              "looks decided would bias it, stopping for want of GPU time does not)")
-                lines.append("  " + projection(plan, verdicts))
+                lines.append("  " + projection(plan, verdicts, planning_levels(plan, sub, out, status)))
         except (BadInput, ValueError) as exc:
             lines.append(f"    cannot judge it: {exc}")
         else:
@@ -161,19 +161,35 @@ def progress_report(plan: pr.ProtocolPlan, out: Path, per_gpu: int = 1, *, figur
     return lines
 
 
-def projection(plan: pr.ProtocolPlan, verdicts: dict) -> str:
+def planning_levels(plan: pr.ProtocolPlan, sub: pr.ProtocolPlan, out: Path, status: dict) -> tuple[list, list]:
+    """Final-window levels of every finished BF16 run and every finished candidate run, against the baselines of
+    ``sub`` (the last whole level): for planning, a run the level does not hold yet says as much about the spread
+    as one it does (the verdicts stay the level's). The same arithmetic as the verdict's
+    (``convergence.curves.compare``, its ``candidate_levels``)."""
+    from convergence.curves.compare import compare_paths
+
+    baselines = [pr.metrics_path(out, r) for r in sub.runs() if r.role in ("baseline", "replicate")]
+    groups = []
+    for recipe in ("bf16", plan.candidate):
+        first, *more = [pr.metrics_path(out, r) for r in plan.runs() if r.recipe == recipe and status[r.name] == "done"]
+        r = compare_paths(baselines, first, margin=plan.margin, metric="val_loss", candidate_replicates=more)
+        groups.append(list(r["final_window"]["candidate_levels"]))
+    return groups[0], groups[1]
+
+
+def projection(plan: pr.ProtocolPlan, verdicts: dict, levels: tuple[list, list] | None = None) -> str:
     """What the whole plan should resolve (``convergence power``'s arithmetic), and, when that is wider than the
     margin, how many runs would reach it. The spread is the final window's, pooled over every BF16 run (the
     baselines and the held-out ones: one group) and the candidate's runs (around their own mean; the planning
     formula takes the two spreads equal), with its 95 % interval: a spread from a few runs is uncertain by a
     factor of two or more, and the runs it asks for by its square. Then the two spreads apart, the F-test of their
-    equality and the runs they ask for: a candidate's runs need not spread as BF16's do."""
+    equality and the runs they ask for: a candidate's runs need not spread as BF16's do. ``levels`` (BF16's,
+    the candidate's: ``planning_levels``) replaces the verdicts' own with every finished run's."""
     from convergence.curves import power
 
     fw = verdicts["verdict"]["final_window"]
     held_out = verdicts.get("negative_control", {}).get("final_window", {}).get("candidate_levels") or []
-    bf16 = list(fw["replicate_levels"]) + list(held_out)
-    candidate = fw.get("candidate_levels") or []
+    bf16, candidate = levels or (list(fw["replicate_levels"]) + list(held_out), fw.get("candidate_levels") or [])
     pooled = power.pooled_spread([bf16, candidate])
     if pooled is None:
         return "the whole plan's resolution: unknown (no spread measured yet)"

@@ -619,7 +619,8 @@ def test_status_judges_the_last_whole_level_without_writing_anything(tmp_path, c
     pr.open_protocol(plan, tmp_path)
     level = plan.levels()[1]  # k = m = 2
     noise = {"bf16": 0.0, "bf16_rounding1": 1e-4, "bf16_rounding2": -1e-4, "bf16_rounding3": 2e-4,
-             "mxfp8": 5e-5, "mxfp8_rounding1": -5e-5, "mxfp8-head": 0.05, "mxfp8-head_rounding1": 0.0501}
+             "mxfp8": 5e-5, "mxfp8_rounding1": -5e-5, "mxfp8-head": 0.05, "mxfp8-head_rounding1": 0.0501,
+             "mxfp8_rounding2": 4e-4}
 
     def write(r):
         path = pr.metrics_path(tmp_path, r)
@@ -665,6 +666,14 @@ def test_status_judges_the_last_whole_level_without_writing_anything(tmp_path, c
     assert convergence_main(["protocol", "--status", "--out", str(tmp_path), "--plot", str(fig), "--force"]) == 0
     assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before  # --force deleted nothing
     capsys.readouterr()
+
+    # a finished run the whole level does not hold (the next level's candidate replicate) joins the planning
+    # spread, not the verdicts: 4 BF16 and 3 MXFP8 runs, and a wider spread than the level's own
+    write(plan.levels()[2].judged("verdict")[2])
+    text = "\n".join(pieces.progress_report(plan, tmp_path))
+    assert "4 BF16 and 3 mxfp8 runs" in text and f"resolve about +-{want:.3%}" not in text
+    assert [ln.split()[0:2] for ln in text.splitlines() if ln.startswith("    ") and "(interim" not in ln] == [
+        ["verdict", "EQUIVALENT:"], ["positive_control", "NOT_EQUIVALENT"], ["negative_control", "EQUIVALENT"]]
 
     pr.metrics_path(tmp_path, runs[0]).write_text("".join(json.dumps({"step": s, "loss": 2.0}) + "\n"
                                                           for s in range(1, 11)))  # finished, without val_loss

@@ -342,6 +342,34 @@ def test_a_run_started_before_a_field_existed_resumes_with_that_fields_default(c
     assert "'val_percent': None" in err and "'val_percent': 20" in err
 
 
+def test_probes_change_no_trained_bit(tmp_path, monkeypatch):
+    """The protocol probes its MXFP8 runs and not its BF16 ones, so a probe that moved training would bias every
+    MXFP8 verdict by its own effect: an MXFP8 run probed every other step trains the same bits as one never
+    probed. A probe planted to nudge one weight is told apart (the control)."""
+    from convergence.train import probes as probes_mod
+    from convergence.train.ep_identity import compare_runs
+
+    d = defaults_for("tiny") | dict(batch=2, seq=32, val_every=3, val_batches=2, ckpt_every=0)
+    for every in (0, 2):
+        run(TrainConfig(model="tiny", recipes=("mxfp8",), steps=6, **(d | {"probe_every": every})),
+            tmp_path / f"probe{every}", progress=False)
+    assert (tmp_path / "probe2" / "mxfp8" / "probes.jsonl").stat().st_size > 0
+    result = compare_runs(tmp_path / "probe0", tmp_path / "probe2")
+    assert result["identical"], result["recipes"]["mxfp8"]["first_difference"]
+
+    real = probes_mod.probe
+
+    def nudging(model, *args, **kwargs):
+        with torch.no_grad():
+            next(model.parameters()).add_(1e-3)
+        return real(model, *args, **kwargs)
+
+    monkeypatch.setattr(probes_mod, "probe", nudging)
+    run(TrainConfig(model="tiny", recipes=("mxfp8",), steps=6, **(d | {"probe_every": 2})), tmp_path / "nudged",
+        progress=False)
+    assert compare_runs(tmp_path / "probe0", tmp_path / "nudged")["recipes"]["mxfp8"]["first_difference"]["step"] == 3
+
+
 @pytest.mark.gpu
 def test_paired_run_on_cuda(tmp_path):
     cfg = TrainConfig(model="tiny", recipes=("bf16", "mxfp8"), steps=5, device="cuda",

@@ -54,7 +54,7 @@ def half_width(k: int, spread: float, se_set: float = 0.0, confidence: float = 0
     runs of spread ``cand_spread`` (default the same; ``convergence.curves.paired.between_runs``)."""
     if k < 2:
         return math.inf
-    se, dof = between_runs(k, spread, m, (spread if cand_spread is None else cand_spread) if m >= 2 else None)
+    se, dof = between_runs(k, spread, m, spread if cand_spread is None else cand_spread)  # m = 1: one run's formula
     return float(stats.t.ppf(_level(confidence), dof)) * math.sqrt(se ** 2 + se_set ** 2)
 
 
@@ -87,7 +87,8 @@ def pooled_spread(groups: list[list[float]]) -> tuple[float, int] | None:
 
 def spread_ratio(baseline: list[float], candidate: list[float]) -> dict | None:
     """Do the candidate's runs spread more (or less) than the baselines'? Each group's spread around its own mean,
-    their ratio, and the F-test's two-sided p for equal spreads (normal runs); None unless both have two runs.
+    their ratio, and the F-test's two-sided p for equal spreads (normal runs); None unless both have two runs and
+    the baselines some spread.
     Planning with one pooled spread assumes them equal; the verdict itself does not (Welch)."""
     if len(baseline) < 2 or len(candidate) < 2:
         return None

@@ -82,7 +82,7 @@ def first_difference(a: list[dict], b: list[dict]) -> dict | None:
 
 def end_difference(a: list[dict], b: list[dict]) -> dict:
     """The last common step's loss and the last step both runs evaluated: their values in A and B and B's
-    relative difference from A (None where a side lacks the field)."""
+    relative difference from A (a field no common step has in both is left out)."""
     steps_b = {r.get("step"): r for r in b}
     out: dict = {}
     for key in ("loss", "val_loss"):

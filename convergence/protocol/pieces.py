@@ -4,7 +4,7 @@ Public: ``execute(plan, out, *, slots, per_gpu, stop_after_s, whole_runs, worker
 "done" or steps logged), ``expected_wall_s(out, plan, recipe, per_gpu)``, ``progress_report(plan, out, per_gpu)``,
 ``planning_levels(plan, sub, out, status)``, ``projection(plan, verdicts, levels)``,
 ``protocol_worker(out, threads, gpu_share)``, ``gpus_of_slots(slots, per_gpu)``, ``RunFailed``, ``STARTUP_S``,
-``PACE_FILE``, ``PACE_MARGIN``.
+``PACE_FILE``, ``PACE_MARGIN``, ``RECENT_RUNS``.
 
 * One slot: the pieces run in this process, one after another, on the token stream loaded once.
 * Several slots: one worker process per slot (``worker_argv(name, minutes)``, by default
@@ -16,9 +16,10 @@ Public: ``execute(plan, out, *, slots, per_gpu, stop_after_s, whole_runs, worker
   starting, loading, building the model, writing its checkpoint); none starts with less than ``MIN_PIECE_S``
   of training time left. The next call continues every run from its checkpoint.
 * Pace: every piece appends its recipe, steps and wall seconds to ``OUT/pace.jsonl``. With ``whole_runs``, a
-  run not yet started is started only when that pace, +``PACE_MARGIN``, says it ends before the deadline (other
-  runs that fit go first): for a machine whose disk does not outlive the call, where a stopped run's checkpoint is lost
-  with it and its minutes with it. A recipe with no pace yet is started (the first piece measures it).
+  run not yet started is started only when that pace (its last ``RECENT_RUNS`` whole runs), +``PACE_MARGIN``,
+  says it ends before the deadline (other runs that fit go first): for a machine whose disk does not outlive
+  the call, where a stopped run's checkpoint is lost with it and its minutes with it. A recipe with no pace
+  yet is started (the first piece measures it).
 """
 
 from __future__ import annotations
@@ -45,6 +46,11 @@ PACE_FILE = "pace.jsonl"
 # recipe by a few percent on one GPU (proxy on an H200, 2026-12-01: BF16 whole runs 263 and 274 s with the
 # evaluations and start-up, 4 % apart); 10 % leaves room for that and for a slower start.
 PACE_MARGIN = 1.10
+# A whole run's pace is the mean of the recipe's last RECENT_RUNS whole runs, not of all of them: the code and the
+# machine change between sessions, and the latest runs are the current code's (stop 29 took the proxy's BF16 whole
+# runs from ~305 s to ~255 s; on 2026-12-01 the mean of all nine, 275 s, asked 302 s with the margin and kept a run
+# that the last three, 255 s, say fits in the 286 s left from starting). Three average out a run's own few percent.
+RECENT_RUNS = 3
 
 
 class RunFailed(Exception):
@@ -66,8 +72,9 @@ def record_pace(out: Path, spec: pr.RunSpec, steps_before, steps_after, wall_s: 
 def expected_wall_s(out: Path, plan: pr.ProtocolPlan, recipe: str, per_gpu: int = 1) -> tuple[float, str] | None:
     """(wall seconds, how it was estimated) a whole run of ``recipe`` in ``plan`` is expected to take, start-up
     included, from the pieces in ``OUT/pace.jsonl`` run ``per_gpu`` to a GPU; None when there are none. Whole runs
-    (step 0 to the end in one piece) are used when there are any (their mean); otherwise the pieces' seconds per
-    step after each piece's start-up (``STARTUP_S`` of the plan's model), plus one start-up."""
+    (step 0 to the end in one piece) are used when there are any (the mean of the last ``RECENT_RUNS``); otherwise
+    the pieces' seconds per step after each piece's start-up (``STARTUP_S`` of the plan's model), plus one
+    start-up."""
     path = Path(out) / PACE_FILE
     if not path.is_file():
         return None
@@ -80,9 +87,9 @@ def expected_wall_s(out: Path, plan: pr.ProtocolPlan, recipe: str, per_gpu: int 
         if e.get("recipe") == recipe and e.get("per_gpu", 1) == per_gpu and e.get("to_step", 0) > e.get("from_step", 0):
             pieces.append(e)
     steps = plan.steps
-    whole = [e["wall_s"] for e in pieces if e["from_step"] == 0 and e["to_step"] == steps]
+    whole = [e["wall_s"] for e in pieces if e["from_step"] == 0 and e["to_step"] == steps][-RECENT_RUNS:]
     if whole:
-        return sum(whole) / len(whole), f"{len(whole)} whole {recipe} run{'s' * (len(whole) > 1)}"
+        return sum(whole) / len(whole), f"the last {len(whole)} whole {recipe} run{'s' * (len(whole) > 1)}"
     if not pieces:
         return None
     startup = STARTUP_S.get(plan.model, 60.0)
@@ -274,8 +281,9 @@ def execute(plan: pr.ProtocolPlan, out: Path, *, slots: int = 1, per_gpu: int = 
             return True
         if spec.name not in told:
             told.add(spec.name)
-            _line(progress, f"{spec.name}: not started: a whole run should take {need[0]:.0f} s ({need[1]}; "
-                            f"{PACE_MARGIN - 1:.0%} more asked), {left:.0f} s are left")
+            _line(progress, f"{spec.name}: not started: a whole run should take {need[0]:.0f} s ({need[1]}), "
+                            f"{PACE_MARGIN * need[0]:.0f} s with {PACE_MARGIN - 1:.0%} more asked; {left:.0f} s "
+                            "are left")
         return False
 
     if slots <= 1:

@@ -387,7 +387,31 @@ def test_a_whole_runs_pace_comes_from_whole_runs_first_then_from_pieces(tmp_path
                             "wall_s": 280}) + "\n")
         f.write('{"run": "r3", "recipe": "bf16", "wall')  # cut short by a killed process
     need, how = expected_wall_s(tmp_path, plan, "bf16")
-    assert need == pytest.approx(275) and "2 whole bf16 runs" in how
+    assert need == pytest.approx(275) and "the last 2 whole bf16 runs" in how
+
+
+def test_a_whole_runs_pace_is_its_recent_runs(tmp_path, capsys):
+    """The pace is the last RECENT_RUNS whole runs: after two slow whole BF16 runs (an older code), three fast
+    ones let every BF16 run start, where the mean of all five would have kept them all from starting; the
+    same five in the other order (the control) keep them from starting, and the line says both figures."""
+    from convergence.protocol import pieces
+
+    plan = _small_plan()
+    assert pieces.RECENT_RUNS == 3
+    for recent, other in ((1.0, 1e6), (1e6, 1.0)):
+        out = tmp_path / str(recent)
+        pr.open_protocol(plan, out)
+        _pace(out, *({"run": f"earlier{i}", "recipe": "bf16", "per_gpu": 1, "from_step": 0, "to_step": plan.steps,
+                      "wall_s": w} for i, w in enumerate([other] * 2 + [recent] * 3)))
+        assert pieces.expected_wall_s(out, plan, "bf16") == (pytest.approx(recent), "the last 3 whole bf16 runs")
+        status = pieces.execute(plan, out, stop_after_s=600, whole_runs=True, progress=True)
+        bf16 = [n for n in status if n.startswith("bf16")]
+        if recent == 1.0:
+            assert set(status.values()) == {"done"}
+        else:
+            assert all(status[n] == 0 for n in bf16) and len(bf16) > 1
+            assert "should take 1000000 s (the last 3 whole bf16 runs), 1100000 s with 10% more asked; " \
+                in capsys.readouterr().err
 
 
 def test_whole_runs_start_only_the_runs_that_end_by_the_deadline(tmp_path):

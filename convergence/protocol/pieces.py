@@ -128,13 +128,18 @@ def progress_report(plan: pr.ProtocolPlan, out: Path, per_gpu: int = 1, *, figur
         try:
             verdicts = pr.judge(sub, out)
             lines += [f"    {pr.verdict_line(name, r)}" for name, r in verdicts.items()]
-            if sub.candidate_replicates < plan.candidate_replicates:
-                lines.append("    (interim: the plan's verdict is the whole plan's; stopping because an interim one "
-                             "looks decided would bias it, stopping for want of GPU time does not)")
-                lines.append("  " + projection(plan, verdicts, planning_levels(plan, sub, out, status)))
         except (BadInput, ValueError) as exc:
             lines.append(f"    cannot judge it: {exc}")
         else:
+            if sub.candidate_replicates < plan.candidate_replicates:
+                lines.append("    (interim: the plan's verdict is the whole plan's; stopping because an interim one "
+                             "looks decided would bias it, stopping for want of GPU time does not)")
+                try:
+                    levels = planning_levels(plan, sub, out, status)
+                except (BadInput, ValueError) as exc:  # a finished run outside the level: plan from the level's
+                    levels = None
+                    lines.append(f"  cannot plan from every finished run ({exc}): planning from the level's runs")
+                lines.append("  " + projection(plan, verdicts, levels))
             if figure is not None:
                 from convergence.curves.plots import plot_verdicts
 

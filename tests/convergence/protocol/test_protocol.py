@@ -699,6 +699,16 @@ def test_status_judges_the_last_whole_level_without_writing_anything(tmp_path, c
     assert [ln.split()[0:2] for ln in text.splitlines() if ln.startswith("    ") and "(interim" not in ln] == [
         ["verdict", "EQUIVALENT:"], ["positive_control", "NOT_EQUIVALENT"], ["negative_control", "EQUIVALENT"]]
 
+    # that run unreadable (finished, without val_loss): the verdicts, the projection from the level's own runs and
+    # the figure stay; one line says why the planning left it out
+    extra = pr.metrics_path(tmp_path, plan.levels()[2].judged("verdict")[2])
+    extra.write_text("".join(json.dumps({"step": s, "loss": 2.0}) + "\n" for s in range(1, 11)))
+    fig.unlink()
+    lines = pieces.progress_report(plan, tmp_path, figure=fig)
+    text = "\n".join(lines)
+    assert "cannot judge it" not in text and "  cannot plan from every finished run (" in text
+    assert f"resolve about +-{want:.3%}" in text and f"  figure: {fig}" in lines and fig.is_file()
+
     pr.metrics_path(tmp_path, runs[0]).write_text("".join(json.dumps({"step": s, "loss": 2.0}) + "\n"
                                                           for s in range(1, 11)))  # finished, without val_loss
     judged = [ln for ln in pieces.progress_report(plan, tmp_path) if ln.startswith("    ")]

@@ -16,6 +16,10 @@ Public function
       Several ``val_loss`` results judged against the same baselines (a protocol's candidate and controls):
       where each run ends in the final window relative to the baselines' mean (one dot a run, the baselines'
       own levels on the first row), each result's final-window and whole-range intervals, and the margin.
+  ``plot_parting(result, out_png, *, title, force=False) -> Path``
+      ``convergence.protocol.parting.parting``'s result, log-log: per recipe, the median over its replicates
+      of the relative training-loss difference from its paired run against the step bin's middle, and their
+      range (a bin where they are identical, 0, is left out of the log axis).
 """
 
 from __future__ import annotations
@@ -140,6 +144,34 @@ def plot_verdicts(verdicts: dict[str, dict], out_png, *, title: str, force: bool
            Line2D([], [], color="tab:gray", lw=5, label="final-window interval"),
            Line2D([], [], color="tab:gray", lw=2, label="whole-range interval")]
     fig.legend(handles=key, loc="outside lower center", ncols=5, fontsize=8, frameon=False)
+    with atomic_path(out, force=force) as tmp:
+        fig.savefig(tmp, dpi=110, format="png")
+    return out
+
+
+def plot_parting(result: dict, out_png, *, title: str, force: bool = False) -> Path:
+    import numpy as np
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    out = Path(out_png)
+    if out.exists() and not force:
+        raise BadInput(f"{out} exists; pass --force to overwrite it")
+    fig = Figure(figsize=(8, 4.5), layout="constrained")
+    FigureCanvasAgg(fig)
+    ax = fig.subplots()
+    for recipe, r in result.items():
+        x = [np.sqrt(lo * hi) for lo, hi in r["bins"]]  # the bin's middle on a log axis
+        positive = {k: [v if v > 0 else np.nan for v in r[k]] for k in ("median", "low", "high")}
+        line, = ax.plot(x, positive["median"], "o-", ms=3, label=f"{recipe} (median of {r['runs']})")
+        ax.fill_between(x, positive["low"], positive["high"], color=line.get_color(), alpha=0.15, lw=0)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("training step (bins 1, 2-3, 4-7, ...)")
+    ax.set_ylabel("|loss of a replicate - its recipe's paired run| / loss")
+    ax.set_title(title, fontsize=9, loc="left")
+    ax.legend(fontsize=8, loc="lower right")
+    ax.grid(True, which="major", alpha=0.3)
     with atomic_path(out, force=force) as tmp:
         fig.savefig(tmp, dpi=110, format="png")
     return out

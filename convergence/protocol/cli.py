@@ -61,9 +61,11 @@ def _protocol_parser() -> ArgumentParser:
                    help="say how far the protocol in --out is (runs done, GPU time left at its pace); run nothing")
     p.add_argument("--plot", type=Path, default=None,
                    help="with --status: draw the last whole level's verdicts as they stand into this PNG")
+    p.add_argument("--plot-parting", type=Path, default=None,
+                   help="with --status: draw how fast each recipe's replicates part from its paired run into this PNG")
     p.add_argument("--hardware", default=None, help="hardware tag in the result names (default: detected, e.g. h200x2)")
     p.add_argument("--force", action="store_true", help="delete this protocol's runs in --out and start again "
-                   "(with --status, which deletes nothing: overwrite --plot's file)")
+                   "(with --status, which deletes nothing: overwrite --plot's and --plot-parting's files)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads per process")
     p.add_argument("--piece", help=argparse.SUPPRESS)  # internal: one worker piece of the run NAME
     p.add_argument("--gpu-share", type=int, default=1, help=argparse.SUPPRESS)  # internal: runs sharing its GPU
@@ -94,14 +96,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.status:
         if not (args.out / "protocol.json").is_file():
             raise CLIError(f"--status: {args.out} holds no protocol run")
-        if args.plot is not None:
-            check_writable(args.plot, force=args.force)
+        for png in (args.plot, args.plot_parting):
+            if png is not None:
+                check_writable(png, force=args.force)
         plan = pr.load_plan(args.out)  # the pace is kept per runs per GPU (a CPU plan's workers: 1)
         per_gpu = args.parallel if plan.device == "cuda" else 1
-        print("\n".join(pieces.progress_report(plan, args.out, per_gpu=per_gpu, figure=args.plot, force=args.force)))
+        print("\n".join(pieces.progress_report(plan, args.out, per_gpu=per_gpu, figure=args.plot,
+                                               parting_figure=args.plot_parting, force=args.force)))
         return 0
-    if args.plot is not None:
-        raise CLIError("--plot goes with --status (a finished protocol writes its own figures)")
+    for flag, png in (("--plot", args.plot), ("--plot-parting", args.plot_parting)):
+        if png is not None:
+            raise CLIError(f"{flag} goes with --status (a finished protocol writes its own figures)")
     if args.model is None or args.steps is None:
         raise CLIError("--model and --steps are required")
     overrides = tuple((k, float(v)) for k in pr.TRAIN_OVERRIDES if (v := getattr(args, k)) is not None)

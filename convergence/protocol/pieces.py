@@ -105,9 +105,10 @@ GROUPS = (("baselines (BF16 + replicates)", ("baseline", "replicate")),
 
 
 def progress_report(plan: pr.ProtocolPlan, out: Path, per_gpu: int = 1, *, figure: Path | None = None,
-                    force: bool = False) -> list[str]:
+                    parting_figure: Path | None = None, force: bool = False) -> list[str]:
     """Lines saying how far a protocol folder is: runs done per verdict group, the last whole level and its
-    verdicts as they stand (judged in memory, nothing written but ``figure``, their picture, when asked), runs
+    verdicts as they stand (judged in memory, nothing written but ``figure``, their picture, when asked), how
+    fast each recipe's runs part (``convergence.protocol.parting``; ``parting_figure``, its picture), runs
     started, and the GPU time left to run at this folder's pace (whole runs, one after another; runs of a recipe
     with no pace yet are named)."""
     status = pr.run_status(plan, out)
@@ -150,6 +151,7 @@ def progress_report(plan: pr.ProtocolPlan, out: Path, per_gpu: int = 1, *, figur
                 lines.append(f"  figure: {figure}")
     if figure is not None and not whole:
         lines.append("  no figure: no level is whole yet")
+    lines += _parting_report(plan, out, status, parting_figure, force)
     started = [f"{r.name} {status[r.name]}/{plan.steps}" for r in runs if status[r.name] not in ("done", 0)]
     if started:
         lines.append("  started: " + ", ".join(started))
@@ -170,6 +172,30 @@ def progress_report(plan: pr.ProtocolPlan, out: Path, per_gpu: int = 1, *, figur
                      + (f"; no pace yet for {', '.join(unknown)}" if unknown else ""))
     elif unknown:
         lines.append(f"  left: {', '.join(unknown)} runs, no pace measured yet")
+    return lines
+
+
+def _parting_report(plan: pr.ProtocolPlan, out: Path, status: dict, figure: Path | None, force: bool) -> list[str]:
+    from convergence.protocol import parting
+
+    try:
+        result = parting.parting(plan, out, status)
+    except (BadInput, ValueError) as exc:
+        return [f"  runs part: cannot tell: {exc}"]
+    if result is None:
+        return [f"  runs part: not measured: the {plan.design} design changes the batches"] if figure else []
+    if not result:
+        return ["  no parting figure: no recipe has a finished paired run and replicate yet"] if figure else []
+    lines = ["  runs part (|training loss - the recipe's paired run's| / loss, same batches; median over the "
+             "replicates):", *(f"  - {line}" for line in parting.parting_lines(result))]
+    if figure is not None:
+        done = sum(v == "done" for v in status.values())
+        from convergence.curves.plots import plot_parting
+
+        plot_parting(result, figure, force=force,
+                     title=f"{plan.prefix}: how far each replicate is from its recipe's paired run "
+                           f"({done} runs of {plan.steps} steps; design {plan.design})")
+        lines.append(f"  parting figure: {figure}")
     return lines
 
 

@@ -1,0 +1,78 @@
+"""How fast a protocol's runs part: each replicate's training loss against its recipe's paired run, step by step.
+
+Public: ``parting(plan, out, status) -> dict | None``, ``parting_lines(result) -> list[str]``, ``SAME_BATCHES``,
+``PAIRED_ROLES``; its figure is ``convergence.curves.plots.plot_parting``.
+
+Under the ``rounding`` and ``init`` designs every run of a protocol sees the same batches at every step, so a
+replicate's training loss at a step differs from its recipe's paired run (``bf16``, the candidate, the control,
+all at the plan's seed) only by the replicate's change and what training has made of it since. The relative
+difference ``|loss_replicate - loss_paired| / loss_paired``, averaged over log-spaced bins of steps (1, 2-3, 4-7,
+...) and then the median over the recipe's replicates, says whether one recipe amplifies a small change faster than
+another: the question README #15 asks of MXFP8, whose runs end further apart than BF16's. The other designs
+change the batches, so their per-step losses differ by the data and say nothing about this (None).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from convergence.curves.jsonl import load_jsonl
+from convergence.protocol import plan as pr
+from numerics.errors import BadInput
+
+SAME_BATCHES = ("rounding", "init")  # the designs whose runs see the same batches at every step
+PAIRED_ROLES = ("baseline", "candidate", "control")  # one run per recipe at the plan's seed, no change
+
+
+def _bins(steps: int) -> list[tuple[int, int]]:
+    """Steps 1..``steps`` in bins [2^j, 2^(j+1)), the last cut at ``steps``: the runs part over orders of
+    magnitude, so equal bins in log(step) show each one."""
+    out, lo = [], 1
+    while lo <= steps:
+        out.append((lo, min(2 * lo, steps + 1)))
+        lo *= 2
+    return out
+
+
+def parting(plan: pr.ProtocolPlan, out: Path, status: dict) -> dict | None:
+    """Per recipe with a finished paired run and at least one finished replicate: ``runs`` (the replicates),
+    ``bins`` ([first step, last step] each), ``median`` (over the replicates, of each one's mean relative
+    difference in the bin), ``low`` and ``high`` (their least and greatest). None when the plan's design changes
+    the batches. A run whose logged steps are not the paired run's raises ``BadInput`` naming it."""
+    if plan.design not in SAME_BATCHES:
+        return None
+    bins = _bins(plan.steps)
+    result = {}
+    for ref in (r for r in plan.runs() if r.role in PAIRED_ROLES):
+        if status.get(ref.name) != "done":
+            continue
+        base = load_jsonl(pr.metrics_path(out, ref))
+        means = []  # [replicate][bin]
+        for r in plan.runs():
+            if r.recipe != ref.recipe or r.name == ref.name or status.get(r.name) != "done":
+                continue
+            run = load_jsonl(pr.metrics_path(out, r))
+            if not np.array_equal(run.steps, base.steps):
+                raise BadInput(f"{r.name}: its logged steps are not {ref.name}'s ({len(run.steps)} vs "
+                               f"{len(base.steps)}): cannot pair them step for step")
+            rel = np.abs(run.values - base.values) / np.abs(base.values)
+            means.append([float(rel[(base.steps >= lo) & (base.steps < hi)].mean()) for lo, hi in bins])
+        if means:
+            m = np.array(means)
+            result[ref.recipe] = {"runs": len(means), "bins": [[lo, hi - 1] for lo, hi in bins],
+                                  "median": np.median(m, axis=0).tolist(), "low": m.min(axis=0).tolist(),
+                                  "high": m.max(axis=0).tolist()}
+    return result
+
+
+def parting_lines(result: dict, at: tuple[int, ...] = (2, 8, 64, 512)) -> list[str]:
+    """One line per recipe: the median relative difference in the bins that hold the steps ``at`` and the last."""
+    lines = []
+    for recipe, r in result.items():
+        picks = [i for i, (lo, hi) in enumerate(r["bins"]) if any(lo <= s <= hi for s in at)]
+        picks += [] if len(r["bins"]) - 1 in picks else [len(r["bins"]) - 1]
+        cells = ", ".join(f"{r['bins'][i][0]}-{r['bins'][i][1]}: {r['median'][i]:.1e}" for i in picks)
+        lines.append(f"{recipe} ({r['runs']} replicate{'s' * (r['runs'] > 1)}) steps {cells}")
+    return lines

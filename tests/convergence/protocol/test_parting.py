@@ -1,0 +1,106 @@
+"""How fast a protocol's runs part (convergence.protocol.parting), on metrics files written by hand: the numbers
+are known in closed form, so the bins, the medians and the status lines are checked exactly."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+
+from convergence.__main__ import main as convergence_main
+from convergence.protocol import parting, pieces
+from convergence.protocol import plan as pr
+
+STEPS = 20
+# relative change of each replicate from its recipe's paired run, per step: BF16's 100x smaller than MXFP8's
+SCALE = {"bf16": 1e-5, "mxfp8": 1e-3, "mxfp8-head": 1e-3}
+
+
+def _paired_loss(s: int) -> float:
+    return 3.0 - s / 20
+
+
+def _write(out, plan, *, scale=SCALE, skip=()):
+    """Every run of ``plan``: the paired runs at ``_paired_loss``, replicate i of a recipe ``(1 + a i s)`` times it."""
+    status = {}
+    for r in plan.runs():
+        i = 0 if r.role in parting.PAIRED_ROLES else int(r.name.rsplit(plan.design, 1)[1])
+        path = pr.metrics_path(out, r)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        steps = [s for s in range(1, STEPS + 1) if s not in (skip if i else ())]
+        path.write_text("".join(json.dumps({"step": s, "loss": _paired_loss(s) * (1 + scale[r.recipe] * i * s)})
+                                + "\n" for s in steps))
+        status[r.name] = "done"
+    return status
+
+
+def _plan(**kw) -> pr.ProtocolPlan:
+    return pr.ProtocolPlan(model="tiny", steps=STEPS, replicates=4, candidate_replicates=3, **kw).check()
+
+
+def test_parting_bins_and_medians_are_the_closed_form(tmp_path):
+    """Replicate i of a recipe with scale a differs by a i s at step s: a bin's mean is a i times its mean step,
+    the median over i = 1..n is a times the median i; MXFP8's 100x BF16's in every bin (the control that the
+    measure tells two recipes apart), and a recipe whose replicates are its paired run is 0 throughout."""
+    plan = _plan()
+    result = parting.parting(plan, tmp_path, _write(tmp_path, plan))
+    assert list(result) == ["bf16", "mxfp8", "mxfp8-head"]
+    bins = [[1, 1], [2, 3], [4, 7], [8, 15], [16, 20]]
+    # BF16: replicates 1..3 and the held-out 4..6 (they are bf16 runs with the same kind of change)
+    for recipe, ids in (("bf16", range(1, 7)), ("mxfp8", range(1, 3))):
+        r = result[recipe]
+        assert r["runs"] == len(ids) and r["bins"] == bins
+        mean_step = [np.mean(range(lo, hi + 1)) for lo, hi in bins]
+        a = SCALE[recipe]
+        assert r["median"] == pytest.approx([a * np.median(list(ids)) * m for m in mean_step], rel=1e-9)
+        assert r["low"] == pytest.approx([a * min(ids) * m for m in mean_step], rel=1e-9)
+        assert r["high"] == pytest.approx([a * max(ids) * m for m in mean_step], rel=1e-9)
+    ratio = np.array(result["mxfp8"]["median"]) / np.array(result["bf16"]["median"])
+    assert ratio == pytest.approx(100 * np.median(range(1, 3)) / np.median(range(1, 7)), rel=1e-9)
+
+    same = parting.parting(plan, tmp_path / "same", _write(tmp_path / "same", plan, scale=dict.fromkeys(SCALE, 0.0)))
+    assert all(v == 0 for r in same.values() for v in r["median"])
+
+
+def test_parting_needs_the_same_batches_and_the_same_steps(tmp_path):
+    """A design that changes the batches is not measured (None); a replicate that logged other steps than its
+    paired run is one line naming it; unfinished runs are left out (no paired run: no recipe)."""
+    plan = _plan()
+    status = _write(tmp_path, plan)
+    assert parting.parting(dataclasses.replace(plan, design="data"), tmp_path, status) is None
+    assert parting.parting(plan, tmp_path, {n: 0 for n in status}) == {}
+    _write(tmp_path, plan, skip=(5,))
+    with pytest.raises(pr.BadInput, match=r"bf16_rounding1: its logged steps are not bf16's \(19 vs 20\)"):
+        parting.parting(plan, tmp_path, status)
+
+
+def test_status_prints_the_parting_and_draws_it_on_request(tmp_path, capsys):
+    plan = _plan()
+    pr.open_protocol(plan, tmp_path)
+    _write(tmp_path, plan)
+    lines = pieces.progress_report(plan, tmp_path)
+    i = lines.index("  runs part (|training loss - the recipe's paired run's| / loss, same batches; median over the "
+                    "replicates):")
+    # the bins holding steps 2, 8 (64 and 512 are beyond this plan) and the last; 2-3's 8.75e-05 and 3.75e-03 sit
+    # on a rounding edge of the printed digits
+    assert lines[i + 1].startswith("  - bf16 (6 replicates) steps 2-3: 8.")
+    assert lines[i + 1].endswith(", 8-15: 4.0e-04, 16-20: 6.3e-04")
+    assert lines[i + 2].startswith("  - mxfp8 (2 replicates) steps 2-3: 3.") and lines[i + 2].endswith("16-20: 2.7e-02")
+
+    fig = tmp_path.parent / "parting.png"
+    argv = ["protocol", "--status", "--out", str(tmp_path), "--plot-parting", str(fig)]
+    assert convergence_main(argv) == 0 and fig.stat().st_size > 10_000
+    assert f"  parting figure: {fig}" in capsys.readouterr().out
+    assert convergence_main(argv) == 2 and "exists" in capsys.readouterr().err  # nothing overwritten unasked
+    assert convergence_main(argv + ["--force"]) == 0
+    capsys.readouterr()
+    assert convergence_main(["protocol", "--model", "tiny", "--steps", "4", "--out", str(tmp_path / "p"),
+                             "--plot-parting", str(fig)]) == 2
+    assert "--plot-parting goes with --status" in capsys.readouterr().err
+
+    _write(tmp_path, plan, skip=(5,))  # unreadable as pairs: one line, the rest of the status stays
+    lines = pieces.progress_report(plan, tmp_path)
+    assert any(ln.startswith("  runs part: cannot tell: bf16_rounding1: ") for ln in lines)
+    assert lines[0].endswith("runs done (20 steps each)")

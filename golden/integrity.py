@@ -5,9 +5,10 @@
 "layer_stats"}, ...]}``; paths relative to golden/). ``check(root) -> list[str]`` reports, one line
 each: a manifest that is missing or not valid JSON; a listed file or sidecar that is missing or not a
 file; a sidecar that is not a JSON object or has no ``sha256``; a data file whose SHA-256 differs from
-its sidecar's; a ``.json`` data file that is not valid JSON (``.jsonl``: a line that is not); a file
-under the data folders that the manifest does not list. ``python -m golden check`` runs this first
-and stops with exit code 2 when it finds anything: content checks on a broken set mean nothing.
+its sidecar's; a ``.json`` data file that is not valid JSON (``.jsonl``, also gzip-compressed as
+``.jsonl.gz``: a line that is not); a file under the data folders that the manifest does not list.
+``python -m golden check`` runs this first and stops with exit code 2 when it finds anything: content
+checks on a broken set mean nothing.
 
 ``record(root, data, sidecar, kind)`` adds or keeps an entry (atomically); the writers of golden files
 (``regenerate``, ``python -m golden.recorded add``) call it, so a new file is listed on purpose.
@@ -20,7 +21,7 @@ import json
 from pathlib import Path
 
 from numerics.errors import BadInput
-from numerics.files import atomic_write
+from numerics.files import atomic_write, file_bytes
 
 ROOT = Path(__file__).resolve().parent
 MANIFEST = "MANIFEST.json"
@@ -49,7 +50,9 @@ def _read_text(path: Path) -> tuple[str | None, str | None]:
     if not path.is_file():
         return None, "not a file"
     try:
-        return path.read_bytes().decode("utf-8"), None
+        return file_bytes(path).decode("utf-8"), None  # a .jsonl.gz is checked as the lines it holds
+    except BadInput as exc:  # a damaged gzip file
+        return None, str(exc).removeprefix(f"{path}: ")
     except UnicodeDecodeError:
         return None, "not UTF-8 text"
     except OSError as exc:
@@ -97,7 +100,7 @@ def _check_entry(root: Path, e: dict) -> list[str]:
         problem = _json_problem(data, text)
         if problem:
             problems.append(f"{e['data']}: {problem}")
-    elif data.suffix == ".jsonl":
+    elif data.name.endswith((".jsonl", ".jsonl.gz")):
         for n, line in enumerate(text.splitlines(), start=1):
             problem = _json_problem(data, line) if line.strip() else None
             if problem:

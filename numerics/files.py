@@ -14,9 +14,13 @@ Public functions
   ``atomic_path(path, *, force=False)``  the same for writers that want a file name (matplotlib's
       ``savefig``, a TensorBoard writer): a context manager yielding the temporary path, renamed over
       ``path`` when the block ends without an exception and removed otherwise.
+  ``file_bytes(path, limit=None) -> bytes``  a file's bytes (the first ``limit``), decompressed when it is gzip
+      (told by its first two bytes, not its name: cluster logs are often shipped as ``.gz``; golden keeps long
+      curves so). A damaged gzip file is ``BadInput``; ``OSError`` is left to the caller, who knows what the
+      file was for.
   ``read_json_lines(path, *, what, hint, need, inside=None) -> list[dict]``  every JSON object of a
-      JSON-lines file (``inside`` it when ``path`` is a folder), blank lines skipped; a missing or unreadable
-      file, a line that is not a JSON object with the keys ``need`` (of their types), or no record at all
+      JSON-lines file, gzip or not (``inside`` it when ``path`` is a folder), blank lines skipped; a missing or
+      unreadable file, a line that is not a JSON object with the keys ``need`` (of their types), or no record at all
       is ``BadInput`` naming the file and line.
 
 Every failure to write (``OSError``: read-only file system, disk full, permission) is raised as
@@ -33,6 +37,7 @@ from pathlib import Path
 
 from numerics.errors import BadInput
 
+GZIP_MAGIC = b"\x1f\x8b"  # RFC 1952: every gzip member starts with these two bytes
 _NEW_FILE_MODE = 0o644  # what open() gives under the usual umask 022; mkstemp's own 0o600 would hide results
 
 
@@ -107,6 +112,24 @@ def atomic_write(path, data: bytes | str, *, force: bool = False) -> Path:
     return path
 
 
+def file_bytes(path, limit: int | None = None) -> bytes:
+    import gzip
+    import zlib
+
+    path = Path(path)
+    with open(path, "rb") as f:
+        raw = f.read(-1 if limit is None else limit)
+    if not raw.startswith(GZIP_MAGIC):
+        return raw
+    try:
+        if limit is None:
+            return gzip.decompress(raw)
+        with gzip.open(path) as g:
+            return g.read(limit)
+    except (gzip.BadGzipFile, EOFError, zlib.error) as exc:
+        raise BadInput(f"{path}: a damaged gzip file ({exc or 'cut short'})") from None
+
+
 def read_json_lines(path, *, what: str, hint: str, need: dict[str, type], inside: str | None = None) -> list[dict]:
     import json
 
@@ -114,7 +137,7 @@ def read_json_lines(path, *, what: str, hint: str, need: dict[str, type], inside
     if inside and path.is_dir():
         path = path / inside
     try:
-        text = path.read_text()
+        text = file_bytes(path).decode("utf-8")
     except FileNotFoundError:
         raise BadInput(f"{path}: no such file ({hint})") from None
     except UnicodeDecodeError:

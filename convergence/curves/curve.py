@@ -90,9 +90,14 @@ class Resolved:
 
 
 def read_bytes(path: Path) -> bytes:
-    """The file's bytes, or a ``CurveError`` saying in English why it cannot be read."""
+    """The file's bytes (gunzipped when it is gzip: ``numerics.files.file_bytes``), or a ``CurveError`` saying in
+    English why it cannot be read."""
+    from numerics.files import file_bytes
+
     try:
-        return Path(path).read_bytes()
+        return file_bytes(path)
+    except BadInput as exc:
+        raise CurveError(str(exc)) from None
     except IsADirectoryError:
         raise CurveError(f"{path}: is a directory, not a file (a TensorBoard run directory needs "
                          "--format tensorboard or no --format)") from None
@@ -106,6 +111,7 @@ def read_text(path: Path) -> str:
 
 
 def run_name(path: Path) -> str:
+    path = path.with_suffix("") if path.suffix == ".gz" else path  # metrics.jsonl.gz is a metrics.jsonl
     return path.parent.name if path.stem in ("metrics", "log", "train", "events") else path.stem
 
 

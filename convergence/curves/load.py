@@ -20,6 +20,9 @@ Formats
                      Without a column line the third column is ``grad_norm`` (torchtitan's order).
   tensorboard        an event directory (or one event file); see ``convergence.curves.tbevents``.
 
+Every format may come gzip-compressed (``run.jsonl.gz``, ``train.log.gz``): told by the file's first bytes, not
+its name, and read as what it holds.
+
 Every format: steps that go back follow ``convergence.curves.curve``'s rule (restarts vs records out of
 order); a truncated final line or row (a run still writing) is skipped with a warning; anything else
 that cannot be read raises ``CurveError`` with one line naming the file and the line, row or tag.
@@ -46,6 +49,8 @@ from convergence.curves.curve import (  # noqa: F401 - re-exported: the loaders'
     run_name,
 )
 from convergence.curves.jsonl import EXTRA_SERIES, load_jsonl  # noqa: F401 - re-exported
+from numerics.errors import BadInput
+from numerics.files import file_bytes
 
 FORMATS = ("jsonl", "csv", "torchtitan", "torchtitan_losses", "tensorboard")
 STEP_KEYS = ("step", "global_step", "iteration", "iter", "Step")
@@ -230,8 +235,9 @@ def detect_format(path) -> str:
     if path.is_dir() or "tfevents" in path.name:
         return "tensorboard"
     try:
-        with open(path, "rb") as f:
-            head = f.read(1 << 16)
+        head = file_bytes(path, limit=1 << 16)  # a compressed log: its format is that of what it holds
+    except BadInput as exc:
+        raise CurveError(str(exc)) from None
     except OSError as exc:
         raise CurveError(f"{path}: cannot read: {exc.strerror or exc}") from None
     if not head.strip():

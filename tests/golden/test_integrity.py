@@ -31,3 +31,21 @@ def test_record_lists_a_new_file_once(tmp_path):
     integrity.record(root, data, side, "layer_stats")
     assert integrity.check(root) == []
     assert sum(e["data"] == "layers/layer_stats_x__b200.json" for e in integrity.load_manifest(root)) == 1
+
+
+def test_a_gzip_jsonl_record_is_checked_as_the_lines_it_holds(tmp_path):
+    """golden keeps long curves as .jsonl.gz: a good one passes; one whose lines are not JSON, or whose gzip is
+    cut short, is reported (its sidecar's checksum updated each time, so only the content check can catch it)."""
+    import gzip
+
+    root = tmp_path / "golden"
+    shutil.copytree(integrity.ROOT, root, ignore=shutil.ignore_patterns("*.py", "__pycache__"))
+    data, side = root / "training" / "run_x__h200.jsonl.gz", root / "training" / "run_x__h200.jsonl.gz.meta.json"
+    good = gzip.compress(b'{"step": 1, "loss": 2.0}\n{"step": 2, "loss": 1.9}\n', mtime=0)
+    for raw, problem in ((good, None), (gzip.compress(b'{"step": 1}\nnot json\n', mtime=0), ":2: "),
+                         (good[:-10], "a damaged gzip file")):
+        data.write_bytes(raw)
+        side.write_text(json.dumps({"sha256": integrity.sha256(data)}))
+        integrity.record(root, data, side, "recorded")
+        found = integrity.check(root)
+        assert found == [] if problem is None else len(found) == 1 and problem in found[0], found

@@ -320,3 +320,57 @@ def test_torchtitan_loss_file_truncated_final_row_is_skipped(tmp_path):
     p.write_text(TITAN_LOSSES + "41")
     c = load_curve(p)
     assert len(c) == 40 and "truncated final row" in c.meta.warnings[0]
+
+
+def _formats(tmp_path):
+    """One small file of each text format, as a cluster would write it: (name, text, format)."""
+    pairs = list(zip(STEPS.tolist(), LOSS.tolist()))
+    rows = "".join(json.dumps({"step": s, "loss": v, "val_loss": v + 0.1}) + "\n" for s, v in pairs)
+    csv = "step,loss\n" + "".join(f"{s},{v!r}\n" for s, v in pairs)
+    titan = "".join(f"[titan] 2025-01-01 00:00:01,000 - root - INFO - step: {s:2}  loss: {v:8.5f}  grad_norm: 1.2\n"
+                    for s, v in pairs)
+    losses = "# ngpu: 8\n" + "".join(f"{s} {v!r} 1.5\n" for s, v in pairs)
+    return [("run1/metrics.jsonl", rows, "jsonl"), ("train.csv", csv, "csv"), ("train.log", titan, "torchtitan"),
+            ("dsv3.txt", losses, "torchtitan_losses")]
+
+
+def test_every_text_format_loads_the_same_from_a_gzip_file(tmp_path):
+    """A gzip-compressed log (told by its first bytes, whatever its name) loads to the same curve as the plain
+    file: format, steps, values, extras and run name; the JSONL's per-step fields too (load_field)."""
+    import gzip
+
+    from convergence.curves.jsonl import load_field
+
+    for name, text, fmt in _formats(tmp_path):
+        plain = tmp_path / "a" / "run" / name  # both copies in a folder "run": a train.* curve is named by it
+        plain.parent.mkdir(parents=True, exist_ok=True)
+        plain.write_text(text)
+        for packed in (plain.with_name(plain.name + ".gz"), tmp_path / "b" / "run" / name):  # a name need not say gz
+            packed.parent.mkdir(parents=True, exist_ok=True)
+            packed.write_bytes(gzip.compress(text.encode(), mtime=0))
+            assert packed.read_bytes()[:2] == b"\x1f\x8b" and detect_format(packed) == fmt
+            a, b = load_curve(plain), load_curve(packed)
+            np.testing.assert_array_equal(a.steps, b.steps)
+            np.testing.assert_array_equal(a.values, b.values)
+            assert a.meta.format == b.meta.format == fmt and a.meta.run == b.meta.run and a.meta.header == b.meta.header
+            assert {k: v.values.tolist() for k, v in a.extras.items()} == \
+                {k: v.values.tolist() for k, v in b.extras.items()}
+            if fmt == "jsonl":
+                assert a.meta.run == "run1" and load_field(packed, "val_loss") == load_field(plain, "val_loss")
+
+
+def test_a_damaged_gzip_file_is_one_line(tmp_path, capsys):
+    import gzip
+
+    from convergence.__main__ import main as convergence_main
+
+    good = gzip.compress(_formats(tmp_path)[0][1].encode(), mtime=0)
+    for name, raw in (("cut.jsonl.gz", good[: len(good) // 2]), ("crc.jsonl.gz", good[:-8] + b"\0" * 8)):
+        p = tmp_path / name
+        p.write_bytes(raw)
+        with pytest.raises(CurveError, match=rf"{name}: a damaged gzip file \(") as e:
+            load_curve(p)
+        assert "\n" not in str(e.value)
+        assert convergence_main(["compare", str(p), str(p)]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "a damaged gzip file" in err

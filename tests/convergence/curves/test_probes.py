@@ -75,3 +75,13 @@ def test_a_run_folder_is_read_for_its_probes(tmp_path):
 def test_records_without_any_sqnr_are_refused(tmp_path):
     with pytest.raises(Exception, match="no SQNR values"):
         probes.summarise(probes.load_probes(_write(tmp_path / "p.jsonl", [{"step": 1, "layers": {}}])), "run")
+
+
+def test_a_gzip_probes_file_reads_as_the_plain_one(tmp_path):
+    """golden keeps a protocol's probes as .jsonl.gz (numerics.files.file_bytes): the same records."""
+    import gzip
+
+    plain = _write(tmp_path / "probes.jsonl", [{"step": 5, "layers": {"layers.0.attention.wq": {"out_sqnr_db": 30}}}])
+    packed = tmp_path / "probes.jsonl.gz"
+    packed.write_bytes(gzip.compress(plain.read_bytes(), mtime=0))
+    assert probes.load_probes(packed) == probes.load_probes(plain)

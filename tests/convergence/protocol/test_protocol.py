@@ -264,7 +264,10 @@ def test_a_finished_piece_writes_no_checkpoint_a_stopped_one_does(tmp_path, monk
 
 
 def test_protocol_cli_runs_to_the_end_and_exits_with_the_candidates_verdict(tmp_path, capsys):
+    import gzip
+
     from convergence.curves.compare import EXIT_CODES
+    from convergence.curves.load import load_curve
 
     out = tmp_path / "p"
     argv = ["protocol", "--model", "tiny", "--steps", "6", "--replicates", "3", "--batch", "4", "--seq", "32",
@@ -278,11 +281,16 @@ def test_protocol_cli_runs_to_the_end_and_exits_with_the_candidates_verdict(tmp_
     names = {p.name for p in (out / "results").iterdir()}
     assert {"record.sh"} | {f"tiny_long_{v}__cpu.json" for v in pr.VERDICTS} <= names
     runs = pr.ProtocolPlan(model="tiny", steps=6, replicates=3).runs()
-    assert sum(n.endswith(".jsonl") and "_probes__" not in n for n in names) == len(runs)
+    curves = [n for n in names if n.endswith(".jsonl.gz") and "_probes__" not in n]
+    assert len(curves) == len(runs)
+    for spec in runs:  # each run's metrics as the run wrote them, gzip-compressed, loading as they are
+        packed = out / "results" / f"tiny_long_{spec.name}__cpu.jsonl.gz"
+        assert gzip.decompress(packed.read_bytes()) == pr.metrics_path(out, spec).read_bytes()
+        assert load_curve(packed).values.tolist() == load_curve(pr.metrics_path(out, spec)).values.tolist()
     probed = {s.name for s in runs if s.recipe != "bf16"}  # probes compare MXFP8 with BF16: MXFP8 runs only
     assert {n.split("_probes__")[0].removeprefix("tiny_long_") for n in names if "_probes__" in n
             and not n.endswith(".meta.json")} == probed
-    assert all((out / "results" / f"{n}.meta.json").exists() for n in names if n.endswith((".json", ".jsonl"))
+    assert all((out / "results" / f"{n}.meta.json").exists() for n in names if n.endswith((".json", ".jsonl.gz"))
                and not n.endswith(".meta.json"))
     assert convergence_main(argv) == rc  # repeating a finished protocol judges it again, runs nothing
 

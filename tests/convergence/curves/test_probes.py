@@ -45,7 +45,7 @@ def test_the_committed_proxy_probes_give_the_readme_figures_and_tell_fp4_from_fp
     """The lr 3e-4 protocol's probes: MXFP8's medians are README's 36.5 / 30.7 / 32.5 dB, E2M1's 23.5 / 17.2 /
     17.7; at every layer E2M1 sits 10-16 dB below MXFP8 (the layer test's 12.7 dB per GEMM), so the summary
     separates the two elements layer by layer, not only on average."""
-    runs = [GOLDEN / f"proxy_long_lr3e-4_{r}_probes__h200.jsonl" for r in ("mxfp8", "mxfp8-e2m1")]
+    runs = [GOLDEN / f"proxy_long_lr3e-4_{r}_probes__h200.jsonl.gz" for r in ("mxfp8", "mxfp8-e2m1")]
     out = tmp_path / "probes.png"
     assert main(["probes", *map(str, runs), "--name", "e4m3", "--name", "e2m1", "--plot", str(out),
                  "--json", str(tmp_path / "p.json")]) == 0

@@ -26,17 +26,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from numerics.errors import BadInput
-from numerics.files import atomic_path
+from numerics.files import atomic_path, check_writable
 
 
 def plot_comparison(result: dict, out_png, *, force: bool = False) -> Path:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    out = Path(out_png)
-    if out.exists() and not force:
-        raise BadInput(f"{out} exists; pass --force to overwrite it")
+    out = check_writable(out_png, force=force)  # before drawing: atomic_path would refuse it only after
     fig = Figure(figsize=(10, 7), layout="constrained")
     FigureCanvasAgg(fig)
     top, bottom = fig.subplots(2, 1, sharex=True, height_ratios=[3, 2])
@@ -103,9 +100,7 @@ def plot_verdicts(verdicts: dict[str, dict], out_png, *, title: str, force: bool
     from matplotlib.figure import Figure
     from matplotlib.lines import Line2D
 
-    out = Path(out_png)
-    if out.exists() and not force:
-        raise BadInput(f"{out} exists; pass --force to overwrite it")
+    out = check_writable(out_png, force=force)  # before drawing: atomic_path would refuse it only after
     first = next(iter(verdicts.values()))
     rows = [("BF16 baselines", first["final_window"]["replicate_levels"], None)]
     for name, r in verdicts.items():
@@ -154,9 +149,7 @@ def plot_parting(result: dict, out_png, *, title: str, force: bool = False) -> P
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    out = Path(out_png)
-    if out.exists() and not force:
-        raise BadInput(f"{out} exists; pass --force to overwrite it")
+    out = check_writable(out_png, force=force)  # before drawing: atomic_path would refuse it only after
     fig = Figure(figsize=(8, 4.5), layout="constrained")
     FigureCanvasAgg(fig)
     ax = fig.subplots()

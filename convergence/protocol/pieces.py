@@ -189,9 +189,9 @@ def _parting_report(plan: pr.ProtocolPlan, out: Path, status: dict, figure: Path
     lines = ["  runs part (|training loss - the recipe's paired run's| / loss, same batches; median over the "
              "replicates):", *(f"  - {line}" for line in parting.parting_lines(result))]
     if figure is not None:
-        done = sum(v == "done" for v in status.values())
         from convergence.curves.plots import plot_parting
 
+        done = sum(v == "done" for v in status.values())
         plot_parting(result, figure, force=force,
                      title=f"{plan.prefix}: how far each replicate is from its recipe's paired run "
                            f"({done} runs of {plan.steps} steps; design {plan.design})")

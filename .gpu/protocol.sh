@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# One call on a lent GPU machine: continue issue #15's protocol for about TOTAL seconds (default 585), starting
+# only runs that end in time (--whole-runs: a stopped run's checkpoint lives on that machine's disk alone).
+# Run it from the repository root through the device tool, carrying .whl; then, here, merge what comes back:
+#   bash .gpu/merge.sh /work/.device/N/results.tgz
+# The working folder is /tmp/$NAME on the GPU machine: a machine kept warm between calls keeps it, and with it
+# a stopped run's checkpoint, so the next call continues that run; a fresh machine starts from the tracked copy.
+set -u
+NAME=${NAME:-proto5}
+TOTAL=${TOTAL:-585}
+source .gpu/env.sh
+W=/tmp/$NAME
+if [ ! -f "$W/protocol.json" ] && [ -d ".gpu/$NAME" ]; then cp -r ".gpu/$NAME" "$W"; fi
+echo "${MXVAL_COMMIT:-unknown}" > "$OUT/commit"
+# 30 s of the call go to the install above, the tarball below and the process's exit
+minutes=$(python3 -c "print(round(($TOTAL - 30 - $SECONDS) / 60, 3))")
+set -o pipefail
+python3 -m convergence protocol $(cat ".gpu/$NAME.args") --device cuda --out "$W" \
+    --stop-after-minutes "$minutes" --whole-runs 2>&1 | tee "$OUT/protocol.log"
+echo "protocol exit: $?"
+# runs stopped part-way keep their checkpoint in $W only; say which, and send back the rest
+(cd "$W" && find runs -name checkpoint.pt -printf '%h\n') > "$W/unfinished.txt"
+tar czf "$OUT/results.tgz" --exclude=checkpoint.pt -C /tmp "$NAME"
+ls -la "$OUT"

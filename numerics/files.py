@@ -18,10 +18,12 @@ Public functions
       (told by its first two bytes, not its name: cluster logs are often shipped as ``.gz``; golden keeps long
       curves so). A damaged gzip file is ``BadInput``; ``OSError`` is left to the caller, who knows what the
       file was for.
+  ``gzip_or_plain(path) -> Path``  ``path + ".gz"`` when that exists, else ``path``: where a run's JSON lines
+      are, compacted or not (a finished protocol run keeps its logs gzip: ``convergence.protocol.plan``).
   ``read_json_lines(path, *, what, hint, need, inside=None) -> list[dict]``  every JSON object of a
-      JSON-lines file, gzip or not (``inside`` it when ``path`` is a folder), blank lines skipped; a missing or
-      unreadable file, a line that is not a JSON object with the keys ``need`` (of their types), or no record at all
-      is ``BadInput`` naming the file and line.
+      JSON-lines file, gzip or not (``inside`` it when ``path`` is a folder, through ``gzip_or_plain``), blank
+      lines skipped; a missing or unreadable file, a line that is not a JSON object with the keys ``need`` (of
+      their types), or no record at all is ``BadInput`` naming the file and line.
 
 Every failure to write (``OSError``: read-only file system, disk full, permission) is raised as
 ``BadInput`` naming the path, so a command line prints one line and exits 2.
@@ -130,12 +132,20 @@ def file_bytes(path, limit: int | None = None) -> bytes:
         raise BadInput(f"{path}: a damaged gzip file ({exc or 'cut short'})") from None
 
 
+def gzip_or_plain(path) -> Path:
+    """Both exist only after a crash between writing the gzip (atomically: whole) and removing the plain file,
+    so the gzip wins."""
+    path = Path(path)
+    packed = path.with_name(path.name + ".gz")
+    return packed if packed.exists() else path
+
+
 def read_json_lines(path, *, what: str, hint: str, need: dict[str, type], inside: str | None = None) -> list[dict]:
     import json
 
     path = Path(path)
     if inside and path.is_dir():
-        path = path / inside
+        path = gzip_or_plain(path / inside)
     try:
         text = file_bytes(path).decode("utf-8")
     except FileNotFoundError:

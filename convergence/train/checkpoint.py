@@ -18,6 +18,8 @@ from typing import Any
 
 import torch
 
+from numerics.files import file_bytes
+
 
 def _unwrap(t: torch.Tensor) -> torch.Tensor:
     inner = getattr(t, "_data", None)  # torchao TrainingWeightWrapperBaseTensor keeps its data here
@@ -80,10 +82,13 @@ class JsonlLog:
             os.close(fd)
 
     def records(self) -> list[dict]:
+        """Every whole record, up to a torn last line. A gzip file (a finished protocol run's log, compacted:
+        ``convergence.protocol.plan.compact_run``) is read too, told by its magic bytes (``file_bytes``);
+        ``append`` and ``truncate_after`` are for the plain file training writes."""
         if not self.path.exists():
             return []
         out = []
-        for line in self.path.read_text().splitlines(keepends=True):
+        for line in file_bytes(self.path).decode().splitlines(keepends=True):
             if not line.endswith("\n"):
                 break  # torn last line
             try:

@@ -273,10 +273,9 @@ def run_training(plan: Plan, out: Path, progress: Progress) -> LevelResult:
                            "design": pp.design, "runs": {}}
     table = [("run", "role", "recipe", "init / data / rows", "steps", "first loss", "final loss (last 10%)",
               "final val loss", "median tokens/s")]
-    dirs = {}
+    curves = {}  # run name -> its metrics file as it is on disk (compacted to .jsonl.gz once finished)
     for spec in pp.runs():
-        path = pr.metrics_path(root, spec)
-        dirs[spec.name] = path.parent
+        path = curves[spec.name] = pr.metrics_path(root, spec)
         recs = JsonlLog(path).records()
         losses = [r["loss"] for r in recs]
         tail = losses[-max(1, len(losses) // 10):]
@@ -296,8 +295,7 @@ def run_training(plan: Plan, out: Path, progress: Progress) -> LevelResult:
         checks.append(Check(f"{spec.name} trains", "pass" if learned else "fail",
                             f"{len(losses)}/{plan.train_steps} steps, loss {losses[0]:.3f} -> {final:.3f}"
                             if finite else f"non-finite loss or stopped early after {len(losses)} steps"))
-    probe_path = pr.metrics_path(root, pp.run("candidate")).with_name("probes.jsonl")
-    probes = JsonlLog(probe_path).records()  # none for a run without probes
+    probes = JsonlLog(pr.probes_path(root, pp.run("candidate"))).records()  # none for a run without probes
     if probes:
         last = probes[-1]["layers"]
         worst = min(((v, f"{layer} {k.removesuffix('_sqnr_db')}") for layer, d in last.items() for k, v in d.items()),
@@ -306,14 +304,14 @@ def run_training(plan: Plan, out: Path, progress: Progress) -> LevelResult:
         checks.append(Check("layer probes (reported, not judged)", "pass",
                             f"at step {probes[-1]['step']} the lowest MXFP8-vs-BF16 SQNR on the run's own "
                             f"activations is {_fmt(worst[0], 1)} dB ({worst[1]})"))
-    fig = figs.training_curves(out, dirs, probes, out / "figures" / "training.png")
+    fig = figs.training_curves(out, curves, probes, out / "figures" / "training.png")
     runs_ = numbers["runs"]
     b = runs_["bf16"]["final_val_loss"]
     rel = {name: v["final_val_loss"] / b - 1 for name, v in runs_.items() if name != "bf16" and b}
     summary = (f"{plan.train_model} model, {plan.train_steps} steps, {len(runs_)} runs: final validation loss BF16 "
                f"{b:.4f}; against it " + ", ".join(f"{n} {x:+.2%}" for n, x in rel.items()))
     return LevelResult("training", level_status(checks), summary, tuple(checks), numbers, tuple(table),
-                       (_rel(fig, out),), tuple(_rel(d / "metrics.jsonl", out) for d in dirs.values()))
+                       (_rel(fig, out),), tuple(_rel(p, out) for p in curves.values()))
 
 
 # ---------------------------------------------------------------- curves

@@ -26,14 +26,17 @@ def test_validate_quick_run_end_to_end(tmp_path):
     for name in ("report.md", "report.html", "summary.json", "tensor/report.json", "figures/tensor_sqnr.png",
                  "layer/layers.json", "communication/check.json",
                  "curves/verdict.json", "figures/layer_sqnr.png", "figures/training.png", "figures/curves.png",
-                 "logs/layer.log", "training/runs/mxfp8/mxfp8/metrics.jsonl",
-                 "training/runs/bf16_rounding2/bf16/metrics.jsonl", "training/runs/mxfp8-head/mxfp8-head/metrics.jsonl",
+                 "logs/layer.log", "training/runs/mxfp8/mxfp8/metrics.jsonl.gz",  # finished runs: compacted
+                 "training/runs/bf16_rounding2/bf16/metrics.jsonl.gz",
+                 "training/runs/mxfp8-head/mxfp8-head/metrics.jsonl.gz",
                  "curves/positive_control.json", "curves/negative_control.json"):
         assert (out / name).is_file(), name
     assert not list(out.rglob("checkpoint.pt"))  # the runs' checkpoints are not kept in a report folder
+    assert not list(out.rglob("metrics.jsonl"))
 
     levels = summary["levels"]
     assert list(levels) == list(LEVELS)
+    assert all((out / a).is_file() for level in levels.values() for a in level["artifacts"])  # the files there are
     assert [levels[n]["status"] for n in ("tensor", "layer", "communication", "training")] == ["pass"] * 4
     # 20 steps cannot resolve a 0.25 % margin: the honest answer is inconclusive, with what to do about it
     assert levels["curves"]["status"] == "inconclusive" and "--steps" in levels["curves"]["enable"]

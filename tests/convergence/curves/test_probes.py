@@ -85,3 +85,17 @@ def test_a_gzip_probes_file_reads_as_the_plain_one(tmp_path):
     packed = tmp_path / "probes.jsonl.gz"
     packed.write_bytes(gzip.compress(plain.read_bytes(), mtime=0))
     assert probes.load_probes(packed) == probes.load_probes(plain)
+
+
+def test_a_compacted_run_folder_is_read_for_its_gzip_probes(tmp_path):
+    """A finished protocol run's folder holds probes.jsonl.gz (convergence.protocol.plan.compact_run); where a crash
+    left both, the gzip wins (numerics.files.gzip_or_plain); the plain file alone is still read (the control)."""
+    import gzip
+
+    rec = {"step": 5, "layers": {"layers.0.attention.wq": {"out_sqnr_db": 30.0}}}
+    (tmp_path / "probes.jsonl.gz").write_bytes(gzip.compress((json.dumps(rec) + "\n").encode(), mtime=0))
+    assert probes.load_probes(tmp_path) == [rec]
+    _write(tmp_path / "probes.jsonl", [rec | {"step": 4}])
+    assert probes.load_probes(tmp_path) == [rec]
+    (tmp_path / "probes.jsonl.gz").unlink()
+    assert probes.load_probes(tmp_path) == [rec | {"step": 4}]

@@ -64,6 +64,16 @@ def test_parting_bins_and_medians_are_the_closed_form(tmp_path):
     assert all(v == 0 for r in same.values() for v in r["median"])
 
 
+def test_parting_reads_compacted_runs_as_plain_ones(tmp_path):
+    """Finished protocol runs keep their metrics gzip (``compact_run``): the same parting from either form."""
+    plan = _plan()
+    status = _write(tmp_path, plan)
+    want = parting.parting(plan, tmp_path, status)
+    for r in plan.runs():
+        pr.compact_run(pr.run_dir(tmp_path, r))
+    assert not list(tmp_path.rglob("metrics.jsonl")) and parting.parting(plan, tmp_path, status) == want
+
+
 def test_parting_needs_the_same_batches_and_the_same_steps(tmp_path):
     """A design that changes the batches is not measured (None); a replicate that logged other steps than its
     paired run is one line naming it; unfinished runs are left out (no paired run: no recipe)."""

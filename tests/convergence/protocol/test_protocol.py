@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import gzip
 import json
 import shlex
 import shutil
@@ -13,6 +14,7 @@ from convergence.__main__ import main as convergence_main
 from convergence.protocol import plan as pr
 from convergence.train.cli import config_from_args, train_parser
 from convergence.train.loop import computed
+from numerics.files import file_bytes
 
 
 def test_protocol_pairs_the_candidate_and_the_control_and_varies_one_thing_per_replicate():
@@ -169,19 +171,22 @@ def test_a_finished_gpu_folder_is_judged_on_a_machine_without_one(tmp_path, caps
     err = _bad(capsys, *gpu[1:])
     assert "h100, h200" in err and "--hardware" in err
     assert convergence_main([*gpu, "--hardware", "mixed"]) == rc  # named: judged as before
-    made = {p: p.read_bytes() for p in (out / "runs").rglob("metrics.jsonl")}
+    made = {p: p.read_bytes() for p in (out / "runs").rglob("metrics.jsonl*")}
+    assert len(made) == len(configs)
     assert "no CUDA device" in _bad(capsys, *gpu[1:], "--force")  # --force would run again: it needs the GPU
-    assert {p: p.read_bytes() for p in (out / "runs").rglob("metrics.jsonl")} == made  # and deleted nothing
+    assert {p: p.read_bytes() for p in (out / "runs").rglob("metrics.jsonl*")} == made  # and deleted nothing
 
-    last = sorted((out / "runs").rglob("metrics.jsonl"))[-1]
-    last.write_text("".join(last.read_text().splitlines(keepends=True)[:-1]))  # a run one step short
+    last = sorted((out / "runs").rglob("metrics.jsonl.gz"))[-1]  # a run one step short (stopped: plain)
+    last.with_suffix("").write_bytes(b"".join(gzip.decompress(last.read_bytes()).splitlines(keepends=True)[:-1]))
+    last.unlink()
     assert "no CUDA device" in _bad(capsys, *gpu[1:])
 
 
-def _small_plan(**kw) -> pr.ProtocolPlan:
-    """Seven tiny runs of 4 steps on a small batch: seconds each on 2 CPU cores."""
-    over = (("batch", 4.0), ("seq", 32.0), ("val_every", 2.0), ("val_batches", 3.0), ("probe_every", 0.0))
-    return pr.ProtocolPlan(model="tiny", steps=4, replicates=3, design="rounding", mxfp8_kernel="emulated",
+def _small_plan(steps: int = 4, probe_every: int = 0, **kw) -> pr.ProtocolPlan:
+    """Six tiny runs (of 4 steps unless told) on a small batch: seconds each on 2 CPU cores."""
+    over = (("batch", 4.0), ("seq", 32.0), ("val_every", 2.0), ("val_batches", 3.0),
+            ("probe_every", float(probe_every)))
+    return pr.ProtocolPlan(model="tiny", steps=steps, replicates=3, design="rounding", mxfp8_kernel="emulated",
                            overrides=over, **kw).check()
 
 
@@ -224,8 +229,7 @@ def test_pieces_resume_a_stopped_run_bit_identically(tmp_path):
     assert set(pieces.execute(plan, split, progress=False).values()) == {"done"}
 
     def curve(root, s):
-        return [computed(r)
-                for r in map(json.loads, pr.metrics_path(root, s).read_text().splitlines())]
+        return [computed(r) for r in map(json.loads, file_bytes(pr.metrics_path(root, s)).splitlines())]
 
     for s in plan.runs():
         assert curve(split, s) == curve(whole, s), s.name
@@ -263,9 +267,103 @@ def test_a_finished_piece_writes_no_checkpoint_a_stopped_one_does(tmp_path, monk
     assert saved[-1] == ("train", plan.steps)
 
 
-def test_protocol_cli_runs_to_the_end_and_exits_with_the_candidates_verdict(tmp_path, capsys):
-    import gzip
+def test_a_finished_run_keeps_its_logs_gzip_compressed_a_stopped_one_plain(tmp_path, monkeypatch):
+    """When run_piece finishes a run, its metrics and probes are replaced by their gzip (mtime 0), holding exactly
+    what training logged, and the run reads as done; a piece stopped part-way leaves them plain, for the next
+    piece to append to (the control)."""
+    from convergence.train.checkpoint import JsonlLog
 
+    plan = _small_plan(probe_every=2)
+    pr.open_protocol(plan, tmp_path)
+    spec = plan.run("candidate")  # MXFP8: it writes probes too
+    folder = pr.run_dir(tmp_path, spec)
+    assert pr.run_piece(plan, spec, tmp_path, stop_after_s=0.0, progress=False) is False
+    assert {"metrics.jsonl", "checkpoint.pt"} <= {p.name for p in folder.iterdir()} and not list(folder.glob("*.gz"))
+    assert pr.metrics_path(tmp_path, spec) == folder / "metrics.jsonl"
+    assert 0 < pr.run_state(plan, tmp_path, spec) < plan.steps
+
+    logged, compact = {}, pr.compact_run
+
+    def spy(f):  # what training logged, read just before compaction
+        logged.update({n: (f / n).read_bytes() for n in pr.COMPACTED if (f / n).exists()})
+        compact(f)
+
+    monkeypatch.setattr(pr, "compact_run", spy)
+    assert pr.run_piece(plan, spec, tmp_path, stop_after_s=None, progress=False)
+    assert sorted(p.name for p in folder.iterdir()) == ["config.json", "metrics.jsonl.gz", "probes.jsonl.gz"]
+    assert set(logged) == set(pr.COMPACTED)
+    for name, plain in logged.items():
+        packed = (folder / f"{name}.gz").read_bytes()
+        assert packed == gzip.compress(plain, mtime=0)  # the same run, the same bytes
+        assert JsonlLog(folder / f"{name}.gz").records() == [json.loads(line) for line in plain.splitlines()]
+    assert [r["step"] for r in JsonlLog(pr.metrics_path(tmp_path, spec)).records()] == list(range(1, plan.steps + 1))
+    assert pr.probes_path(tmp_path, spec) == folder / "probes.jsonl.gz"
+    assert pr.run_state(plan, tmp_path, spec) == "done"
+
+
+def test_a_run_left_with_both_its_gzip_and_its_plain_log_is_read_from_the_gzip(tmp_path):
+    """A crash between writing a log's gzip (atomically: it is whole) and removing the plain file leaves both:
+    the gzip wins. Here the plain files are a step short, so the one read shows; with the gzip gone, the plain
+    file is read (the control)."""
+    plan = pr.ProtocolPlan(model="tiny", steps=10).check()
+    spec = plan.run("candidate")
+    folder = pr.run_dir(tmp_path, spec)
+    folder.mkdir(parents=True)
+
+    def write(steps):
+        for name in pr.COMPACTED:
+            (folder / name).write_text("".join(json.dumps({"step": s, "loss": 1.0, "layers": {}}) + "\n"
+                                               for s in range(1, steps + 1)))
+
+    write(plan.steps)
+    pr.compact_run(folder)
+    write(plan.steps - 1)
+    assert pr.metrics_path(tmp_path, spec) == folder / "metrics.jsonl.gz"
+    assert pr.probes_path(tmp_path, spec) == folder / "probes.jsonl.gz"
+    assert pr.run_state(plan, tmp_path, spec) == "done"
+    for name in pr.COMPACTED:
+        (folder / f"{name}.gz").unlink()
+    assert pr.metrics_path(tmp_path, spec) == folder / "metrics.jsonl"
+    assert pr.probes_path(tmp_path, spec) == folder / "probes.jsonl"
+    assert pr.run_state(plan, tmp_path, spec) == plan.steps - 1
+
+
+@pytest.mark.timeout(300)
+def test_a_compacted_folder_is_judged_and_its_results_written_as_the_plain_one(tmp_path):
+    """Compaction changes how a finished run's logs are stored, not what they say: the same folder with every log
+    gunzipped back to plain (the control: the only difference) gives the same verdicts, but for the file each
+    names as its source, and the same results byte for byte (write_results copies a compacted log as it is and
+    compresses a plain one to the same bytes)."""
+    from convergence.protocol import pieces
+
+    plan = _small_plan(steps=6, probe_every=2)  # 6: at 4 steps the tiny rounding replicates end as copies
+    packed, plain = tmp_path / "packed", tmp_path / "plain"
+    pr.open_protocol(plan, packed)
+    assert set(pieces.execute(plan, packed, progress=False).values()) == {"done"}
+    shutil.copytree(packed, plain)
+    for gz in (plain / "runs").rglob("*.jsonl.gz"):
+        gz.with_suffix("").write_bytes(gzip.decompress(gz.read_bytes()))
+        gz.unlink()
+    assert not list((packed / "runs").rglob("*.jsonl")) and not list((plain / "runs").rglob("*.gz"))
+    assert list((packed / "runs").rglob("probes.jsonl.gz"))
+
+    def judged(root):  # each run's file, named in the verdicts as their source, by its run's name
+        text = json.dumps(pr.judge(plan, root), sort_keys=True)
+        for spec in plan.runs():
+            text = text.replace(json.dumps(str(pr.metrics_path(root, spec))), json.dumps(f"<{spec.name}>"))
+        return json.loads(text)
+
+    verdicts = judged(packed)
+    assert verdicts == judged(plain) and f"{packed}" not in json.dumps(verdicts)
+    results = {}
+    for root in (packed, plain):
+        pr.write_results(plan, root, verdicts, plan.command("OUT"), "cpu")
+        results[root] = {p.name: p.read_bytes() for p in (root / "results").iterdir()}
+    assert results[packed] == results[plain]
+    assert sum(n.endswith("_probes__cpu.jsonl.gz") for n in results[packed]) == 2  # the candidate and the control
+
+
+def test_protocol_cli_runs_to_the_end_and_exits_with_the_candidates_verdict(tmp_path, capsys):
     from convergence.curves.compare import EXIT_CODES
     from convergence.curves.load import load_curve
 
@@ -285,7 +383,8 @@ def test_protocol_cli_runs_to_the_end_and_exits_with_the_candidates_verdict(tmp_
     assert len(curves) == len(runs)
     for spec in runs:  # each run's metrics as the run wrote them, gzip-compressed, loading as they are
         packed = out / "results" / f"tiny_long_{spec.name}__cpu.jsonl.gz"
-        assert gzip.decompress(packed.read_bytes()) == pr.metrics_path(out, spec).read_bytes()
+        assert packed.read_bytes() == pr.metrics_path(out, spec).read_bytes()  # compacted when it finished
+        assert pr.metrics_path(out, spec).name == "metrics.jsonl.gz" and gzip.decompress(packed.read_bytes())
         assert load_curve(packed).values.tolist() == load_curve(pr.metrics_path(out, spec)).values.tolist()
     probed = {s.name for s in runs if s.recipe != "bf16"}  # probes compare MXFP8 with BF16: MXFP8 runs only
     assert {n.split("_probes__")[0].removeprefix("tiny_long_") for n in names if "_probes__" in n
@@ -306,13 +405,13 @@ def test_protocol_cli_grows_to_candidate_replicates_and_judges_the_groups(tmp_pa
             "--val-every", "2", "--val-batches", "3", "--probe-every", "0", "--mxfp8-kernel", "emulated",
             "--design", "seed", "--out", str(out)]
     convergence_main(argv)
-    first = {p: p.read_bytes() for p in (out / "runs").rglob("metrics.jsonl")}
+    first = {p: p.read_bytes() for p in (out / "runs").rglob("metrics.jsonl.gz")}
     capsys.readouterr()
     rc = convergence_main([*argv, "--candidate-replicates", "2"])
     printed = capsys.readouterr().out
     assert "candidate_replicates 1 -> 2" in printed and "protocol complete" in printed
     assert all(p.read_bytes() == b for p, b in first.items())  # the runs made are kept as they were
-    assert {p.parts[-3] for p in (out / "runs").rglob("metrics.jsonl")} - {p.parts[-3] for p in first} == {
+    assert {p.parts[-3] for p in (out / "runs").rglob("metrics.jsonl.gz")} - {p.parts[-3] for p in first} == {
         "mxfp8_seed1", "mxfp8-head_seed1", "bf16_seed4"}
     verdict = json.loads((out / "results" / "tiny_long_verdict__cpu.json").read_text())
     assert verdict["protocol"]["judged_runs"] == ["mxfp8", "mxfp8_seed1"]
@@ -365,8 +464,9 @@ def test_protocol_in_worker_processes_matches_one_process(tmp_path):
     pieces.execute(plan, one, progress=False)
     pr.open_protocol(plan, two)
     assert set(pieces.execute(plan, two, slots=2, progress=False).values()) == {"done"}
+    assert not list(two.rglob("metrics.jsonl")) and len(list(two.rglob("metrics.jsonl.gz"))) == len(plan.runs())
     for s in plan.runs():
-        a, b = (pr.metrics_path(root, s).read_text().splitlines() for root in (one, two))
+        a, b = (file_bytes(pr.metrics_path(root, s)).splitlines() for root in (one, two))
         strip = [computed(json.loads(line)) for line in a]
         assert strip == [computed(json.loads(line)) for line in b], s.name
 

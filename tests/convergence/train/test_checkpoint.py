@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gzip
+
 import torch
 
 from convergence.train.checkpoint import JsonlLog, load_checkpoint, plain, save_checkpoint
@@ -19,6 +21,19 @@ def test_jsonl_log_ignores_and_repairs_a_torn_last_line(tmp_path):
     assert [r["step"] for r in log.records()] == [1, 2, 3, 4]
     log.truncate_after(3)
     assert log.path.read_text().endswith("\n") and [r["step"] for r in log.records()] == [1, 2, 3]
+
+
+def test_jsonl_log_reads_a_gzip_log_as_its_plain_one(tmp_path):
+    """A finished protocol run's logs are compacted to gzip (convergence.protocol.plan.compact_run) and read back
+    through JsonlLog: the same records, the torn last line of the plain file still left out."""
+    log = JsonlLog(tmp_path / "m.jsonl")
+    for s in range(1, 4):
+        log.append({"step": s, "loss": float(s)})
+    with open(log.path, "a") as f:
+        f.write('{"step": 4, "lo')
+    packed = tmp_path / "m.jsonl.gz"
+    packed.write_bytes(gzip.compress(log.path.read_bytes(), mtime=0))
+    assert JsonlLog(packed).records() == log.records() == [{"step": s, "loss": float(s)} for s in range(1, 4)]
 
 
 def test_jsonl_log_writes_no_nan(tmp_path):

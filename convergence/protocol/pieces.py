@@ -2,7 +2,7 @@
 
 Public: ``execute(plan, out, *, slots, per_gpu, stop_after_s, whole_runs, worker_argv, progress) -> dict`` (name ->
 "done" or steps logged), ``expected_wall_s(out, plan, recipe, per_gpu)``, ``progress_report(plan, out, per_gpu)``,
-``planning_levels(plan, sub, out, status)``, ``projection(plan, verdicts, levels)``,
+``planning_levels(plan, sub, out, status)``, ``projection(plan, verdicts, levels)``, ``resumable_status(plan, out)``,
 ``protocol_worker(out, threads, gpu_share)``, ``gpus_of_slots(slots, per_gpu)``, ``RunFailed``, ``STARTUP_S``,
 ``PACE_FILE``, ``PACE_MARGIN``, ``RECENT_RUNS``.
 
@@ -11,7 +11,9 @@ Public: ``execute(plan, out, *, slots, per_gpu, stop_after_s, whole_runs, worker
   ``protocol_worker(out)``: ``python -m convergence protocol --out OUT --piece NAME ...``), pinned to one
   GPU each through ``CUDA_VISIBLE_DEVICES`` on a CUDA plan, ``per_gpu`` of them to a GPU (slot i on GPU
   i mod the number of GPUs); each writes its output to ``OUT/logs/NAME.log``.
-* Order: the plan's, runs already started first, so at most ``slots`` checkpoints exist at any time.
+* Order: the plan's, runs already started first, so at most ``slots`` checkpoints exist at any time. A started
+  run whose checkpoint is not in the folder (copied off a machine whose disk ended with the call) starts again
+  at step 0, and is scheduled and paced as a run not yet started (``resumable_status``).
 * Time: a piece is told to stop ``STARTUP_S`` before the deadline (what it spends outside its training clock:
   starting, loading, building the model, writing its checkpoint); none starts with less than ``MIN_PIECE_S``
   of training time left. The next call continues every run from its checkpoint.
@@ -152,9 +154,12 @@ def progress_report(plan: pr.ProtocolPlan, out: Path, per_gpu: int = 1, *, figur
     if figure is not None and not whole:
         lines.append("  no figure: no level is whole yet")
     lines += _parting_report(plan, out, status, parting_figure, force)
-    started = [f"{r.name} {status[r.name]}/{plan.steps}" for r in runs if status[r.name] not in ("done", 0)]
+    started = [f"{r.name} {status[r.name]}/{plan.steps}" + ("" if pr.can_continue(out, r) else
+                                                            " (no checkpoint here: starts again at step 0)")
+               for r in runs if status[r.name] not in ("done", 0)]
     if started:
         lines.append("  started: " + ", ".join(started))
+    status = resumable_status(plan, out)  # what is left: a run without its checkpoint, all of it
     total, parts, unknown = 0.0, [], []
     for recipe in dict.fromkeys(r.recipe for r in runs):
         todo = [r for r in runs if r.recipe == recipe and status[r.name] != "done"]
@@ -261,6 +266,14 @@ def projection(plan: pr.ProtocolPlan, verdicts: dict, levels: tuple[list, list] 
                    + (f"{apart} ({4 * apart} runs)" if apart else f"more than {power.BALANCED_MAX}"))
 
 
+def resumable_status(plan: pr.ProtocolPlan, out: Path) -> dict[str, int | str]:
+    """``plan.run_status``, with a started run whose checkpoint is not here (``plan.can_continue``) at 0: it starts
+    again at step 0, so it is ordered, fitted (``whole_runs``) and paced as a run not yet started."""
+    status = pr.run_status(plan, out)
+    return {s.name: 0 if status[s.name] not in ("done", 0) and not pr.can_continue(out, s) else status[s.name]
+            for s in plan.runs()}
+
+
 def _order(plan: pr.ProtocolPlan, status: dict) -> list[pr.RunSpec]:
     todo = [s for s in plan.runs() if status[s.name] != "done"]
     return sorted(todo, key=lambda s: status[s.name] == 0)  # stable: started runs first, then plan order
@@ -319,7 +332,7 @@ def execute(plan: pr.ProtocolPlan, out: Path, *, slots: int = 1, per_gpu: int = 
 
     if slots <= 1:
         tokens = None
-        status = pr.run_status(plan, out)  # a run's entry changes only by its own piece, read back after it
+        status = resumable_status(plan, out)  # a run's entry changes only by its own piece, read back after it
         for spec in _order(plan, status):
             left = budget()
             if left is not None and left < MIN_PIECE_S:
@@ -355,7 +368,7 @@ def gpus_of_slots(slots: int, per_gpu: int = 1) -> list[str]:
 def _parallel(plan, out: Path, slots: int, budget, fits, worker_argv, progress, *, gpus: list[str],
               per_gpu: int) -> dict:
     (out / "logs").mkdir(parents=True, exist_ok=True)
-    status = pr.run_status(plan, out)
+    status = resumable_status(plan, out)
     queue = _order(plan, status)
     running: dict[int, tuple[pr.RunSpec, subprocess.Popen, float, object, object]] = {}
     failures, last_report = [], time.monotonic()

@@ -340,6 +340,16 @@ def run_status(plan: ProtocolPlan, out: Path) -> dict[str, int | str]:
     return {spec.name: run_state(plan, out, spec) for spec in plan.runs()}
 
 
+CHECKPOINT = "checkpoint.pt"  # a stopped run's (the single-process placement's name; deleted once the run is done)
+
+
+def can_continue(out: Path, spec: RunSpec) -> bool:
+    """Whether a run stopped part-way has its checkpoint here. A folder copied off a machine whose disk ended with
+    the call holds a stopped run's logs without its checkpoint: that run starts again at step 0 (training drops
+    the logged steps past the checkpoint it loads, here all of them)."""
+    return (run_dir(out, spec) / CHECKPOINT).is_file()
+
+
 def run_piece(plan: ProtocolPlan, spec: RunSpec, out: Path, *, stop_after_s: float | None,
               tokens: data_mod.TokenData | None = None, progress: bool = True) -> bool:
     """Continue one run from its checkpoint (or start it) for at most ``stop_after_s``; True when it is done.
@@ -356,7 +366,7 @@ def run_piece(plan: ProtocolPlan, spec: RunSpec, out: Path, *, stop_after_s: flo
     done = train_recipe(cfg, spec.recipe, folder, tokens, resume=True, progress=progress, stop_after_s=stop_after_s,
                         final_checkpoint=False)
     if done:
-        (folder / "checkpoint.pt").unlink(missing_ok=True)
+        (folder / CHECKPOINT).unlink(missing_ok=True)
         compact_run(folder)
     return done
 

@@ -544,6 +544,47 @@ def test_whole_runs_start_only_the_runs_that_end_by_the_deadline(tmp_path):
         assert sorted(paced) == sorted(n for n in status if status[n] == "done")
 
 
+def test_a_started_run_without_its_checkpoint_is_scheduled_as_a_new_run(tmp_path, capsys):
+    """A folder copied off a machine whose disk ended with the call: a BF16 run stopped part-way, its logs there
+    and its checkpoint not. It starts again at step 0, so with --whole-runs and a pace that says no whole BF16
+    run fits it is not started (it was, as a run to continue, and so trained to the deadline and lost its
+    checkpoint again), --status says it starts again and counts it whole in the time left, and a piece that
+    runs it is paced from step 0. The control: the same folder with the checkpoint continues the run."""
+    from convergence.protocol import pieces
+
+    plan = _small_plan()
+    spec = next(s for s in plan.runs() if s.recipe == "bf16")
+    made = tmp_path / "made"
+    pr.open_protocol(plan, made)
+    assert pr.run_piece(plan, spec, made, stop_after_s=0.0, progress=False) is False
+    logged = pr.run_state(plan, made, spec)
+    assert 0 < logged < plan.steps and pr.can_continue(made, spec)
+    slow = {"run": "earlier", "recipe": "bf16", "per_gpu": 1, "from_step": 0, "to_step": plan.steps, "wall_s": 1e6}
+    for keep in (True, False):
+        out = tmp_path / f"copy_{keep}"
+        shutil.copytree(made, out)
+        if not keep:
+            (pr.run_dir(out, spec) / pr.CHECKPOINT).unlink()
+        assert pieces.resumable_status(plan, out)[spec.name] == (logged if keep else 0)
+        _pace(out, slow)
+        status = pieces.execute(plan, out, stop_after_s=600, whole_runs=True, progress=False)
+        assert status[spec.name] == ("done" if keep else 0)
+        assert pr.run_state(plan, out, spec) == ("done" if keep else logged)  # not started: its logs as copied
+    capsys.readouterr()
+    report = _status_of(tmp_path / "copy_False", capsys)
+    assert f"{spec.name} {logged}/{plan.steps} (no checkpoint here: starts again at step 0)" in report
+    assert "(no checkpoint here" not in _status_of(tmp_path / "made", capsys)
+    out = tmp_path / "copy_False"
+    assert set(pieces.execute(plan, out, progress=False).values()) == {"done"}
+    entry = [json.loads(line) for line in (out / "pace.jsonl").read_text().splitlines() if spec.name in line][-1]
+    assert (entry["from_step"], entry["to_step"]) == (0, plan.steps)
+
+
+def _status_of(out, capsys) -> str:
+    assert convergence_main(["protocol", "--status", "--out", str(out)]) == 0
+    return capsys.readouterr().out
+
+
 @pytest.mark.timeout(120)
 def test_whole_runs_in_worker_processes_skip_what_does_not_fit(tmp_path):
     import sys

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# One call on a lent GPU machine: continue issue #15's protocol for about TOTAL seconds (default 585), starting
-# only runs that end in time (--whole-runs: a stopped run's checkpoint lives on that machine's disk alone).
+# One call on a lent GPU machine: continue issue #15's protocol for about TOTAL seconds (default 585). WHOLE=1
+# (default) starts only runs that end in time (--whole-runs: a stopped run's checkpoint lives on that machine's
+# disk alone); WHOLE=0 fills the call, stopping a run part-way, for a call that another follows at once (the
+# machine stays warm 30 s after a call, and the next continues the run from its checkpoint in /tmp/$NAME).
 # Run it from the repository root through the device tool, carrying .whl; then, here, merge what comes back:
 #   bash .gpu/merge.sh /work/.device/N/results.tgz
 # The working folder is /tmp/$NAME on the GPU machine: a machine kept warm between calls keeps it, and with it
@@ -8,6 +10,7 @@
 set -u
 NAME=${NAME:-proto5}
 TOTAL=${TOTAL:-585}
+WHOLE=${WHOLE:-1}
 source .gpu/env.sh
 W=/tmp/$NAME
 if [ ! -f "$W/protocol.json" ] && [ -d ".gpu/$NAME" ]; then cp -r ".gpu/$NAME" "$W"; fi
@@ -16,7 +19,7 @@ echo "${MXVAL_COMMIT:-unknown}" > "$OUT/commit"
 minutes=$(python3 -c "print(round(($TOTAL - 30 - $SECONDS) / 60, 3))")
 set -o pipefail
 python3 -m convergence protocol $(cat ".gpu/$NAME.args") --device cuda --out "$W" \
-    --stop-after-minutes "$minutes" --whole-runs 2>&1 | tee "$OUT/protocol.log"
+    --stop-after-minutes "$minutes" $([ "$WHOLE" = 1 ] && echo --whole-runs) 2>&1 | tee "$OUT/protocol.log"
 echo "protocol exit: $?"
 # runs stopped part-way keep their checkpoint in $W only; say which, and send back the rest
 (cd "$W" && find runs -name checkpoint.pt -printf '%h\n') > "$W/unfinished.txt"

@@ -6,6 +6,7 @@ set -eu
 NAME=${NAME:-proto5}
 tgz=$1
 tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
 tar xzf "$tgz" -C "$tmp"
 src=$tmp/$NAME
 [ -f "$src/protocol.json" ] || { echo "merge.sh: $tgz holds no $NAME/protocol.json"; exit 2; }
@@ -20,6 +21,5 @@ for f in $(cd ".gpu/$NAME" && find . -type f); do
     [ -f "$src/$f" ] || { echo "merge.sh: $f is tracked but not in $tgz: not merged"; exit 2; }
 done
 cp -r "$src/." ".gpu/$NAME/"
-rm -rf "$tmp"
 git add ".gpu/$NAME"
 git status --short ".gpu/$NAME" | head -40

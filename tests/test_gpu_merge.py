@@ -1,0 +1,81 @@
+""".gpu/merge.sh keeps what a lent GPU machine made: the protocol runs it finished, and nothing it stopped part-way
+(their checkpoints stay on that machine); a tarball that lost a tracked file is refused whole. Stop 31's runs
+were lost with an ignored folder; this is the path that now keeps them."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import tarfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+pytestmark = pytest.mark.skipif(not (shutil.which("bash") and shutil.which("git") and shutil.which("tar")),
+                                reason="needs bash, git and tar")
+
+
+def _run(cwd: Path, *argv: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(argv, cwd=cwd, capture_output=True, text=True, env=env, timeout=60)
+
+
+def _repo(tmp_path: Path) -> Path:
+    """A git checkout holding merge.sh and a tracked protocol folder with one finished run."""
+    repo = tmp_path / "repo"
+    (repo / ".gpu" / "proto" / "runs" / "bf16" / "bf16").mkdir(parents=True)
+    shutil.copy(ROOT / ".gpu" / "merge.sh", repo / ".gpu" / "merge.sh")
+    tracked = repo / ".gpu" / "proto"
+    (tracked / "protocol.json").write_text(json.dumps({"model": "proxy"}))
+    (tracked / "pace.jsonl").write_text('{"run": "bf16"}\n')
+    (tracked / "runs" / "bf16" / "bf16" / "metrics.jsonl.gz").write_bytes(b"first run")
+    for argv in (("git", "init", "-q"), ("git", "add", "-A"),
+                 ("git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "start")):
+        assert _run(repo, *argv).returncode == 0
+    return repo
+
+
+def _tarball(tmp_path: Path, repo: Path, *, drop: str | None = None) -> Path:
+    """What protocol.sh sends back: the tracked folder grown by one finished run and one stopped part-way."""
+    made = tmp_path / "machine" / "proto"
+    shutil.copytree(repo / ".gpu" / "proto", made)
+    (made / "pace.jsonl").write_text('{"run": "bf16"}\n{"run": "bf16_rounding1"}\n{"run": "mxfp8"}\n')
+    for name, recipe, files in (("bf16_rounding1", "bf16", ("metrics.jsonl.gz",)), ("mxfp8", "mxfp8",
+                                                                                     ("metrics.jsonl",))):
+        (made / "runs" / name / recipe).mkdir(parents=True)
+        for f in files:
+            (made / "runs" / name / recipe / f).write_bytes(name.encode())
+    (made / "unfinished.txt").write_text("runs/mxfp8/mxfp8\n")  # its checkpoint.pt stayed behind
+    if drop:
+        (made / drop).unlink()
+    tgz = tmp_path / "results.tgz"
+    with tarfile.open(tgz, "w:gz") as t:
+        t.add(made, arcname="proto")
+    return tgz
+
+
+def test_merge_keeps_the_finished_runs_and_stages_them(tmp_path):
+    repo = _repo(tmp_path)
+    done = _run(repo, "bash", ".gpu/merge.sh", str(_tarball(tmp_path, repo)), env={**os.environ, "NAME": "proto"})
+    assert done.returncode == 0, done.stderr
+    assert "not merged (stopped part-way): runs/mxfp8/mxfp8" in done.stdout
+    folder = repo / ".gpu" / "proto"
+    assert (folder / "runs" / "bf16_rounding1" / "bf16" / "metrics.jsonl.gz").read_bytes() == b"bf16_rounding1"
+    assert not (folder / "runs" / "mxfp8").exists() and not (folder / "unfinished.txt").exists()
+    assert (folder / "pace.jsonl").read_text().count("\n") == 3  # every piece's pace, the stopped one's too
+    staged = _run(repo, "git", "diff", "--cached", "--name-only").stdout.split()
+    assert staged == [".gpu/proto/pace.jsonl", ".gpu/proto/runs/bf16_rounding1/bf16/metrics.jsonl.gz"]
+
+
+def test_merge_refuses_a_tarball_that_lost_a_tracked_run(tmp_path):
+    """The control: the same tarball without the tracked run's log is refused with exit 2, and nothing is copied."""
+    repo = _repo(tmp_path)
+    tgz = _tarball(tmp_path, repo, drop="runs/bf16/bf16/metrics.jsonl.gz")
+    refused = _run(repo, "bash", ".gpu/merge.sh", str(tgz), env={**os.environ, "NAME": "proto"})
+    assert refused.returncode == 2
+    assert "metrics.jsonl.gz is tracked but not in" in refused.stdout
+    assert not (repo / ".gpu" / "proto" / "runs" / "bf16_rounding1").exists()
+    assert _run(repo, "git", "status", "--porcelain").stdout == ""

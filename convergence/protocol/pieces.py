@@ -2,9 +2,9 @@
 
 Public: ``execute(plan, out, *, slots, per_gpu, stop_after_s, whole_runs, worker_argv, progress) -> dict`` (name ->
 "done" or steps logged), ``expected_wall_s(out, plan, recipe, per_gpu)``, ``progress_report(plan, out, per_gpu)``,
-``planning_levels(plan, sub, out, status)``, ``projection(plan, verdicts, levels)``, ``resumable_status(plan, out)``,
-``protocol_worker(out, threads, gpu_share)``, ``gpus_of_slots(slots, per_gpu)``, ``RunFailed``, ``STARTUP_S``,
-``PACE_FILE``, ``PACE_MARGIN``, ``RECENT_RUNS``.
+``planning_levels(plan, sub, out, status)``, ``projection(plan, verdicts, levels)``,
+``resumable_status(plan, out, status)``, ``protocol_worker(out, threads, gpu_share)``,
+``gpus_of_slots(slots, per_gpu)``, ``RunFailed``, ``STARTUP_S``, ``PACE_FILE``, ``PACE_MARGIN``, ``RECENT_RUNS``.
 
 * One slot: the pieces run in this process, one after another, on the token stream loaded once.
 * Several slots: one worker process per slot (``worker_argv(name, minutes)``, by default
@@ -159,7 +159,7 @@ def progress_report(plan: pr.ProtocolPlan, out: Path, per_gpu: int = 1, *, figur
                for r in runs if status[r.name] not in ("done", 0)]
     if started:
         lines.append("  started: " + ", ".join(started))
-    status = resumable_status(plan, out)  # what is left: a run without its checkpoint, all of it
+    status = resumable_status(plan, out, status)  # what is left: a run without its checkpoint, all of it
     total, parts, unknown = 0.0, [], []
     for recipe in dict.fromkeys(r.recipe for r in runs):
         todo = [r for r in runs if r.recipe == recipe and status[r.name] != "done"]
@@ -266,10 +266,11 @@ def projection(plan: pr.ProtocolPlan, verdicts: dict, levels: tuple[list, list] 
                    + (f"{apart} ({4 * apart} runs)" if apart else f"more than {power.BALANCED_MAX}"))
 
 
-def resumable_status(plan: pr.ProtocolPlan, out: Path) -> dict[str, int | str]:
-    """``plan.run_status``, with a started run whose checkpoint is not here (``plan.can_continue``) at 0: it starts
-    again at step 0, so it is ordered, fitted (``whole_runs``) and paced as a run not yet started."""
-    status = pr.run_status(plan, out)
+def resumable_status(plan: pr.ProtocolPlan, out: Path, status: dict | None = None) -> dict[str, int | str]:
+    """``plan.run_status`` (or ``status``, already read), with a started run whose checkpoint is not here
+    (``plan.can_continue``) at 0: it starts again at step 0, so it is ordered, fitted (``whole_runs``) and paced
+    as a run not yet started."""
+    status = pr.run_status(plan, out) if status is None else status
     return {s.name: 0 if status[s.name] not in ("done", 0) and not pr.can_continue(out, s) else status[s.name]
             for s in plan.runs()}
 

@@ -8,7 +8,6 @@ Each returns the PNG path; the folder is created if needed.
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
@@ -78,19 +77,10 @@ def layer_sqnr(results, png: Path) -> Path:
     return _save(fig, png)
 
 
-def _metrics(path: Path) -> tuple[list[int], list[float]]:
-    """Steps and training losses of a run's metrics file, plain or gzip (a finished protocol run's is compacted)."""
-    from numerics.files import file_bytes
-
-    recs = [json.loads(line) for line in file_bytes(path).decode().splitlines() if line.strip()]
-    return [r["step"] for r in recs], [r["loss"] for r in recs]
-
-
-def training_curves(out: Path, runs: dict[str, Path], probes: list[dict], png: Path) -> Path:
-    """``runs``: run name -> its metrics file (``convergence.protocol.plan.metrics_path``)."""
+def training_curves(out: Path, runs: dict[str, tuple[list[int], list[float]]], probes: list[dict], png: Path) -> Path:
+    """``runs``: run name -> its steps and training losses (as the training level read them from its metrics)."""
     fig, (top, bottom) = _figure((9, 6), rows=2, height_ratios=[3, 2])
-    for name, path in runs.items():
-        steps, loss = _metrics(path)
+    for name, (steps, loss) in runs.items():
         style = dict(color="tab:orange", lw=1.4) if name == "mxfp8" else \
             dict(color="tab:blue", lw=1.4) if name == "bf16" else \
             dict(color="tab:blue", lw=0.8, alpha=0.45, ls="--") if name.startswith("bf16") else \

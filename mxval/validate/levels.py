@@ -273,11 +273,13 @@ def run_training(plan: Plan, out: Path, progress: Progress) -> LevelResult:
                            "design": pp.design, "runs": {}}
     table = [("run", "role", "recipe", "init / data / rows", "steps", "first loss", "final loss (last 10%)",
               "final val loss", "median tokens/s")]
-    curves = {}  # run name -> its metrics file as it is on disk (compacted to .jsonl.gz once finished)
+    files, curves = [], {}  # each run's metrics file as it is on disk (.jsonl.gz once finished); its steps, losses
     for spec in pp.runs():
-        path = curves[spec.name] = pr.metrics_path(root, spec)
+        path = pr.metrics_path(root, spec)
+        files.append(path)
         recs = JsonlLog(path).records()
         losses = [r["loss"] for r in recs]
+        curves[spec.name] = ([r["step"] for r in recs], losses)
         tail = losses[-max(1, len(losses) // 10):]
         final = sum(tail) / len(tail)
         val = [r["val_loss"] for r in recs if "val_loss" in r]
@@ -311,7 +313,7 @@ def run_training(plan: Plan, out: Path, progress: Progress) -> LevelResult:
     summary = (f"{plan.train_model} model, {plan.train_steps} steps, {len(runs_)} runs: final validation loss BF16 "
                f"{b:.4f}; against it " + ", ".join(f"{n} {x:+.2%}" for n, x in rel.items()))
     return LevelResult("training", level_status(checks), summary, tuple(checks), numbers, tuple(table),
-                       (_rel(fig, out),), tuple(_rel(p, out) for p in curves.values()))
+                       (_rel(fig, out),), tuple(_rel(p, out) for p in files))
 
 
 # ---------------------------------------------------------------- curves

@@ -55,6 +55,7 @@ from pathlib import Path
 from convergence.train import data as data_mod
 from convergence.train.checkpoint import JsonlLog
 from convergence.train.loop import TrainConfig, defaults_for, train_recipe
+from convergence.train.placement import CHECKPOINT_FILE  # a protocol run trains in one process
 from numerics.errors import BadInput
 from numerics.files import GZIP_MAGIC, atomic_write, gzip_or_plain
 from numerics.layer.configs import CONFIGS
@@ -340,14 +341,11 @@ def run_status(plan: ProtocolPlan, out: Path) -> dict[str, int | str]:
     return {spec.name: run_state(plan, out, spec) for spec in plan.runs()}
 
 
-CHECKPOINT = "checkpoint.pt"  # a stopped run's (the single-process placement's name; deleted once the run is done)
-
-
 def can_continue(out: Path, spec: RunSpec) -> bool:
     """Whether a run stopped part-way has its checkpoint here. A folder copied off a machine whose disk ended with
     the call holds a stopped run's logs without its checkpoint: that run starts again at step 0 (training drops
     the logged steps past the checkpoint it loads, here all of them)."""
-    return (run_dir(out, spec) / CHECKPOINT).is_file()
+    return (run_dir(out, spec) / CHECKPOINT_FILE).is_file()
 
 
 def run_piece(plan: ProtocolPlan, spec: RunSpec, out: Path, *, stop_after_s: float | None,
@@ -366,7 +364,7 @@ def run_piece(plan: ProtocolPlan, spec: RunSpec, out: Path, *, stop_after_s: flo
     done = train_recipe(cfg, spec.recipe, folder, tokens, resume=True, progress=progress, stop_after_s=stop_after_s,
                         final_checkpoint=False)
     if done:
-        (folder / CHECKPOINT).unlink(missing_ok=True)
+        (folder / CHECKPOINT_FILE).unlink(missing_ok=True)
         compact_run(folder)
     return done
 

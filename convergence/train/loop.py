@@ -58,7 +58,7 @@ import torch.nn.functional as F
 from convergence.train import data as data_mod
 from convergence.train.checkpoint import JsonlLog
 from convergence.train.model import Transformer, build_initialised
-from convergence.train.placement import HostStateAdamW, Single, deterministic_mode
+from convergence.train.placement import CHECKPOINT_FILE, HostStateAdamW, Single, deterministic_mode
 from numerics.errors import BadInput
 from numerics.files import atomic_write, writable_dir
 from numerics.layer.configs import get_config
@@ -452,7 +452,7 @@ def check_run_dir(cfg: TrainConfig, out: Path, resume: bool, force: bool) -> Non
 def _check_resumable(run_dir: Path) -> None:
     """A run that logged steps but has no checkpoint cannot continue: say so instead of restarting it."""
     logged = JsonlLog(run_dir / "metrics.jsonl").records()
-    has_ckpt = (run_dir / "checkpoint.pt").exists() or (run_dir / "checkpoint").exists() \
+    has_ckpt = (run_dir / CHECKPOINT_FILE).exists() or (run_dir / "checkpoint").exists() \
         or (run_dir / "checkpoint.old").exists()
     if logged and not has_ckpt:
         raise BadInput(f"--resume: {run_dir} logged {len(logged)} steps but has no checkpoint to continue from "

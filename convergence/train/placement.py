@@ -57,6 +57,9 @@ def deterministic_mode(enabled: bool, device: str) -> Iterator[None]:
         torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic = saved[2], saved[3]
 
 
+CHECKPOINT_FILE = "checkpoint.pt"  # a single-process run's checkpoint in its run folder
+
+
 class Single:
     """One process, the whole model on one device."""
 
@@ -118,7 +121,7 @@ class Single:
 
     # ---- checkpoints
     def checkpoint_path(self, run_dir: Path) -> Path:
-        return run_dir / "checkpoint.pt"
+        return run_dir / CHECKPOINT_FILE
 
     def has_checkpoint(self, run_dir: Path) -> bool:
         return self.checkpoint_path(run_dir).exists()

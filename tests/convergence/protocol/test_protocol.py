@@ -564,7 +564,7 @@ def test_a_started_run_without_its_checkpoint_is_scheduled_as_a_new_run(tmp_path
         out = tmp_path / f"copy_{keep}"
         shutil.copytree(made, out)
         if not keep:
-            (pr.run_dir(out, spec) / pr.CHECKPOINT).unlink()
+            (pr.run_dir(out, spec) / pr.CHECKPOINT_FILE).unlink()
         assert pieces.resumable_status(plan, out)[spec.name] == (logged if keep else 0)
         _pace(out, slow)
         status = pieces.execute(plan, out, stop_after_s=600, whole_runs=True, progress=False)

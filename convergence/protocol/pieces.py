@@ -18,10 +18,10 @@ Public: ``execute(plan, out, *, slots, per_gpu, stop_after_s, whole_runs, worker
   starting, loading, building the model, writing its checkpoint); none starts with less than ``MIN_PIECE_S``
   of training time left. The next call continues every run from its checkpoint.
 * Pace: every piece appends its recipe, steps and wall seconds to ``OUT/pace.jsonl``. With ``whole_runs``, a
-  run not yet started is started only when that pace (its last ``RECENT_RUNS`` whole runs), +``PACE_MARGIN``,
-  says it ends before the deadline (other runs that fit go first): for a machine whose disk does not outlive
-  the call, where a stopped run's checkpoint is lost with it and its minutes with it. A recipe with no pace
-  yet is started (the first piece measures it).
+  run not yet started is started only when the slowest of its recipe's last ``RECENT_RUNS`` finished runs
+  (``expected_wall_s``), +``PACE_MARGIN``, says it ends before the deadline (other runs that fit go first): for
+  a machine whose disk does not outlive the call, where a stopped run's checkpoint is lost with it and its
+  minutes with it. A recipe with no pace yet is started (the first piece measures it).
 """
 
 from __future__ import annotations
@@ -46,12 +46,17 @@ MIN_PIECE_S = 5.0  # below this a piece would spend more time starting than trai
 PACE_FILE = "pace.jsonl"
 # --whole-runs asks for this much more than the expected time: a whole run's pace varies between runs of one
 # recipe by a few percent on one GPU (proxy on an H200, 2026-12-01: BF16 whole runs 263 and 274 s with the
-# evaluations and start-up, 4 % apart); 10 % leaves room for that and for a slower start.
+# evaluations and start-up, 4 % apart; E2M1 390 and ~417 s on one machine, 7 %); 10 % leaves room for that and
+# for a slower start.
 PACE_MARGIN = 1.10
-# A whole run's pace is the mean of the recipe's last RECENT_RUNS whole runs, not of all of them: the code and the
+# A whole run's pace comes from the recipe's last RECENT_RUNS finished runs, not from all of them: the code and the
 # machine change between sessions, and the latest runs are the current code's (stop 29 took the proxy's BF16 whole
 # runs from ~305 s to ~255 s; on 2026-12-01 the mean of all nine, 275 s, asked 302 s with the margin and kept a run
-# that the last three, 255 s, say fits in the 286 s left from starting). Three average out a run's own few percent.
+# that the last three, 255 s, say fits in the 286 s left from starting). --whole-runs asks the slowest of them, not
+# their mean: the MX recipes' speed differs between lent H200s far more than between runs on one (E2M1 341 s on
+# one session's machine, 390 and ~417 s on the next session's, BF16 250 s on both), a session's first runs take
+# their pace from the last session's machine, and a pace too short costs the whole run (stopped at the deadline,
+# its checkpoint lost: 366 s on 2026-12-01), one too long only the idle end of a call.
 RECENT_RUNS = 3
 
 
@@ -71,12 +76,15 @@ def record_pace(out: Path, spec: pr.RunSpec, steps_before, steps_after, wall_s: 
         f.write(json.dumps(entry) + "\n")
 
 
-def expected_wall_s(out: Path, plan: pr.ProtocolPlan, recipe: str, per_gpu: int = 1) -> tuple[float, str] | None:
+def expected_wall_s(out: Path, plan: pr.ProtocolPlan, recipe: str, per_gpu: int = 1,
+                    slowest: bool = False) -> tuple[float, str] | None:
     """(wall seconds, how it was estimated) a whole run of ``recipe`` in ``plan`` is expected to take, start-up
-    included, from the pieces in ``OUT/pace.jsonl`` run ``per_gpu`` to a GPU; None when there are none. Whole runs
-    (step 0 to the end in one piece) are used when there are any (the mean of the last ``RECENT_RUNS``); otherwise
-    the pieces' seconds per step after each piece's start-up (``STARTUP_S`` of the plan's model), plus one
-    start-up."""
+    included, from the pieces in ``OUT/pace.jsonl`` run ``per_gpu`` to a GPU; None when there are none. From the
+    recipe's last ``RECENT_RUNS`` finished runs when there are any: their mean, or with ``slowest`` the slowest
+    (what ``--whole-runs`` asks). A run made in one piece counts its wall seconds; one made in pieces, each
+    piece's seconds less its start-up (``STARTUP_S`` of the plan's model) plus one start-up, from the last piece
+    that started at step 0 (an earlier start lost its checkpoint). With no finished run, the pieces' seconds per
+    step, the same way."""
     path = Path(out) / PACE_FILE
     if not path.is_file():
         return None
@@ -88,16 +96,30 @@ def expected_wall_s(out: Path, plan: pr.ProtocolPlan, recipe: str, per_gpu: int 
             continue
         if e.get("recipe") == recipe and e.get("per_gpu", 1) == per_gpu and e.get("to_step", 0) > e.get("from_step", 0):
             pieces.append(e)
-    steps = plan.steps
-    whole = [e["wall_s"] for e in pieces if e["from_step"] == 0 and e["to_step"] == steps][-RECENT_RUNS:]
-    if whole:
-        return sum(whole) / len(whole), f"the last {len(whole)} whole {recipe} run{'s' * (len(whole) > 1)}"
     if not pieces:
         return None
-    startup = STARTUP_S.get(plan.model, 60.0)
-    training = sum(max(e["wall_s"] - startup, 0.0) for e in pieces)
-    return startup + training * steps / sum(e["to_step"] - e["from_step"] for e in pieces), \
-        f"{len(pieces)} {recipe} pieces, each less its start-up"
+    startup, steps = STARTUP_S.get(plan.model, 60.0), plan.steps
+
+    def whole_s(chain: list[dict]) -> float:
+        training = sum(max(e["wall_s"] - startup, 0.0) for e in chain)
+        return startup + training * steps / sum(e["to_step"] - e["from_step"] for e in chain)
+
+    chains: dict[str, list[dict]] = {}  # each run's pieces since its last start at step 0
+    finished = []
+    for e in pieces:
+        chain = chains.setdefault(e.get("run", ""), [])
+        if e["from_step"] == 0:
+            chain.clear()
+        chain.append(e)
+        if e["to_step"] == steps:
+            finished.append(e["wall_s"] if len(chain) == 1 else whole_s(chain))
+    recent = finished[-RECENT_RUNS:]
+    if recent:
+        n = f"{len(recent)} {recipe} run{'s' * (len(recent) > 1)}"
+        if slowest:
+            return max(recent), f"the slowest of the last {n}" if len(recent) > 1 else f"the last {n}"
+        return sum(recent) / len(recent), f"the last {n}"
+    return whole_s(pieces), f"{len(pieces)} {recipe} pieces, each less its start-up"
 
 
 GROUPS = (("baselines (BF16 + replicates)", ("baseline", "replicate")),
@@ -320,7 +342,7 @@ def execute(plan: pr.ProtocolPlan, out: Path, *, slots: int = 1, per_gpu: int = 
         """False when ``whole_runs`` and a run not yet started would not end by the deadline at its pace."""
         if not whole_runs or deadline is None or steps_logged != 0:
             return True
-        need = expected_wall_s(out, plan, spec.recipe, per_gpu)
+        need = expected_wall_s(out, plan, spec.recipe, per_gpu, slowest=True)
         left = deadline - time.monotonic()
         if need is None or PACE_MARGIN * need[0] <= left:
             return True

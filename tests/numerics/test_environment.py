@@ -20,3 +20,26 @@ def test_a_hardware_tag_that_is_not_a_file_name_is_one_line():
     for bad in ("../x", "H200", "a/b", "", ".hidden"):
         with pytest.raises(BadInput, match="a tag such as h200"):
             check_hardware_tag(bad)
+
+
+def test_the_host_cpu_model_is_recorded(tmp_path, monkeypatch):
+    """Every result records the host CPU's model, read from /proc/cpuinfo where there is one (the lent GPU
+    machines' hosts differ, and emulated MX steps are host-bound enough to show it)."""
+    from pathlib import Path
+
+    from numerics import environment
+
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file():
+        names = [ln.split(":", 1)[1].strip() for ln in cpuinfo.read_text().splitlines() if ln.startswith("model name")]
+        assert environment.describe()["cpu"] == (names[0] if names else environment.platform.processor() or None)
+    real_open = open
+
+    def no_cpuinfo(path, *a, **kw):  # a host without /proc: platform's answer, or None, never an error
+        if str(path) == "/proc/cpuinfo":
+            raise FileNotFoundError(path)
+        return real_open(path, *a, **kw)
+
+    monkeypatch.setattr("builtins.open", no_cpuinfo)
+    monkeypatch.setattr(environment.platform, "processor", lambda: "")
+    assert environment._cpu_model() is None

@@ -147,10 +147,19 @@ def _reference_records(lines: list[bytes], first_line: int, last_line: int, path
 def _decoder(step_key: str, loss_key: str):
     """A msgspec decoder of exactly the fields read (every known series: searching the bytes for the keys
     costs more than decoding them); unknown and nested fields are skipped without being built. A JSON
-    null fails the float type, so its block goes to the reference, which reads null as absent."""
+    null fails the float type, so its block goes to the reference, which reads null as absent. When the loss
+    key is itself a known series (``val_loss``, as ``compare --metric val_loss`` reads), its column is the
+    loss's (``_fast_records`` copies it), and the training ``loss``, which then makes a line legitimate without
+    being read, is decoded for its presence alone."""
     fields = [("f_step", int), ("f_loss", float, math.nan)]
-    fields += [(f"f{j}", float, math.nan) for j in range(len(EXTRA_SERIES))]
-    rename = {"f_step": step_key, "f_loss": loss_key, **{f"f{j}": k for j, k in enumerate(EXTRA_SERIES)}}
+    rename = {"f_step": step_key, "f_loss": loss_key}
+    for j, k in enumerate(EXTRA_SERIES):
+        if k != loss_key:
+            fields.append((f"f{j}", float, math.nan))
+            rename[f"f{j}"] = k
+    if loss_key != "loss":
+        fields.append(("f_train", float, math.nan))
+        rename["f_train"] = "loss"
     return msgspec.json.Decoder(msgspec.defstruct("Record", fields, rename=rename))
 
 
@@ -166,11 +175,16 @@ def _fast_records(block: bytes, first_line: int, decoder) -> _Columns | None:
         return None  # not JSON, a NaN literal, a value of another type, a step outside int64
     loss = np.fromiter(map(operator.attrgetter("f_loss"), recs), dtype=np.float64, count=n)
     extras = np.full((n, len(EXTRA_SERIES)), math.nan)
+    fields = decoder.type.__struct_fields__
     for j in range(len(EXTRA_SERIES)):
-        extras[:, j] = np.fromiter(map(operator.attrgetter(f"f{j}"), recs), np.float64, n)
+        field = f"f{j}" if f"f{j}" in fields else "f_loss"  # the loss key's own series: the loss
+        extras[:, j] = np.fromiter(map(operator.attrgetter(field), recs), np.float64, n)
     has_loss = ~np.isnan(loss)  # msgspec never yields NaN (the literal is not JSON): NaN means absent
     has_extra = ~np.isnan(extras)
-    if not (has_loss | has_extra.any(axis=1)).all():
+    legit = has_loss | has_extra.any(axis=1)
+    if "f_train" in fields:  # the training loss makes a line legitimate when another key is read
+        legit |= ~np.isnan(np.fromiter(map(operator.attrgetter("f_train"), recs), np.float64, n))
+    if not legit.all():
         return None  # a line with neither: the reference names it
     return _Columns(steps, loss, has_loss, extras, has_extra, np.arange(first_line, first_line + n))
 
@@ -198,7 +212,7 @@ def read_columns(raw: bytes, path: Path, *, step_key: str, loss_key: str, fast: 
         raise CurveError(f"{path}: file is empty")
     last_line = raw.count(b"\n", 0, end) + 1
     warnings: list[str] = []
-    use_fast = fast and msgspec is not None and len({step_key, loss_key, *EXTRA_SERIES}) == len(EXTRA_SERIES) + 2
+    use_fast = fast and msgspec is not None and step_key not in {loss_key, "loss", *EXTRA_SERIES}
     decoder = _decoder(step_key, loss_key) if use_fast else None
     parts, line = [], 1
     gc_was_on = gc.isenabled()

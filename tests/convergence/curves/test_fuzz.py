@@ -174,17 +174,37 @@ def jsonl_files(draw) -> bytes:
 
 
 @settings(max_examples=60)
-@given(data=jsonl_files() | st.binary(max_size=200), block=st.sampled_from([32, 100, 1 << 20]))
-@example(data=b'{"step": 1, "loss": 1e999}\n{"step": 2, "loss": 100000000000000000000000000000}\n', block=1 << 20)
-@example(data=b'{"step": 1, "loss": 1}\n\n{"step": 1, "loss": 2}\n', block=16)
-def test_jsonl_fast_decoder_agrees_with_the_reference(data, block):
+@given(data=jsonl_files() | st.binary(max_size=200), block=st.sampled_from([32, 100, 1 << 20]),
+       key=st.sampled_from(["loss", "val_loss"]))
+@example(data=b'{"step": 1, "loss": 1e999}\n{"step": 2, "loss": 100000000000000000000000000000}\n', block=1 << 20,
+         key="loss")
+@example(data=b'{"step": 1, "loss": 1}\n\n{"step": 1, "loss": 2}\n', block=16, key="loss")
+@example(data=b'{"step": 1, "loss": 2}\n{"step": 1, "val_loss": 1, "lr": 3}\n{"step": 2, "val_loss": 4}\n',
+         block=1 << 20, key="val_loss")
+def test_jsonl_fast_decoder_agrees_with_the_reference(data, block, key):
+    """Both loss keys the suite reads: ``val_loss`` (``compare --metric val_loss``, the protocol) is itself a
+    known series, and a line with only the training ``loss`` is then legitimate without being read."""
     old = jsonl.BLOCK_BYTES
     jsonl.BLOCK_BYTES = block  # small blocks put block boundaries everywhere
     try:
-        fast, ref = _load(jsonl.load_jsonl, data, "m.jsonl", lambda p: jsonl.load_jsonl(p, fast=False))
+        fast, ref = _load(lambda p: jsonl.load_jsonl(p, loss_key=key), data, "m.jsonl",
+                          lambda p: jsonl.load_jsonl(p, loss_key=key, fast=False))
     finally:
         jsonl.BLOCK_BYTES = old
     _same(fast, ref)
+
+
+def test_a_validation_loss_curve_is_read_by_the_fast_decoder():
+    """``--metric val_loss`` reads a training log with the fast decoder (it once fell to the line-by-line
+    reference for every block: the loss key is also a known series); the control: a block the fast decoder
+    cannot take (a null value) still goes to the reference, with the same curve."""
+    lines = [json.dumps({"step": s, "loss": 1.0 / s, "lr": 1e-3} | ({"val_loss": 2.0 / s} if s % 4 == 0 else {}))
+             for s in range(1, 41)]
+    decoder = jsonl._decoder("step", "val_loss")
+    cols = jsonl._fast_records("\n".join(lines).encode() + b"\n", 1, decoder)
+    assert cols is not None and int(cols.has_loss.sum()) == 10
+    np.testing.assert_array_equal(cols.loss[cols.has_loss], [2.0 / s for s in range(4, 41, 4)])
+    assert jsonl._fast_records((lines[0][:-1] + ', "tps": null}\n').encode(), 1, decoder) is None
 
 
 @st.composite

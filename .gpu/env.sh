@@ -8,9 +8,8 @@ export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 [ -s .gpu/commit ] && export MXVAL_COMMIT=$(cat .gpu/commit)
 # NVLink multicast stays off on the two-GPU machines (../shared/GPU.md), also for processes started from here
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-python3 - <<'PY' > "${OUT:-/tmp}/env.json"
-import json, platform, torch, torchao
-print(json.dumps({"python": platform.python_version(), "torch": torch.__version__, "torchao": torchao.__version__,
-                  "cuda": torch.version.cuda, "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]}))
-PY
+# what this machine is, as every result records it (numerics.environment.describe: versions, GPUs, driver, host
+# CPU, commit); golden.tier_summary takes this file as --environment-from
+python3 -c 'import json; from numerics.environment import describe; print(json.dumps({"environment": describe()}))' \
+    > "${OUT:-/tmp}/env.json"
 cat "${OUT:-/tmp}/env.json"

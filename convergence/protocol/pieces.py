@@ -1,10 +1,11 @@
 """Run a protocol's runs in resumable pieces: at most ``slots`` at a time, each stopping by one deadline.
 
 Public: ``execute(plan, out, *, slots, per_gpu, stop_after_s, whole_runs, worker_argv, progress) -> dict`` (name ->
-"done" or steps logged), ``expected_wall_s(out, plan, recipe, per_gpu)``, ``progress_report(plan, out, per_gpu)``,
-``planning_levels(plan, sub, out, status)``, ``projection(plan, verdicts, levels)``,
-``resumable_status(plan, out, status)``, ``protocol_worker(out, threads, gpu_share)``,
-``gpus_of_slots(slots, per_gpu)``, ``RunFailed``, ``STARTUP_S``, ``PACE_FILE``, ``PACE_MARGIN``, ``RECENT_RUNS``.
+"done" or steps logged), ``expected_wall_s(out, plan, recipe, per_gpu, slowest)``,
+``progress_report(plan, out, per_gpu)``, ``planning_levels(plan, sub, out, status)``,
+``projection(plan, verdicts, levels)``, ``resumable_status(plan, out, status)``,
+``protocol_worker(out, threads, gpu_share)``, ``gpus_of_slots(slots, per_gpu)``, ``RunFailed``, ``STARTUP_S``,
+``PACE_FILE``, ``PACE_MARGIN``, ``RECENT_RUNS``.
 
 * One slot: the pieces run in this process, one after another, on the token stream loaded once.
 * Several slots: one worker process per slot (``worker_argv(name, minutes)``, by default

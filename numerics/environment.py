@@ -43,7 +43,7 @@ def _git_commit() -> str | None:
     return out.stdout.strip() or None
 
 
-def _cpu_model() -> str | None:
+def cpu_model() -> str | None:
     """The host CPU's model name: the lent GPU machines' hosts differ, and emulated MX steps, many small kernels,
     ran ~16 % slower on one H200 machine than on another while BF16 steps did not (README, #15)."""
     try:
@@ -74,7 +74,7 @@ def describe() -> dict:
         "driver": None,
         "gpus": [],
         "cpu_threads": torch.get_num_threads(),
-        "cpu": _cpu_model(),
+        "cpu": cpu_model(),
         "mxval_commit": _git_commit(),
     }
     if torch.cuda.is_available():

@@ -67,12 +67,16 @@ class RunFailed(Exception):
 
 def record_pace(out: Path, spec: pr.RunSpec, steps_before, steps_after, wall_s: float, per_gpu: int,
                 total_steps: int) -> None:
-    """Append one piece's pace (the steps it added and its wall seconds, start-up included) to ``OUT/pace.jsonl``."""
+    """Append one piece's pace (the steps it added and its wall seconds, start-up included) to ``OUT/pace.jsonl``,
+    with the host CPU it ran on: the lent H200 machines ran the MX recipes ~16 % apart (README, #15), and a
+    run's pieces may run on different machines."""
+    from numerics.environment import cpu_model
+
     def count(v):
         return total_steps if v == "done" else int(v)
 
     entry = {"run": spec.name, "recipe": spec.recipe, "per_gpu": per_gpu, "from_step": count(steps_before),
-             "to_step": count(steps_after), "wall_s": round(wall_s, 2)}
+             "to_step": count(steps_after), "wall_s": round(wall_s, 2), "cpu": cpu_model()}
     with open(Path(out) / PACE_FILE, "a") as f:
         f.write(json.dumps(entry) + "\n")
 

@@ -42,4 +42,4 @@ def test_the_host_cpu_model_is_recorded(tmp_path, monkeypatch):
 
     monkeypatch.setattr("builtins.open", no_cpuinfo)
     monkeypatch.setattr(environment.platform, "processor", lambda: "")
-    assert environment._cpu_model() is None
+    assert environment.cpu_model() is None

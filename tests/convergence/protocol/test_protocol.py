@@ -575,8 +575,9 @@ def test_a_whole_runs_pace_is_its_recent_runs(tmp_path, capsys):
 def test_whole_runs_start_only_the_runs_that_end_by_the_deadline(tmp_path):
     """With a pace that says a whole BF16 run takes longer than the time left, no BF16 run starts, while the
     recipes with no pace yet and the runs already started go on; without --whole-runs the same call starts
-    the BF16 run (the control that the skip is the option's doing). Each piece adds its pace."""
+    the BF16 run (the control that the skip is the option's doing). Each piece adds its pace and host CPU."""
     from convergence.protocol import pieces
+    from numerics.environment import cpu_model
 
     plan = _small_plan()
     slow = {"recipe": "bf16", "per_gpu": 1, "from_step": 0, "to_step": plan.steps, "wall_s": 1e6}
@@ -590,8 +591,9 @@ def test_whole_runs_start_only_the_runs_that_end_by_the_deadline(tmp_path):
             assert all(status[n] == 0 for n in bf16) and all(status[n] == "done" for n in status if n not in bf16)
         else:
             assert set(status.values()) == {"done"}
-        paced = [json.loads(line)["run"] for line in (out / "pace.jsonl").read_text().splitlines()[1:]]
-        assert sorted(paced) == sorted(n for n in status if status[n] == "done")
+        paced = [json.loads(line) for line in (out / "pace.jsonl").read_text().splitlines()[1:]]
+        assert sorted(e["run"] for e in paced) == sorted(n for n in status if status[n] == "done")
+        assert {e["cpu"] for e in paced} == {cpu_model()}  # the machine each piece ran on
 
 
 def test_a_started_run_without_its_checkpoint_is_scheduled_as_a_new_run(tmp_path, capsys):

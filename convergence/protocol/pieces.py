@@ -181,12 +181,13 @@ def progress_report(plan: pr.ProtocolPlan, out: Path, per_gpu: int = 1, *, figur
     if figure is not None and not whole:
         lines.append("  no figure: no level is whole yet")
     lines += _parting_report(plan, out, status, parting_figure, force)
-    started = [f"{r.name} {status[r.name]}/{plan.steps}" + ("" if pr.can_continue(out, r) else
+    resumable = resumable_status(plan, out, status)  # a started run without its checkpoint here is at 0
+    started = [f"{r.name} {status[r.name]}/{plan.steps}" + ("" if resumable[r.name] else
                                                             " (no checkpoint here: starts again at step 0)")
                for r in runs if status[r.name] not in ("done", 0)]
     if started:
         lines.append("  started: " + ", ".join(started))
-    status = resumable_status(plan, out, status)  # what is left: a run without its checkpoint, all of it
+    status = resumable  # what is left: a run without its checkpoint, all of it
     total, parts, unknown = 0.0, [], []
     for recipe in dict.fromkeys(r.recipe for r in runs):
         todo = [r for r in runs if r.recipe == recipe and status[r.name] != "done"]

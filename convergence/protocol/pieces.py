@@ -352,11 +352,11 @@ def execute(plan: pr.ProtocolPlan, out: Path, *, slots: int = 1, per_gpu: int = 
         left = deadline - time.monotonic()
         if need is None or PACE_MARGIN * need[0] <= left:
             return True
-        if spec.name not in told:
-            told.add(spec.name)
-            _line(progress, f"{spec.name}: not started: a whole run should take {need[0]:.0f} s ({need[1]}), "
-                            f"{PACE_MARGIN * need[0]:.0f} s with {PACE_MARGIN - 1:.0%} more asked; {left:.0f} s "
-                            "are left")
+        if (spec.recipe, need) not in told:  # once a recipe and pace: its later runs wait for the same figure
+            told.add((spec.recipe, need))
+            _line(progress, f"{spec.name}: not started, nor the later {spec.recipe} runs: a whole run should take "
+                            f"{need[0]:.0f} s ({need[1]}), {PACE_MARGIN * need[0]:.0f} s with {PACE_MARGIN - 1:.0%} "
+                            f"more asked; {left:.0f} s are left")
         return False
 
     if slots <= 1:

@@ -9,7 +9,8 @@ Every number comes from the fields the loop logs as measured (``convergence.trai
 a step's seconds are its tokens over its ``tokens_per_s``; ``phase_s`` (``--phase-times``) holds the slowest
 rank's seconds of each phase, so on several ranks the phases need not add up to the step, and "other" (data,
 the loss's reduction, the gap between the slowest ranks) is what the step took beyond their sum, floored at
-zero. Medians over the steps after the first ``WARMUP``; memory is the run's peak (the largest rank's). A run
+zero. Medians over the steps after the first ``WARMUP`` (and over ``SPANS`` spans of them, fastest and slowest
+shown: a slowdown for part of a run); memory is the run's peak (the largest rank's). A run
 made without ``--phase-times`` has no breakdown, and says so. Besides its steps, a run's wall time goes to each
 piece's set-up (``setup_s``: model, init, recipe, resume), its evaluations (``val_s``) and its probes
 (``probe_s``), summed here; what is left of a measured wall time is process start, checkpoints and exit.
@@ -29,6 +30,10 @@ from numerics.files import atomic_path, read_json_lines
 # allocations (pinned host moments of the 16b under --optimizer-state host: 45 s of its first step on 2 x H200)
 WARMUP = 2
 PHASES = ("forward", "backward", "optimizer")
+# the steps after WARMUP cut into SPANS spans of at least SPAN_MIN steps, each span's median step time: a
+# machine that slows down for minutes shows as a slow span (one H200 ran a 1,500-step MXFP8 run's spans at
+# 0.164-0.217 s, a slowdown the run's median, 0.187 s, hides; 2026-12-02, .gpu/proto5)
+SPANS, SPAN_MIN = 6, 10
 
 
 def load_records(path: Path) -> list[dict]:
@@ -63,6 +68,16 @@ def _step_seconds(records: list[dict]) -> list[float | None]:
     return out
 
 
+def _span_medians(seconds: list[float | None]) -> list[float] | None:
+    """The median step time of each of ``SPANS`` consecutive spans of equal length (the last takes the rest);
+    None for fewer than ``SPANS * SPAN_MIN`` timed steps."""
+    known = [x for x in seconds if x is not None]
+    if len(known) < SPANS * SPAN_MIN:
+        return None
+    size = len(known) // SPANS
+    return [statistics.median(known[i * size:(i + 1) * size if i < SPANS - 1 else None]) for i in range(SPANS)]
+
+
 def profile(records: list[dict]) -> dict:
     """Medians after ``WARMUP`` (all steps when there are no more) and the run's peaks."""
     seconds = _step_seconds(records)
@@ -79,12 +94,15 @@ def profile(records: list[dict]) -> dict:
     setup_s, pieces = _total(_numbers(records, "setup_s"))
     val_s, evaluations = _total(_numbers(records, "val_s"))
     probe_s, probes = _total(_numbers(records, "probe_s"))
+    spans, each_val = _span_medians(secs), _numbers(records, "val_s")
     return {
         "steps": len(records), "median_over_steps": [records[tail][0]["step"], records[-1]["step"]],
         "tokens_per_step": records[0].get("tokens") if isinstance(records[0].get("tokens"), int) else None,
         "first_step_s": seconds[0], "step_s": step_s, "tokens_per_s": _median(r.get("tokens_per_s") for r in recs),
         "steps_total_s": sum(x for x in seconds if x is not None),
+        "step_s_spans": [min(spans), max(spans)] if spans else None,
         "setup_s": setup_s, "pieces": pieces, "val_s": val_s, "evaluations": evaluations, "probe_s": probe_s,
+        "val_s_each": [min(each_val), max(each_val)] if each_val else None,
         "probes": probes,
         "phase_s": phases, "dispatch_combine_s": _median(r.get("dispatch_combine_s") for r in recs),
         "dispatch_combine_share": _median(r.get("dispatch_combine_share") for r in recs),
@@ -98,17 +116,23 @@ def _cell(x, spec: str) -> str:
     return format(x, spec) if isinstance(x, (int, float)) else "n/a"
 
 
+def _range(pair, spec: str) -> str:
+    return "n/a" if pair is None else f"{pair[0]:{spec}}-{pair[1]:{spec}}"
+
+
 def report(profiles: dict[str, dict]) -> str:
     """One column per run; with several runs, each after the first also as a ratio to the first."""
     names = list(profiles)
     first = profiles[names[0]]
     rows = [("steps (median over)", lambda p: "{} ({}-{})".format(p["steps"], *p["median_over_steps"])),
             ("step s", lambda p: _cell(p["step_s"], ".3f")),
+            (f"  over {SPANS} spans", lambda p: _range(p["step_s_spans"], ".3f")),
             ("tokens/s", lambda p: _cell(p["tokens_per_s"], ",.0f")),
             ("first step s", lambda p: _cell(p["first_step_s"], ".1f")),
             ("all steps s", lambda p: _cell(p["steps_total_s"], ".1f")),
             ("set-up s (pieces)", lambda p: f"{_cell(p['setup_s'], '.1f')} ({p['pieces'] or 0})"),
             ("evaluations s (n)", lambda p: f"{_cell(p['val_s'], '.1f')} ({p['evaluations'] or 0})"),
+            ("  each", lambda p: _range(p["val_s_each"], ".1f")),
             ("probes s (n)", lambda p: f"{_cell(p['probe_s'], '.1f')} ({p['probes'] or 0})")]
     for phase in (*PHASES, "other"):
         rows.append((f"  {phase} s", lambda p, ph=phase: _cell((p["phase_s"] or {}).get(ph), ".3f")))

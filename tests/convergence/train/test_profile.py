@@ -66,6 +66,28 @@ def test_a_planted_slow_optimizer_shows_in_its_phase_and_the_ratio():
     assert "step time slow / base: 1.50x" in text
 
 
+def test_a_slowdown_for_part_of_a_run_shows_in_its_spans_not_its_median():
+    """A run whose steps take 2 s but 3 s for one sixth of them (a machine busy for minutes, as one H200 was on
+    2026-12-02): the median stays 2 s, the spans say 2-3 s; the control, the same run without the slow part, shows
+    2-2 s. Evaluations are given as their fastest and slowest."""
+    n = pf.WARMUP + pf.SPANS * pf.SPAN_MIN
+    steady = _records(steps=n)
+    slow = [dict(r) for r in steady]
+    for r in slow[pf.WARMUP + 2 * pf.SPAN_MIN:pf.WARMUP + 3 * pf.SPAN_MIN]:  # the third span, whole
+        r["tokens_per_s"] = TOKENS / 3.0
+    for r in slow:
+        if "val_s" in r and r["step"] > n // 2:
+            r["val_s"] = 4.5
+    a, b = pf.profile(steady), pf.profile(slow)
+    assert a["step_s"] == b["step_s"] == pytest.approx(2.0)
+    assert a["step_s_spans"] == pytest.approx([2.0, 2.0]) and b["step_s_spans"] == pytest.approx([2.0, 3.0])
+    assert a["val_s_each"] == pytest.approx([1.5, 1.5]) and b["val_s_each"] == pytest.approx([1.5, 4.5])
+    text = pf.report({"steady": a, "slow": b})
+    assert f"over {pf.SPANS} spans" in text and "2.000-3.000" in text and "1.5-4.5" in text
+    assert pf.profile(_records())["step_s_spans"] is None  # too few steps to cut: said as n/a
+    assert "n/a" in pf.report({"short": pf.profile(_records())})
+
+
 def test_a_run_without_phase_times_says_so():
     p = pf.profile(_records(phases=False))
     assert p["phase_s"] is None and p["step_s"] == pytest.approx(2.0)

@@ -31,7 +31,7 @@ from numerics.files import atomic_path, read_json_lines
 WARMUP = 2
 PHASES = ("forward", "backward", "optimizer")
 # the steps after WARMUP cut into SPANS spans of at least SPAN_MIN steps, each span's median step time: a
-# machine that slows down for minutes shows as a slow span (one H200 ran a 1,500-step MXFP8 run's spans at
+# machine that slows down for minutes shows as a slow span (one H200 ran a 1,500-step E2M1 run's spans at
 # 0.164-0.217 s, a slowdown the run's median, 0.187 s, hides; 2026-12-02, .gpu/proto5)
 SPANS, SPAN_MIN = 6, 10
 

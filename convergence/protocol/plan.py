@@ -4,7 +4,8 @@ validation loss, run in resumable pieces.
 Public: ``ProtocolPlan``, ``RunSpec``, ``DESIGNS``, ``VERDICTS``, ``open_protocol(plan, out)``, ``load_plan(out)``,
 ``run_status(plan, out)``, ``run_state(plan, out, spec)``, ``run_piece(plan, spec, out, ...)``, ``judge(plan, out)``,
 ``check_design(plan, out)``, ``as_expected``, ``write_results(plan, out, verdicts, command, hardware)``,
-``metrics_path(out, spec)``, ``probes_path(out, spec)`` (a run's logs, plain or compacted), ``compact_run(folder)``.
+``runs_environment(plan, out)``, ``metrics_path(out, spec)``, ``probes_path(out, spec)`` (a run's logs, plain or
+compacted), ``compact_run(folder)``.
 
 The runs (``ProtocolPlan.runs``), all from the same ``convergence.train.loop`` and the same token stream:
 
@@ -455,6 +456,20 @@ def runs_hardware_tag(plan: ProtocolPlan, out: Path) -> str:
     return tags.pop()
 
 
+def runs_environment(plan: ProtocolPlan, out: Path) -> dict | None:
+    """The environment the plan's runs were trained in, from each run's config.json: a field on which they agree
+    keeps its value, one on which they differ (the commit of a plan run over several sessions, the platform of
+    another lent machine) lists the distinct values; None when no run records one."""
+    envs = [e for e in (_run_config(out, s).get("environment") for s in plan.runs()) if isinstance(e, dict)]
+    if not envs:
+        return None
+    merged = {}
+    for key in dict.fromkeys(k for e in envs for k in e):
+        values = {json.dumps(e.get(key), sort_keys=True): e.get(key) for e in envs}
+        merged[key] = next(iter(values.values())) if len(values) == 1 else [values[v] for v in sorted(values)]
+    return merged
+
+
 def verdict_line(name: str, r: dict) -> str:
     """One verdict as the protocol prints it: the decision, for a control whether it came out as it must, the
     reason and what the runs resolve."""
@@ -492,27 +507,37 @@ def write_results(plan: ProtocolPlan, out: Path, verdicts: dict[str, dict], comm
     written = []
     lines = ["#!/bin/sh", "# after: cp OUT/results/*.json* golden/training/", "set -e"]
 
-    def emit(path: Path, data: str | bytes, cmd: str, note: str, versions: dict | None):
+    def emit(path: Path, data: str | bytes, cmd: str, note: str, versions: dict | None, commit: str | None = None):
         path.write_bytes(data.encode() if isinstance(data, str) else data)
+        commit = commit or (versions or {}).get("mxval_commit")
         meta = {"sha256": hashlib.sha256(path.read_bytes()).hexdigest(), "command": cmd, "hardware": hardware,
-                "commit": (versions or {}).get("mxval_commit") or "unknown", "versions": versions, "note": note}
+                "commit": commit if isinstance(commit, str) else "unknown", "versions": versions, "note": note}
         path.with_name(path.name + ".meta.json").write_text(json.dumps(meta, indent=1) + "\n")
         written.append(path)
         lines.append(shlex.join(["python", "-m", "golden.recorded", "add", f"golden/training/{path.name}",
                                  "--command", cmd, "--hardware", hardware, "--commit", meta["commit"],
                                  "--note", note, "--versions-from", f"golden/training/{path.name}.meta.json"]))
 
-    env = next(iter(verdicts.values())).get("environment")
+    # A folder is judged where it lands (the runs on a GPU machine, the verdicts here): a run's sidecar names the
+    # environment and commit that trained it (its config.json), a verdict's the runs' (runs_environment) with
+    # the judging one beside it, never the judging machine's alone (it would say a CPU made the H200's runs)
+    judged = next(iter(verdicts.values())).get("environment")
+    trained = runs_environment(plan, out)
     for name, r in verdicts.items():
         path = res / f"{plan.prefix}_{name}__{hardware}.json"
-        emit(path, json.dumps(r, indent=1, default=str) + "\n", command, _note(name, r), env)
+        emit(path, json.dumps(r, indent=1, default=str) + "\n", command, _note(name, r),
+             judged if trained is None else trained | {"judged_with": judged},
+             commit=(judged or {}).get("mxval_commit"))
         plot_comparison(r, path.with_suffix(".png"), force=True)
     for spec in plan.runs():
+        own = _run_config(out, spec).get("environment")
+        note = "" if own else " (versions: the judging machine's; the run's config.json records none)"
         emit(res / f"{plan.prefix}_{spec.name}__{hardware}.jsonl.gz", gzipped(metrics_path(out, spec).read_bytes()),
-             plan.train_command(spec, "OUT"), f"{spec.role} run of {plan.prefix}: {spec}", env)
+             plan.train_command(spec, "OUT"), f"{spec.role} run of {plan.prefix}: {spec}{note}", own or judged)
         probes = probes_path(out, spec)  # MXFP8 runs: per-layer MXFP8-vs-BF16 SQNR on the run's activations
         if probes.exists():
             emit(res / f"{plan.prefix}_{spec.name}_probes__{hardware}.jsonl.gz", gzipped(probes.read_bytes()),
-                 plan.train_command(spec, "OUT"), f"layer probes of the {spec.role} run of {plan.prefix}", env)
+                 plan.train_command(spec, "OUT"), f"layer probes of the {spec.role} run of {plan.prefix}{note}",
+                 own or judged)
     (res / "record.sh").write_text("\n".join(lines) + "\n")
     return written

@@ -143,7 +143,9 @@ def test_protocol_cli_cuda_without_a_gpu_is_one_line(capsys, tmp_path):
 def test_a_finished_gpu_folder_is_judged_on_a_machine_without_one(tmp_path, capsys):
     """A protocol folder copied off the GPU machine that ran it is judged where it lands (no GPU is needed to
     read validation losses), tagged with the GPU its runs name; an unfinished one is still refused (the control),
-    as are runs that name two kinds of GPU (then --hardware names it)."""
+    as are runs that name two kinds of GPU (then --hardware names it). Every sidecar names the environment that
+    trained its file's runs, not the judging machine's (the CPU here, which made none of them): a run's its own
+    config.json's, a verdict's the runs' (two commits listed when made at two), with the judging one beside it."""
     out = tmp_path / "p"
     # 6 steps: at 4 the tiny rounding replicates still end with bit-identical validation losses (copies, which
     # judging refuses: check_design); at 6 they differ
@@ -153,9 +155,11 @@ def test_a_finished_gpu_folder_is_judged_on_a_machine_without_one(tmp_path, caps
     state = json.loads((out / "protocol.json").read_text())
     (out / "protocol.json").write_text(json.dumps(state | {"device": "cuda"}))  # as the GPU machine wrote it
     configs = sorted((out / "runs").rglob("config.json"))
-    for path in configs:
+    earlier = "e" * 40  # the first run made at an earlier commit, as a plan run over several sessions is
+    for i, path in enumerate(configs):
         c = json.loads(path.read_text())
-        c["environment"]["gpus"] = ["NVIDIA H200"]
+        c["environment"] |= {"gpus": ["NVIDIA H200"], "torch": "2.11.0+cu130"} | (
+            {"mxval_commit": earlier} if i == 0 else {})
         path.write_text(json.dumps(c))
     shutil.rmtree(out / "results")
     gpu = ["protocol", *common, "--device", "cuda"]
@@ -163,8 +167,19 @@ def test_a_finished_gpu_folder_is_judged_on_a_machine_without_one(tmp_path, caps
     rc = convergence_main(gpu)
     assert "protocol complete" in capsys.readouterr().out and rc in (0, 1, 3)
     assert {f"tiny_long_{v}__h200.json" for v in pr.VERDICTS} <= {p.name for p in (out / "results").iterdir()}
-    assert "--device cuda" in json.loads((out / "results" / "tiny_long_verdict__h200.json.meta.json").read_text(
-        ))["command"]
+    meta = json.loads((out / "results" / "tiny_long_verdict__h200.json.meta.json").read_text())
+    assert "--device cuda" in meta["command"]
+    here = __import__("numerics.environment").environment.describe()
+    made = json.loads(configs[1].read_text())["environment"]["mxval_commit"]
+    assert meta["versions"]["gpus"] == ["NVIDIA H200"] and meta["versions"]["torch"] == "2.11.0+cu130"
+    assert meta["versions"]["mxval_commit"] == sorted({earlier, made})
+    assert meta["versions"]["judged_with"]["gpus"] == [] == here["gpus"]  # the control: the judge's differs
+    assert meta["commit"] == here["mxval_commit"]  # the verdict's arithmetic ran here
+    for i, path in enumerate(configs):
+        run = path.parent.parent.name
+        side = json.loads((out / "results" / f"tiny_long_{run}__h200.jsonl.gz.meta.json").read_text())
+        assert side["versions"] == json.loads(path.read_text())["environment"]
+        assert side["commit"] == (earlier if i == 0 else made) and side["versions"]["torch"] == "2.11.0+cu130"
 
     c = json.loads(configs[0].read_text())
     configs[0].write_text(json.dumps(c | {"environment": c["environment"] | {"gpus": ["NVIDIA H100"]}}))
@@ -378,6 +393,7 @@ def test_protocol_cli_runs_to_the_end_and_exits_with_the_candidates_verdict(tmp_
     assert "protocol complete" in printed and "positive_control" in printed and "resolves +-" in printed
     names = {p.name for p in (out / "results").iterdir()}
     assert {"record.sh"} | {f"tiny_long_{v}__cpu.json" for v in pr.VERDICTS} <= names
+    assert {f"tiny_long_{v}__cpu.png" for v in pr.VERDICTS} <= names  # each verdict's figure
     runs = pr.ProtocolPlan(model="tiny", steps=6, replicates=3).runs()
     curves = [n for n in names if n.endswith(".jsonl.gz") and "_probes__" not in n]
     assert len(curves) == len(runs)

@@ -57,6 +57,9 @@ def _protocol_parser() -> ArgumentParser:
     p.add_argument("--whole-runs", action="store_true",
                    help="with --stop-after-minutes: start a run only when this folder's pace of its recipe says it "
                         "ends by then (for a machine whose disk, so a stopped run's checkpoint, ends with the call)")
+    p.add_argument("--mixed-environment", action="store_true",
+                   help="continue a plan on a machine whose torch, torchao, CUDA or GPU differ from its runs' "
+                        "(refused without it: the verdict would mix the change in; the sidecars then list both)")
     p.add_argument("--status", action="store_true",
                    help="say how far the protocol in --out is (runs done, GPU time left at its pace); run nothing")
     p.add_argument("--plot", type=Path, default=None,
@@ -143,6 +146,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(grew, flush=True)
     if args.force:  # its runs were deleted: read once more
         before = pr.run_status(plan, args.out)
+    if not judge_only and not args.mixed_environment:
+        from numerics.environment import describe
+
+        changed = pr.environment_change(plan, args.out, describe())
+        if changed:
+            raise CLIError(f"{args.out}: this machine computes runs differently from the plan's runs made so far "
+                           f"({changed}); its runs are compared with each other: continue where they match, or "
+                           "pass --mixed-environment to go on with both")
     print(f"protocol {plan.prefix}: {len(before)} runs of {plan.steps} steps, {slots or 1} at a time"
           f"{f' ({per_gpu} per GPU)' if per_gpu > 1 else ''}; done: "
           f"{sum(v == 'done' for v in before.values())}", flush=True)

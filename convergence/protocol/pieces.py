@@ -147,6 +147,9 @@ def progress_report(plan: pr.ProtocolPlan, out: Path, per_gpu: int = 1, *, figur
     for title, roles in GROUPS:
         group = [r for r in runs if r.role in roles]
         lines.append(f"  {title}: {sum(status[r.name] == 'done' for r in group)} of {len(group)}")
+    made = pr.made_with(plan, out)
+    if made:
+        lines.append(f"  made with {made}")
     whole = [sub for sub in plan.levels() if all(status.get(r.name) == "done" for r in sub.runs())]
     if whole and whole[-1].candidate_replicates < plan.candidate_replicates:
         sub = whole[-1]

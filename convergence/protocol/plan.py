@@ -4,8 +4,8 @@ validation loss, run in resumable pieces.
 Public: ``ProtocolPlan``, ``RunSpec``, ``DESIGNS``, ``VERDICTS``, ``open_protocol(plan, out)``, ``load_plan(out)``,
 ``run_status(plan, out)``, ``run_state(plan, out, spec)``, ``run_piece(plan, spec, out, ...)``, ``judge(plan, out)``,
 ``check_design(plan, out)``, ``as_expected``, ``write_results(plan, out, verdicts, command, hardware)``,
-``runs_environment(plan, out)``, ``metrics_path(out, spec)``, ``probes_path(out, spec)`` (a run's logs, plain or
-compacted), ``compact_run(folder)``.
+``runs_environment(plan, out)``, ``environment_change(plan, out, here)``, ``made_with(plan, out)``,
+``metrics_path(out, spec)``, ``probes_path(out, spec)`` (a run's logs, plain or compacted), ``compact_run(folder)``.
 
 The runs (``ProtocolPlan.runs``), all from the same ``convergence.train.loop`` and the same token stream:
 
@@ -468,6 +468,56 @@ def runs_environment(plan: ProtocolPlan, out: Path) -> dict | None:
         values = {json.dumps(e.get(key), sort_keys=True): e.get(key) for e in envs}
         merged[key] = next(iter(values.values())) if len(values) == 1 else [values[v] for v in sorted(values)]
     return merged
+
+
+# What computes a run: the runs of a plan are compared with each other, so a session on a machine whose torch,
+# torchao, CUDA or GPU differs from the runs already made would mix that change into the verdict (a plan spans
+# weeks of lent machines). Not among them: the mxval commit (the protocol's own code changes between sessions;
+# the training path's results are held by its bit-identity tests), the driver, the platform and the host CPU.
+COMPUTE_FIELDS = {"cuda": ("torch", "torchao", "cuda", "gpu", "capability"), "cpu": ("torch", "torchao")}
+
+
+def _compute_value(env: dict, field: str):
+    if field == "gpu":  # the model, not how many: a two-GPU machine's runs each see one or both
+        return sorted(set(env.get("gpus") or [])) or None
+    return env.get(field)
+
+
+def _made_with(plan: ProtocolPlan, out: Path) -> dict[str, dict[str, list[str]]]:
+    """Each of the plan's ``COMPUTE_FIELDS``: its values (as JSON) in the runs' config.json, each with the runs
+    that recorded it; a field a run did not record is not counted."""
+    made: dict[str, dict[str, list[str]]] = {f: {} for f in COMPUTE_FIELDS[plan.device]}
+    for spec in plan.runs():
+        env = _run_config(out, spec).get("environment")
+        for f in made if isinstance(env, dict) else ():
+            if _compute_value(env, f) is not None:
+                made[f].setdefault(json.dumps(_compute_value(env, f)), []).append(spec.name)
+    return made
+
+
+def made_with(plan: ProtocolPlan, out: Path) -> str | None:
+    """One line: what computed the plan's runs so far, a field on which they differ marked MIXED (None before
+    any run has recorded its environment)."""
+    made = _made_with(plan, out)
+    parts = [f"{f} {json.loads(next(iter(vs)))}" if len(vs) == 1 else
+             f"{f} MIXED ({'; '.join(f'{json.loads(v)} in {len(runs)}' for v, runs in sorted(vs.items()))})"
+             for f, vs in made.items() if vs]
+    return ", ".join(parts) or None
+
+
+def environment_change(plan: ProtocolPlan, out: Path, here: dict) -> str | None:
+    """How ``here`` (``numerics.environment.describe()`` of the machine about to train) differs from the plan's
+    runs already made in what computes a run (``COMPUTE_FIELDS``); None when it does not. A field a run did not
+    record is not compared."""
+    diffs = []
+    for f, values in _made_with(plan, out).items():
+        now = _compute_value(here, f)
+        other = {v: runs for v, runs in values.items() if now is not None and v != json.dumps(now)}
+        made = [f"{json.loads(v)} in {len(runs)} run(s) ({runs[0]}{', ...' if len(runs) > 1 else ''})"
+                for v, runs in sorted(other.items())]
+        if made:
+            diffs.append(f"{f} {now} here, " + ", ".join(made))
+    return "; ".join(diffs) or None
 
 
 def verdict_line(name: str, r: dict) -> str:

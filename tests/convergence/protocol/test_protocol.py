@@ -197,6 +197,47 @@ def test_a_finished_gpu_folder_is_judged_on_a_machine_without_one(tmp_path, caps
     assert "no CUDA device" in _bad(capsys, *gpu[1:])
 
 
+def test_a_plan_is_not_continued_where_its_runs_would_be_computed_differently(tmp_path, capsys):
+    """A plan's runs are compared with each other, and it is made over weeks of lent machines: a session whose
+    torch (or torchao, CUDA, GPU model) differs from a run already made is refused in one line, before any
+    training, naming the field, both values and the way on; --mixed-environment goes on (the control that the
+    refusal is the check's: the same command then reaches its deadline, exit 4), and so does the same machine.
+    The GPU model is compared, not the count: one run saw both GPUs of a machine, another one of them."""
+    from numerics.environment import describe
+
+    out = tmp_path / "p"
+    argv = ["protocol", "--model", "tiny", "--steps", "6", "--replicates", "3", "--batch", "4", "--seq", "32",
+            "--val-every", "2", "--val-batches", "3", "--probe-every", "0", "--mxfp8-kernel", "emulated",
+            "--out", str(out), "--stop-after-minutes", "0.0001"]  # a deadline already past: no run starts
+    assert convergence_main(argv) == 4
+    here = describe()
+    plan = pr.load_plan(out)
+    made = pr.run_dir(out, plan.runs()[0])
+    made.mkdir(parents=True)
+    (made / "config.json").write_text(json.dumps({"environment": here | {"torch": "0.0.0+elsewhere"}}))
+    err = _bad(capsys, *argv[1:])
+    assert f"torch {here['torch']} here, 0.0.0+elsewhere in 1 run(s) (bf16" in err and "--mixed-environment" in err
+    assert not list((out / "runs").rglob("metrics.jsonl*"))
+    assert pr.made_with(plan, out) == f"torch 0.0.0+elsewhere, torchao {here['torchao']}"  # --status says it
+    assert convergence_main([*argv, "--mixed-environment"]) == 4
+    (made / "config.json").write_text(json.dumps({"environment": here}))
+    assert convergence_main(argv) == 4
+    other = pr.run_dir(out, plan.runs()[1])  # two runs made with two torches: --status marks it
+    other.mkdir(parents=True)
+    (other / "config.json").write_text(json.dumps({"environment": here | {"torch": "0.0.0+elsewhere"}}))
+    assert f"torch MIXED (0.0.0+elsewhere in 1; {here['torch']} in 1)" in pr.made_with(plan, out)
+    other.joinpath("config.json").unlink()
+
+    cuda = dataclasses.replace(plan, device="cuda")
+    h200 = {**here, "gpus": ["NVIDIA H200"], "cuda": "13.0", "capability": [9, 0]}
+    (made / "config.json").write_text(json.dumps({"environment": h200 | {"gpus": ["NVIDIA H200"] * 2}}))
+    assert pr.environment_change(cuda, out, h200) is None
+    assert "gpu ['NVIDIA H100'] here, ['NVIDIA H200'] in 1 run(s)" in pr.environment_change(
+        cuda, out, h200 | {"gpus": ["NVIDIA H100"]})
+    (made / "config.json").write_text(json.dumps({"environment": {k: v for k, v in h200.items() if k != "cuda"}}))
+    assert pr.environment_change(cuda, out, h200 | {"cuda": "13.1"}) is None  # a run that did not record it
+
+
 def _small_plan(steps: int = 4, probe_every: int = 0, **kw) -> pr.ProtocolPlan:
     """Six tiny runs (of 4 steps unless told) on a small batch: seconds each on 2 CPU cores."""
     over = (("batch", 4.0), ("seq", 32.0), ("val_every", 2.0), ("val_batches", 3.0),

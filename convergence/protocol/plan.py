@@ -446,9 +446,9 @@ def runs_hardware_tag(plan: ProtocolPlan, out: Path) -> str:
     tag names one, as ``--hardware`` can correct). Runs on different GPU models are refused: name them."""
     from numerics.environment import gpu_tag
 
-    tags = set()
+    tags, envs = set(), _run_environments(plan, out)
     for spec in plan.runs():
-        env = _run_config(out, spec).get("environment", {})
+        env = envs.get(spec.name, {})
         tags.add(gpu_tag(env["gpus"][0]) if env.get("gpus") else "cpu" if env else "unknown")
     if len(tags) != 1 or "unknown" in tags:
         raise BadInput(f"{out}: the runs do not name one kind of hardware ({', '.join(sorted(tags))}): "
@@ -456,11 +456,22 @@ def runs_hardware_tag(plan: ProtocolPlan, out: Path) -> str:
     return tags.pop()
 
 
-def runs_environment(plan: ProtocolPlan, out: Path) -> dict | None:
-    """The environment the plan's runs were trained in, from each run's config.json: a field on which they agree
-    keeps its value, one on which they differ (the commit of a plan run over several sessions, the platform of
-    another lent machine) lists the distinct values; None when no run records one."""
-    envs = [e for e in (_run_config(out, s).get("environment") for s in plan.runs()) if isinstance(e, dict)]
+def _run_environments(plan: ProtocolPlan, out: Path) -> dict[str, dict]:
+    """Each run's environment as its config.json recorded it, by run name (a run without one is left out)."""
+    envs = {}
+    for spec in plan.runs():
+        env = _run_config(out, spec).get("environment")
+        if isinstance(env, dict):
+            envs[spec.name] = env
+    return envs
+
+
+def runs_environment(plan: ProtocolPlan, out: Path, envs: dict[str, dict] | None = None) -> dict | None:
+    """The environment the plan's runs were trained in, from each run's config.json (or ``envs``, already read by
+    ``_run_environments``): a field on which they agree keeps its value, one on which they differ (the commit of a
+    plan run over several sessions, the platform of another lent machine) lists the distinct values; None when no
+    run records one."""
+    envs = list((_run_environments(plan, out) if envs is None else envs).values())
     if not envs:
         return None
     merged = {}
@@ -487,11 +498,11 @@ def _made_with(plan: ProtocolPlan, out: Path) -> dict[str, dict[str, list[str]]]
     """Each of the plan's ``COMPUTE_FIELDS``: its values (as JSON) in the runs' config.json, each with the runs
     that recorded it; a field a run did not record is not counted."""
     made: dict[str, dict[str, list[str]]] = {f: {} for f in COMPUTE_FIELDS[plan.device]}
-    for spec in plan.runs():
-        env = _run_config(out, spec).get("environment")
-        for f in made if isinstance(env, dict) else ():
-            if _compute_value(env, f) is not None:
-                made[f].setdefault(json.dumps(_compute_value(env, f)), []).append(spec.name)
+    for name, env in _run_environments(plan, out).items():
+        for f in made:
+            value = _compute_value(env, f)
+            if value is not None:
+                made[f].setdefault(json.dumps(value), []).append(name)
     return made
 
 
@@ -572,7 +583,8 @@ def write_results(plan: ProtocolPlan, out: Path, verdicts: dict[str, dict], comm
     # environment and commit that trained it (its config.json), a verdict's the runs' (runs_environment) with
     # the judging one beside it, never the judging machine's alone (it would say a CPU made the H200's runs)
     judged = next(iter(verdicts.values())).get("environment")
-    trained = runs_environment(plan, out)
+    envs = _run_environments(plan, out)
+    trained = runs_environment(plan, out, envs)
     for name, r in verdicts.items():
         path = res / f"{plan.prefix}_{name}__{hardware}.json"
         emit(path, json.dumps(r, indent=1, default=str) + "\n", command, _note(name, r),
@@ -580,7 +592,7 @@ def write_results(plan: ProtocolPlan, out: Path, verdicts: dict[str, dict], comm
              commit=(judged or {}).get("mxval_commit"))
         plot_comparison(r, path.with_suffix(".png"), force=True)
     for spec in plan.runs():
-        own = _run_config(out, spec).get("environment")
+        own = envs.get(spec.name)
         note = "" if own else " (versions: the judging machine's; the run's config.json records none)"
         emit(res / f"{plan.prefix}_{spec.name}__{hardware}.jsonl.gz", gzipped(metrics_path(out, spec).read_bytes()),
              plan.train_command(spec, "OUT"), f"{spec.role} run of {plan.prefix}: {spec}{note}", own or judged)

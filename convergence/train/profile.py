@@ -92,9 +92,10 @@ def profile(records: list[dict]) -> dict:
     vals, gpu, host = (_numbers(records, k) for k in ("val_loss", "gpu_peak_gib", "host_peak_gib"))
     # where a run's wall time goes besides its steps
     setup_s, pieces = _total(_numbers(records, "setup_s"))
-    val_s, evaluations = _total(_numbers(records, "val_s"))
+    each_val = _numbers(records, "val_s")
+    val_s, evaluations = _total(each_val)
     probe_s, probes = _total(_numbers(records, "probe_s"))
-    spans, each_val = _span_medians(secs), _numbers(records, "val_s")
+    spans = _span_medians(secs)
     return {
         "steps": len(records), "median_over_steps": [records[tail][0]["step"], records[-1]["step"]],
         "tokens_per_step": records[0].get("tokens") if isinstance(records[0].get("tokens"), int) else None,

@@ -331,10 +331,17 @@ def _run_config(out: Path, spec: RunSpec) -> dict:
 
 
 def run_state(plan: ProtocolPlan, out: Path, spec: RunSpec) -> int | str:
-    """One run's steps logged so far, or "done" (all steps, or a run that diverged and stopped)."""
-    recs = JsonlLog(metrics_path(out, spec)).records()
+    """One run's steps logged so far, or "done" (all steps, or a run that diverged and stopped). A compacted log
+    (``compact_run``: only a finished run's) that ends short is damage, not a run to train again over it."""
+    path = metrics_path(out, spec)
+    recs = JsonlLog(path).records()
     last = recs[-1] if recs else {}
-    return "done" if last.get("step") == plan.steps or last.get("diverged") else len(recs)
+    if last.get("step") == plan.steps or last.get("diverged"):
+        return "done"
+    if path.name.endswith(".gz"):
+        raise BadInput(f"{path}: a finished run's compacted log, but it ends at step {last.get('step', 0)} of "
+                       f"{plan.steps}: damaged; restore it (e.g. from git) rather than train the run again")
+    return len(recs)
 
 
 def run_status(plan: ProtocolPlan, out: Path) -> dict[str, int | str]:

@@ -18,7 +18,8 @@ from typing import Any
 
 import torch
 
-from numerics.files import file_bytes
+from numerics.errors import BadInput
+from numerics.files import GZIP_MAGIC, file_bytes
 
 
 def _unwrap(t: torch.Tensor) -> torch.Tensor:
@@ -84,17 +85,36 @@ class JsonlLog:
     def records(self) -> list[dict]:
         """Every whole record, up to a torn last line. A gzip file (a finished protocol run's log, compacted:
         ``convergence.protocol.plan.compact_run``) is read too, told by its magic bytes (``file_bytes``);
-        ``append`` and ``truncate_after`` are for the plain file training writes."""
+        ``append`` and ``truncate_after`` are for the plain file training writes.
+
+        Only the last line may be torn (no newline: what a kill leaves); any whole line that is not a JSON record,
+        a ``.gz`` that is not gzip, or bytes that are not UTF-8 are damage, and a ``BadInput`` naming the file and
+        line: read as the end of the log, it made a finished protocol run look unfinished, and the protocol trained
+        it again over the user's log (``convergence.protocol.plan.run_state`` also refuses a compacted log that
+        ends short)."""
         if not self.path.exists():
             return []
+        packed = self.path.name.endswith(".gz")
+        with open(self.path, "rb") as f:
+            if packed and f.read(len(GZIP_MAGIC)) != GZIP_MAGIC:
+                raise BadInput(f"{self.path}: named .gz but not gzip (damaged; restore it, e.g. from git)")
+        raw = file_bytes(self.path)
+        try:
+            lines = raw.decode("utf-8").splitlines(keepends=True)
+        except UnicodeDecodeError as exc:
+            raise BadInput(f"{self.path}: not UTF-8 text ({exc.reason} at byte {exc.start}): damaged") from None
         out = []
-        for line in file_bytes(self.path).decode().splitlines(keepends=True):
+        for i, line in enumerate(lines, 1):
             if not line.endswith("\n"):
-                break  # torn last line
+                break  # torn last line (only the last can lack its newline)
             try:
-                out.append(json.loads(line))
+                rec = json.loads(line)
             except json.JSONDecodeError:
-                break
+                rec = None
+            if not isinstance(rec, dict):
+                raise BadInput(f"{self.path}:{i}: not a JSON record (only a last line without its newline may be "
+                               f"torn, as a kill leaves it): the log is damaged; restore it, e.g. from git")
+            out.append(rec)
         return out
 
     def truncate_after(self, step: int) -> None:

@@ -449,6 +449,19 @@ def test_protocol_cli_runs_to_the_end_and_exits_with_the_candidates_verdict(tmp_
     assert all((out / "results" / f"{n}.meta.json").exists() for n in names if n.endswith((".json", ".jsonl.gz"))
                and not n.endswith(".meta.json"))
     assert convergence_main(argv) == rc  # repeating a finished protocol judges it again, runs nothing
+    # a finished run's damaged log is refused in one line, the log left as it is: read up to the damage, it made
+    # the run look unfinished and the protocol trained it again over the user's log (exit 0)
+    capsys.readouterr()
+    log = pr.metrics_path(out, runs[1])
+    lines = gzip.decompress(log.read_bytes()).splitlines(keepends=True)
+    for damaged in (gzip.compress(b"".join([*lines[:2], lines[2][:20] + b"\n", *lines[3:]]), mtime=0),  # mid-file
+                    gzip.compress(b"".join(lines[:-1]), mtime=0),  # cut short at a line's end
+                    b"garbage"):  # not gzip at all
+        log.write_bytes(damaged)
+        for extra in ([], ["--status"]):
+            err = _bad(capsys, *argv[1:], *extra)
+            assert str(log) in err and "damaged" in err, err
+        assert log.read_bytes() == damaged
 
 
 @pytest.mark.timeout(300)

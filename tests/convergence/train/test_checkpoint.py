@@ -36,6 +36,32 @@ def test_jsonl_log_reads_a_gzip_log_as_its_plain_one(tmp_path):
     assert JsonlLog(packed).records() == log.records() == [{"step": s, "loss": float(s)} for s in range(1, 4)]
 
 
+def test_jsonl_log_refuses_damage_other_than_a_torn_last_line(tmp_path):
+    """Only the last line may be torn (no newline: a kill leaves it); a whole line that is not a record, a .gz that
+    is not gzip, bytes that are not UTF-8 are damage: BadInput naming the file (and line), never a shorter log.
+    The control: the whole log, plain and packed, reads as written."""
+    import pytest
+
+    from numerics.errors import BadInput
+
+    whole = b"".join(b'{"step": %d, "loss": 1.0}\n' % s for s in range(1, 5))
+    plain, packed = tmp_path / "m.jsonl", tmp_path / "m.jsonl.gz"
+    plain.write_bytes(whole)
+    packed.write_bytes(gzip.compress(whole, mtime=0))
+    assert [r["step"] for r in JsonlLog(plain).records()] == [r["step"] for r in JsonlLog(packed).records()] == [
+        1, 2, 3, 4]
+    cut = whole.replace(b'{"step": 2, "loss": 1.0}', b'{"step": 2, "lo')
+    for path, data, where in ((plain, cut, ":2:"), (plain, whole.replace(b"1.0}\n", b"[1]\n", 1), ":1:"),
+                              (packed, gzip.compress(cut, mtime=0), ":2:"),
+                              (packed, gzip.compress(whole.replace(b"\n", b"}\n", 1), mtime=0), ":1:"),
+                              (packed, whole, "not gzip"), (packed, b"", "not gzip"),
+                              (plain, b"\xff\xfe" + whole, "not UTF-8")):
+        path.write_bytes(data)
+        with pytest.raises(BadInput, match="damaged") as e:
+            JsonlLog(path).records()
+        assert str(path) in str(e.value) and where in str(e.value), (data, e.value)
+
+
 def test_jsonl_log_writes_no_nan(tmp_path):
     log = JsonlLog(tmp_path / "m.jsonl")
     log.append({"step": 1, "loss": float("nan")})

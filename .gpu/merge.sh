@@ -2,23 +2,41 @@
 # Here, after a call of protocol.sh: fold the GPU machine's protocol folder (results.tgz) into the tracked copy
 # .gpu/$NAME, finished runs only (a stopped run's checkpoint stayed on that machine), then commit it at once:
 # nothing outside git outlives a session.   bash .gpu/merge.sh /work/.device/N/results.tgz
+# The GPU side started from the tracked copy and only adds to it (new finished runs, pace.jsonl appended), so a
+# tarball that lost, changed or cut short a tracked file is refused whole (exit 2, one line on stderr, nothing
+# copied): the tracked runs are hours of lent GPU time.
 set -eu
 NAME=${NAME:-proto5}
+refuse() { echo "merge.sh: $*" >&2; exit 2; }
+[ $# -eq 1 ] || refuse "usage: bash .gpu/merge.sh RESULTS.tgz (the results.tgz a protocol.sh call sent back)"
 tgz=$1
+[ -f "$tgz" ] || refuse "$tgz: no such file"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-tar xzf "$tgz" -C "$tmp"
+tar xzf "$tgz" -C "$tmp" 2>/dev/null || refuse "$tgz: not a whole gzip tarball (cut short in transfer?)"
 src=$tmp/$NAME
-[ -f "$src/protocol.json" ] || { echo "merge.sh: $tgz holds no $NAME/protocol.json"; exit 2; }
+[ -f "$src/protocol.json" ] || refuse "$tgz holds no $NAME/protocol.json"
 if [ -s "$src/unfinished.txt" ]; then
-    while read -r d; do echo "not merged (stopped part-way): $d"; rm -rf "${src:?}/$d"; done < "$src/unfinished.txt"
+    while read -r d; do
+        # protocol.sh writes runs/RUN/RECIPE; anything else would have rm reach outside the unpacked folder
+        [[ "$d" =~ ^runs/[A-Za-z0-9._-]+/[A-Za-z0-9._-]+$ && "$d" != *..* ]] \
+            || refuse "$tgz: unfinished.txt names '$d', not a run folder runs/RUN/RECIPE"
+        echo "not merged (stopped part-way): $d"
+        rm -rf "${src:?}/$d"
+    done < "$src/unfinished.txt"
 fi
 rm -f "$src/unfinished.txt"
 find "$src" -type d -empty -delete
 mkdir -p ".gpu/$NAME"
-# the GPU side started from the tracked copy, so it holds every run here and more: refuse one that lost any
 for f in $(cd ".gpu/$NAME" && find . -type f); do
-    [ -f "$src/$f" ] || { echo "merge.sh: $f is tracked but not in $tgz: not merged"; exit 2; }
+    [ -f "$src/$f" ] || refuse "$f is tracked but not in $tgz: not merged"
+    if [ "$f" = ./pace.jsonl ]; then  # appended to by every piece: the tracked lines must come first, unchanged
+        n=$(stat -c %s ".gpu/$NAME/$f")
+        cmp -s -n "$n" ".gpu/$NAME/$f" "$src/$f" \
+            || refuse "$f in $tgz is not the tracked one with lines appended (an older call's?): not merged"
+    else
+        cmp -s ".gpu/$NAME/$f" "$src/$f" || refuse "$f differs from the tracked one in $tgz: not merged"
+    fi
 done
 cp -r "$src/." ".gpu/$NAME/"
 git add ".gpu/$NAME"

@@ -1,6 +1,6 @@
 """.gpu/merge.sh keeps what a lent GPU machine made: the protocol runs it finished, and nothing it stopped part-way
-(their checkpoints stay on that machine); a tarball that lost a tracked file is refused whole. Stop 31's runs
-were lost with an ignored folder; this is the path that now keeps them."""
+(their checkpoints stay on that machine); a tarball that lost, changed or cut short a tracked file is refused
+whole. Stop 31's runs were lost with an ignored folder; this is the path that now keeps them."""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ def _repo(tmp_path: Path) -> Path:
     return repo
 
 
-def _tarball(tmp_path: Path, repo: Path, *, drop: str | None = None) -> Path:
+def _tarball(tmp_path: Path, repo: Path, *, drop: str | None = None, write: dict | None = None) -> Path:
     """What protocol.sh sends back: the tracked folder grown by one finished run and one stopped part-way."""
     made = tmp_path / "machine" / "proto"
     shutil.copytree(repo / ".gpu" / "proto", made)
@@ -51,6 +51,8 @@ def _tarball(tmp_path: Path, repo: Path, *, drop: str | None = None) -> Path:
     (made / "unfinished.txt").write_text("runs/mxfp8/mxfp8\n")  # its checkpoint.pt stayed behind
     if drop:
         (made / drop).unlink()
+    for name, data in (write or {}).items():
+        (made / name).write_bytes(data)
     tgz = tmp_path / "results.tgz"
     with tarfile.open(tgz, "w:gz") as t:
         t.add(made, arcname="proto")
@@ -76,6 +78,39 @@ def test_merge_refuses_a_tarball_that_lost_a_tracked_run(tmp_path):
     tgz = _tarball(tmp_path, repo, drop="runs/bf16/bf16/metrics.jsonl.gz")
     refused = _run(repo, "bash", ".gpu/merge.sh", str(tgz), env={**os.environ, "NAME": "proto"})
     assert refused.returncode == 2
-    assert "metrics.jsonl.gz is tracked but not in" in refused.stdout
+    assert "metrics.jsonl.gz is tracked but not in" in refused.stderr and refused.stderr.count("\n") == 1
     assert not (repo / ".gpu" / "proto" / "runs" / "bf16_rounding1").exists()
     assert _run(repo, "git", "status", "--porcelain").stdout == ""
+
+
+@pytest.mark.parametrize("write, says", [
+    ({"runs/bf16/bf16/metrics.jsonl.gz": b"garbage"}, "differs from the tracked one"),
+    ({"protocol.json": b"not json"}, "differs from the tracked one"),
+    ({"pace.jsonl": b'{"run": "mxfp8"}\n'}, "is not the tracked one with lines appended"),
+    ({"unfinished.txt": b"runs/mxfp8/mxfp8\n../../canary\n"}, "not a run folder"),
+])
+def test_merge_refuses_a_tarball_that_changed_a_tracked_file(tmp_path, write, says):
+    """A tracked finished run, the plan or the tracked pace lines changed on the machine (or in transfer), or an
+    unfinished.txt naming a path outside the unpacked folder: refused in one line, exit 2, nothing copied or
+    deleted (merge.sh copied them over the tracked runs and staged them, and rm -rf'd the path, before). The
+    control is the merge test above, whose tarball only adds."""
+    repo = _repo(tmp_path)
+    (tmp_path / "t" / "u").mkdir(parents=True)
+    canary = tmp_path / "t" / "u" / "canary"  # ../../canary from the unpacked folder TMPDIR/tmp.XXXX/proto
+    canary.write_text("a user's file")
+    tgz = _tarball(tmp_path, repo, write=write)
+    refused = _run(repo, "bash", ".gpu/merge.sh", str(tgz),
+                   env={**os.environ, "NAME": "proto", "TMPDIR": str(tmp_path / "t" / "u")})
+    assert refused.returncode == 2 and says in refused.stderr and refused.stderr.count("\n") == 1, refused.stderr
+    assert canary.read_text() == "a user's file"
+    assert not (repo / ".gpu" / "proto" / "runs" / "bf16_rounding1").exists()
+    assert _run(repo, "git", "status", "--porcelain").stdout == ""
+
+
+@pytest.mark.parametrize("argv, says", [([], "usage"), (["nothing.tgz"], "no such file"),
+                                        (["not.tgz"], "not a whole gzip tarball")])
+def test_merge_bad_arguments_are_one_line(tmp_path, argv, says):
+    repo = _repo(tmp_path)
+    (repo / "not.tgz").write_text("not a tarball")
+    refused = _run(repo, "bash", ".gpu/merge.sh", *argv, env={**os.environ, "NAME": "proto"})
+    assert refused.returncode == 2 and says in refused.stderr and refused.stderr.count("\n") == 1, refused.stderr

@@ -20,6 +20,8 @@ Public functions
       file was for.
   ``gzip_or_plain(path) -> Path``  ``path + ".gz"`` when that exists, else ``path``: where a run's JSON lines
       are, compacted or not (a finished protocol run keeps its logs gzip: ``convergence.protocol.plan``).
+  ``read_json_object(path, *, what) -> dict``  the JSON object a file holds (a plan, a run's config); a file
+      that cannot be read, is not JSON or holds something else is ``BadInput`` naming it and what it should be.
   ``read_json_lines(path, *, what, hint, need, inside=None) -> list[dict]``  every JSON object of a
       JSON-lines file, gzip or not (``inside`` it when ``path`` is a folder, through ``gzip_or_plain``), blank
       lines skipped; a missing or unreadable file, a line that is not a JSON object with the keys ``need`` (of
@@ -32,6 +34,7 @@ Every failure to write (``OSError``: read-only file system, disk full, permissio
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import tempfile
 from collections.abc import Iterator
@@ -130,6 +133,19 @@ def file_bytes(path, limit: int | None = None) -> bytes:
             return g.read(limit)
     except (gzip.BadGzipFile, EOFError, zlib.error) as exc:
         raise BadInput(f"{path}: a damaged gzip file ({exc or 'cut short'})") from None
+
+
+def read_json_object(path, *, what: str) -> dict:
+    path = Path(path)
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise BadInput(f"{path}: cannot read {what}: {exc.strerror or exc}") from None
+    except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError both are
+        raise BadInput(f"{path}: not {what} (not JSON: {exc}); restore it, e.g. from git") from None
+    if not isinstance(value, dict):
+        raise BadInput(f"{path}: not {what} (a JSON {type(value).__name__}, not an object)")
+    return value
 
 
 def gzip_or_plain(path) -> Path:

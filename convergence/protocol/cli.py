@@ -7,12 +7,14 @@ Bad input is one line on stderr and exit code 2; the exit codes of a run are in 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 
+from convergence.train import data as data_mod
 from convergence.train.cli import check_recipe_kernels
 from numerics.cli import ArgumentParser, CLIError
 from numerics.environment import check_hardware_tag
@@ -86,11 +88,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     from convergence.protocol import plan as pr
 
     args = _protocol_parser().parse_args(argv)
+    if args.threads is not None and args.threads < 1:
+        raise CLIError(f"--threads must be >= 1, got {args.threads}")
+    if args.parallel < 1 or (args.stop_after_minutes is not None
+                             and not (0 < args.stop_after_minutes < math.inf)):
+        raise CLIError("--parallel must be >= 1 and --stop-after-minutes a number > 0")
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.piece is not None:  # a worker: one piece of one run of the plan in --out
         plan = pr.load_plan(args.out)
-        spec = next(s for s in plan.runs() if s.name == args.piece)
+        spec = next((s for s in plan.runs() if s.name == args.piece), None)
+        if spec is None:
+            raise CLIError(f"--piece {args.piece}: no run of that name in {args.out}'s plan")
         if args.gpu_share > 1 and plan.device == "cuda":  # the memory check then sees this run's share
             torch.cuda.set_per_process_memory_fraction(1 / args.gpu_share)
         stop = None if args.stop_after_minutes is None else 60 * args.stop_after_minutes
@@ -129,8 +138,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise CLIError("--device cuda: no CUDA device is visible")
         if args.device == "cuda" and not 1 <= gpus <= torch.cuda.device_count():
             raise CLIError(f"--gpus {args.gpus}: this machine has {torch.cuda.device_count()}")
-    if args.parallel < 1 or (args.stop_after_minutes is not None and args.stop_after_minutes <= 0):
-        raise CLIError("--parallel must be >= 1 and --stop-after-minutes > 0")
     if args.hardware is not None:
         check_hardware_tag(args.hardware)
     if args.whole_runs and args.stop_after_minutes is None:
@@ -139,6 +146,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if problem:
         raise CLIError(f"--mxfp8-kernel: {problem}")
     check_recipe_kernels((plan.candidate, plan.control), plan.mxfp8_kernel)
+    if plan.data is not None and not judge_only:  # before protocol.json records it: a mistyped path then leaves
+        data_mod.check_data_path(plan.data)        # no plan that the corrected command would have to --force
     slots = gpus * args.parallel if args.device == "cuda" else args.parallel
     per_gpu = args.parallel if args.device == "cuda" else 1
     grew = pr.open_protocol(plan, args.out, force=args.force)

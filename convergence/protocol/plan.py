@@ -48,6 +48,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
+import re
 import shlex
 import shutil
 from dataclasses import dataclass
@@ -58,7 +60,7 @@ from convergence.train.checkpoint import JsonlLog
 from convergence.train.loop import TrainConfig, defaults_for, train_recipe
 from convergence.train.placement import CHECKPOINT_FILE  # a protocol run trains in one process
 from numerics.errors import BadInput
-from numerics.files import GZIP_MAGIC, atomic_write, gzip_or_plain
+from numerics.files import GZIP_MAGIC, atomic_write, gzip_or_plain, read_json_object
 from numerics.layer.configs import CONFIGS
 from numerics.layer.recipes import RECIPES
 
@@ -127,8 +129,12 @@ class ProtocolPlan:
         if not 0 < self.margin < 1:
             raise BadInput(f"--margin must be in (0, 1), got {self.margin}")
         for key, value in self.overrides:
-            if key not in TRAIN_OVERRIDES or value < 0 or (value == 0 and key not in ("warmup", "probe_every")):
+            if (key not in TRAIN_OVERRIDES or not math.isfinite(value) or value < 0
+                    or (value == 0 and key not in ("warmup", "probe_every"))):
                 raise BadInput(f"--{key.replace('_', '-')} {value}: out of range")
+        if self.name and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", self.name):
+            raise BadInput(f"--name {self.name!r}: letters, digits, '.', '_' and '-' only (it begins the result "
+                           "files' names in OUT/results)")
         data_mod.check_val_percent(self.val_percent)
         if self.train_defaults()["val_every"] > self.steps:
             raise BadInput(f"--val-every {self.train_defaults()['val_every']} is more than --steps {self.steps}: the "
@@ -265,7 +271,7 @@ def open_protocol(plan: ProtocolPlan, out: Path, *, force: bool = False) -> str 
         (out / "pace.jsonl").unlink(missing_ok=True)  # pieces.PACE_FILE: the paces of runs no longer there
         state.unlink()
     if state.exists():
-        have = plan_from_dict(json.loads(state.read_text())).as_dict()  # keys added since: their defaults
+        have = read_plan(state).as_dict()  # keys added since: their defaults
         want = plan.as_dict()
         for key, value in want.items():
             if have.get(key) != value and key not in CHANGEABLE:
@@ -284,7 +290,19 @@ def open_protocol(plan: ProtocolPlan, out: Path, *, force: bool = False) -> str 
 
 
 def load_plan(out: Path) -> ProtocolPlan:
-    return plan_from_dict(json.loads((Path(out) / "protocol.json").read_text()))
+    return read_plan(Path(out) / "protocol.json")
+
+
+def read_plan(state: Path) -> ProtocolPlan:
+    """The plan a protocol.json holds, checked as a command line's is: a damaged one is one line naming it."""
+    d = read_json_object(state, what="a protocol plan")
+    try:
+        return plan_from_dict(d).check()
+    except BadInput as exc:
+        raise BadInput(f"{state}: {exc}") from None
+    except (TypeError, ValueError, KeyError, AttributeError) as exc:  # a field missing, unknown or of another type
+        raise BadInput(f"{state}: not a protocol plan ({type(exc).__name__}: {exc}); restore it, e.g. from "
+                       "git") from None
 
 
 def run_dir(out: Path, spec: RunSpec) -> Path:
@@ -327,7 +345,7 @@ def compact_run(folder: Path) -> None:
 def _run_config(out: Path, spec: RunSpec) -> dict:
     """A run's config.json ({} while the run has not written one)."""
     path = run_dir(out, spec) / "config.json"
-    return json.loads(path.read_text()) if path.is_file() else {}
+    return read_json_object(path, what="a run's config") if path.is_file() else {}
 
 
 def run_state(plan: ProtocolPlan, out: Path, spec: RunSpec) -> int | str:

@@ -179,11 +179,7 @@ def load_tokens(spec: DataSpec) -> TokenData:
         raise BadInput(f"unknown tokenizer {spec.tokenizer!r}; choose from byte, bpe")
     meta: dict = {"source": spec.path or "python-stdlib", "tokenizer": spec.tokenizer}
     if spec.path is not None:
-        path = Path(spec.path)
-        if not path.exists():
-            raise BadInput(f"data path {path} does not exist")
-        if path.is_dir():
-            raise BadInput(f"data path {path} is a directory; pass a .txt/.jsonl/.parquet/.bin file")
+        path = check_data_path(spec.path)
         if path.suffix.lower() == ".bin":
             if spec.bin_dtype not in ("uint16", "uint32"):
                 raise BadInput(f"--data-dtype must be uint16 or uint32, got {spec.bin_dtype!r}")
@@ -234,6 +230,16 @@ def describe_tokens(meta: dict) -> str:
     digest = meta.get("digest") or {}
     src = f"{meta.get('source', '?')}" + (f" of Python {meta['python']}" if meta.get("python") else "")
     return f"{src} (train {digest.get('train')}, val {digest.get('val')})"
+
+
+def check_data_path(path) -> Path:
+    """A --data path that can be read as a file (its contents are checked when it is read: ``load_tokens``)."""
+    path = Path(path)
+    if not path.exists():
+        raise BadInput(f"data path {path} does not exist")
+    if path.is_dir():
+        raise BadInput(f"data path {path} is a directory; pass a .txt/.jsonl/.parquet/.bin file")
+    return path
 
 
 def check_val_percent(percent: int | None) -> None:

@@ -132,6 +132,44 @@ def test_protocol_cli_bad_input_is_one_line_and_touches_nothing(capsys, tmp_path
     assert "a tag such as h200" in _bad(capsys, "--model", "tiny", "--steps", "20", "--out", str(out),
                                         "--hardware", "../../elsewhere")  # it names the result files
 
+def test_protocol_cli_refuses_bad_values_and_damaged_plans_in_one_line(capsys, tmp_path):
+    """Bad-input audit (2026-12-02): each of these was a traceback (exit 1), trained to NaN, wrote results outside
+    --out, or left a protocol.json that the corrected command was refused on. The controls: the good plan's
+    --status and the same values in range are accepted (test_protocol_cli_runs_to_the_end_...)."""
+    out, tiny = tmp_path / "p", ["--model", "tiny", "--steps", "20"]
+    for argv, says in ((["--name", "../../x"], "letters, digits"), (["--name", "a/b"], "letters, digits"),
+                       (["--lr", "nan"], "--lr nan: out of range"), (["--lr", "inf"], "--lr inf: out of range"),
+                       (["--threads", "-2"], "--threads must be >= 1"),
+                       (["--stop-after-minutes", "nan"], "--stop-after-minutes"),
+                       (["--stop-after-minutes", "inf"], "--stop-after-minutes"),
+                       (["--data", str(tmp_path / "nothing.txt")], "does not exist"),
+                       (["--data", str(tmp_path)], "is a directory")):
+        assert says in _bad(capsys, *tiny, *argv, "--out", str(out)), argv
+        assert not (out / "protocol.json").exists(), argv  # nothing recorded for the corrected command to --force
+    good = pr.ProtocolPlan(model="tiny", steps=20).as_dict()
+    for damaged, says in (("{not json", "not JSON"), ("", "not JSON"), ("[1, 2]", "a JSON list"),
+                          (json.dumps({k: v for k, v in good.items() if k != "model"}), "model"),
+                          (json.dumps(good | {"bogus": 1}), "bogus"), (json.dumps(good | {"steps": "many"}), "str"),
+                          (json.dumps(good | {"design": "xx"}), "--design"),
+                          (json.dumps(good | {"replicates": 0}), "--replicates"),
+                          (json.dumps(good | {"overrides": 5}), "not a protocol plan"),
+                          (json.dumps(good | {"model": "huge"}), "unknown model")):
+        out.mkdir(exist_ok=True)
+        (out / "protocol.json").write_text(damaged)
+        for argv in (["--status"], tiny):
+            err = _bad(capsys, *argv, "--out", str(out))
+            assert str(out / "protocol.json") in err and says in err, (damaged, err)
+    (out / "protocol.json").write_text(json.dumps(good))
+    assert convergence_main(["protocol", "--status", "--out", str(out)]) == 0
+    assert "--parallel must be >= 1" in _bad(capsys, "--status", "--parallel", "0", "--out", str(out))
+    assert "no run of that name" in _bad(capsys, "--piece", "nosuch", "--out", str(out))
+    run = out / "runs" / "bf16" / "bf16"
+    run.mkdir(parents=True)
+    (run / "config.json").write_text("{not json")
+    err = _bad(capsys, "--status", "--out", str(out))
+    assert str(run / "config.json") in err and "a run's config" in err
+
+
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the refusal on a machine without CUDA")
 def test_protocol_cli_cuda_without_a_gpu_is_one_line(capsys, tmp_path):
     assert "no CUDA device" in _bad(capsys, "--model", "tiny", "--steps", "20", "--device", "cuda", "--out",

@@ -22,13 +22,13 @@ never overwritten without ``--force``.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
 
 from convergence.train.loop import MEASURED_FIELDS
 from convergence.train.profile import WARMUP, load_records, profile
 from numerics.errors import BadInput
+from numerics.files import gzip_or_plain, read_json_object
 
 
 def _runs(path: Path, recipes: Sequence[str] | None) -> dict[str, Path]:
@@ -36,14 +36,14 @@ def _runs(path: Path, recipes: Sequence[str] | None) -> dict[str, Path]:
         raise BadInput(f"{path} does not exist")
     if path.is_file():
         return {"run": path}
-    found = {d.name: d / "metrics.jsonl" for d in sorted(path.iterdir()) if (d / "metrics.jsonl").exists()}
+    found = {d.name: m for d in sorted(path.iterdir()) if (m := gzip_or_plain(d / "metrics.jsonl")).exists()}
     if recipes:
         missing = [r for r in recipes if r not in found]
         if missing:
-            raise BadInput(f"{path} has no {missing[0]}/metrics.jsonl (it has: {', '.join(found) or 'none'})")
+            raise BadInput(f"{path} has no {missing[0]}/metrics.jsonl(.gz) (it has: {', '.join(found) or 'none'})")
         found = {r: found[r] for r in recipes}
     if not found:
-        raise BadInput(f"{path} holds no <recipe>/metrics.jsonl")
+        raise BadInput(f"{path} holds no <recipe>/metrics.jsonl(.gz)")
     return found
 
 
@@ -54,7 +54,7 @@ def _settings(metrics: Path) -> dict:
     cfg = metrics.parent / "config.json"
     if not cfg.exists():
         return {}
-    d = json.loads(cfg.read_text())
+    d = read_json_object(cfg, what="a run's config")
     dist, train, recipe = d.get("distributed", {}), d.get("train", {}), d.get("recipe", {})
     return {"ep": dist.get("ep"), "ep_backend": dist.get("ep_backend"), "backend_class": dist.get("backend_class"),
             "mxfp8_kernel": recipe.get("kernel"), "optimizer_state": train.get("optimizer_state"),

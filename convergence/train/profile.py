@@ -37,9 +37,18 @@ SPANS, SPAN_MIN = 6, 10
 
 
 def load_records(path: Path) -> list[dict]:
-    """The records of a ``metrics.jsonl``, or of the one a run's recipe folder (``OUT/<recipe>``) holds."""
-    return read_json_lines(path, what="metrics", hint="a run's OUT/<recipe>/metrics.jsonl", need={"step": int},
+    """The records of a ``metrics.jsonl``, or of the one a run's recipe folder (``OUT/<recipe>``) holds. Every
+    record's loss is a number (or null: a diverged step's NaN is logged so) and one at least has one: a file of
+    steps without losses (a run's probes.jsonl) profiled as "n/a" everywhere, and a loss that was text failed
+    in arithmetic, as a traceback."""
+    recs = read_json_lines(path, what="metrics", hint="a run's OUT/<recipe>/metrics.jsonl", need={"step": int},
                            inside="metrics.jsonl")
+    for r in recs:
+        if not isinstance(r.get("loss"), (int, float, type(None))) or isinstance(r.get("loss"), bool):
+            raise BadInput(f"{path}: step {r['step']}: loss {r['loss']!r} is not a number")
+    if not any(isinstance(r.get("loss"), (int, float)) for r in recs):
+        raise BadInput(f"{path}: no record has a training loss: not a run's metrics (a probes.jsonl?)")
+    return recs
 
 
 def _numbers(records: list[dict], key: str) -> list[float]:

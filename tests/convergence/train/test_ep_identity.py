@@ -71,3 +71,29 @@ def test_ep_identity_bad_input_one_line(tmp_path, capsys):
     (tmp_path / "x.json").write_text("{}")
     assert convergence_main(["ep-identity", str(a), str(a), "--json", str(tmp_path / "x.json")]) == 2
     assert "pass --force" in capsys.readouterr().err
+
+
+def test_ep_identity_reads_a_finished_protocol_runs_compacted_log_and_refuses_a_file_without_losses(tmp_path,
+                                                                                                   capsys):
+    """A protocol run keeps its logs gzip once finished (convergence.protocol.plan.compact_run): such a run folder
+    was refused as holding no metrics (bad-input audit, 2026-12-02). The control: the compacted runs compare as
+    their plain logs do, identical and not; a probes file (steps, no loss) or a text loss is one line, exit 2
+    (it had been called DIFFERENT, exit 1, or a traceback)."""
+    import gzip
+
+    a = _run(tmp_path, "reference", [5.5, 5.25, 5.0], tps=1.0)
+    b = _run(tmp_path, "deepep", [5.5, 5.25, 5.1], tps=1.0)
+    for run in (a, b):
+        log = run / "bf16" / "metrics.jsonl"
+        log.with_name("metrics.jsonl.gz").write_bytes(gzip.compress(log.read_bytes(), mtime=0))
+        log.unlink()
+    assert convergence_main(["ep-identity", str(a), str(a)]) == 0
+    assert convergence_main(["ep-identity", str(a), str(b)]) == 1
+    assert "DIFFER at step 3, field loss" in capsys.readouterr().out
+    probes, text = tmp_path / "probes.jsonl", tmp_path / "text.jsonl"
+    probes.write_text('{"step": 1, "layer1": {"sqnr_db": 30.0}}\n')
+    text.write_text('{"step": 1, "loss": "x"}\n')
+    for bad, says in ((probes, "no record has a training loss"), (text, "is not a number")):
+        assert convergence_main(["ep-identity", str(bad), str(a)]) == 2
+        err = capsys.readouterr().err
+        assert says in err and str(bad) in err and err.count("\n") == 1, err

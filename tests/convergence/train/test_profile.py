@@ -94,6 +94,18 @@ def test_a_run_without_phase_times_says_so():
     assert "made without --phase-times" in pf.report({"run": p})
 
 
+def test_a_file_without_training_losses_is_not_profiled(tmp_path, capsys):
+    """A run's probes.jsonl (steps, no loss) had been profiled as n/a everywhere, exit 0 (bad-input audit)."""
+    from convergence.__main__ import main as convergence_main
+
+    probes = tmp_path / "probes.jsonl"
+    probes.write_text('{"step": 1, "layer1": {"sqnr_db": 30.0}}\n{"step": 2, "layer1": {"sqnr_db": 31.0}}\n')
+    assert convergence_main(["profile", str(probes)]) == 2
+    assert "no record has a training loss" in capsys.readouterr().err
+    (tmp_path / "m.jsonl").write_text("".join(json.dumps(r) + "\n" for r in _records()))
+    assert convergence_main(["profile", str(tmp_path / "m.jsonl")]) == 0  # the control: a run's metrics
+
+
 def test_profile_of_a_real_cpu_run(tmp_path, capsys):
     """A tiny CPU run with --phase-times: its profile's medians are those of its own records, and the figure
     and JSON are written."""

@@ -49,10 +49,11 @@ def run_report_parser(prog: str, description: str, *, reads: str, plot: str, jso
 def parse_run_report(parser: ArgumentParser, argv: Sequence[str] | None) -> tuple[argparse.Namespace, list[str]]:
     """(arguments, one label per run) of a ``run_report_parser`` command line, its --plot and --json checked
     writable before any run is read: bad input is one line before the work."""
-    from numerics.files import check_writable
+    from numerics.files import check_distinct, check_writable
 
     args = parser.parse_args(argv)
     names = run_labels(args.name, args.runs)
+    check_distinct(plot=args.plot, json=args.json)
     for out in (args.plot, args.json):
         if out:
             check_writable(out, force=args.force)

@@ -6,6 +6,8 @@ Public functions
       without ``force``, a directory, a missing or non-directory parent, or a place where no file can be
       created (probed by creating and removing a temporary file there, which also works for root,
       whom permission bits do not stop).
+  ``check_distinct(**outputs)``  refuses (``BadInput``) two output options naming the same file: the second
+      write would replace the first, or be refused as existing after the first was written.
   ``atomic_write(path, data, *, force=False) -> Path``  bytes or text to a temporary file in the same
       directory, flushed and fsynced, then renamed over ``path`` (``os.replace`` is atomic on POSIX):
       a reader sees the old file or the new one, never a torn one.
@@ -56,6 +58,17 @@ def _refuse(path: Path, force: bool) -> None:
         raise BadInput(f"cannot write {path}: the directory {parent} does not exist")
     if not parent.is_dir():
         raise BadInput(f"cannot write {path}: {parent} is not a directory")
+
+
+def check_distinct(**outputs) -> None:
+    seen: dict[Path, str] = {}
+    for option, path in outputs.items():
+        if path is None:
+            continue
+        where = Path(path).resolve()
+        if where in seen:
+            raise BadInput(f"--{seen[where]} and --{option.replace('_', '-')} name the same file ({path})")
+        seen[where] = option.replace("_", "-")
 
 
 def check_writable(path, *, force: bool = False) -> Path:

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from convergence.__main__ import main as convergence_main
+from convergence.protocol.plan import ProtocolPlan
 from mxval.__main__ import main as mxval_main
 from numerics.__main__ import main as numerics_main
 from numerics.cli import KnownBenignLogs
@@ -47,6 +48,15 @@ def files(tmp_path) -> dict[str, Path]:
     f["existing"].write_text('{"keep": "me"}\n')
     (tmp_path / "blocker").write_text("a file, not a folder")
     f["good"].write_text("\n".join(good) + "\n")
+    f["a_list"] = tmp_path / "a_list.json"
+    f["a_list"].write_text("[1, 2]\n")
+    f["window_text"] = tmp_path / "window_text.json"
+    f["window_text"].write_text(json.dumps({"metric": "val_loss", "final_window": "x"}) + "\n")
+    f["probes"] = tmp_path / "probes.jsonl"
+    f["probes"].write_text('{"step": 1, "layer1": {"sqnr_db": 30.0}}\n')
+    f["protocol"] = tmp_path / "protocol"  # a protocol folder with its plan and no runs yet
+    f["protocol"].mkdir()
+    (f["protocol"] / "protocol.json").write_text(json.dumps(ProtocolPlan(model="tiny", steps=20).as_dict()))
     return f
 
 
@@ -122,6 +132,18 @@ CASES = [
     ("power-directory", "convergence", ["power", "{directory}"], "protocol"),
     ("power-json-existing", "convergence", ["power", "{verdict}", "--json", "{existing}"], "exists"),
     ("power-margin", "convergence", ["power", "{verdict}", "--margin", "2"], "--margin"),
+    # found by the bad-input audit of 2026-12-02: tracebacks, an output written then refused, a file counted twice
+    ("power-a-list", "convergence", ["power", "{a_list}"], "not a compare --metric val_loss result"),
+    ("power-window-text", "convergence", ["power", "{window_text}"], "not a compare --metric val_loss result"),
+    ("power-twice", "convergence", ["power", "{verdict}", "{verdict}"], "given twice"),
+    ("profile-probes", "convergence", ["profile", "{probes}"], "no record has a training loss"),
+    ("profile-same-output", "convergence", ["profile", "{good}", "--json", "{tmp}/o", "--plot", "{tmp}/o"],
+     "name the same file"),
+    ("protocol-status-same-figure", "convergence", ["protocol", "--status", "--out", "{protocol}", "--plot",
+                                                    "{tmp}/f.png", "--plot-parting", "{tmp}/f.png"],
+     "name the same file"),
+    ("layers-same-output", "numerics", ["layers", "--device", "cpu", "--json", "{tmp}/o", "--markdown", "{tmp}/o"],
+     "name the same file"),
     ("layers-json-existing", "numerics", ["layers", "--device", "cpu", "--json", "{existing}"], "--force"),
     ("layers-json-unwritable", "numerics", ["layers", "--device", "cpu", "--json", "{unwritable}"], ""),
     ("layers-config", "numerics", ["layers", "--config", "huge"], ""),

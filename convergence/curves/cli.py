@@ -19,7 +19,7 @@ from pathlib import Path
 
 from convergence.curves.compare import EXIT_CODES, resolution
 from numerics.cli import ArgumentParser, CLIError
-from numerics.files import atomic_write, check_writable
+from numerics.files import atomic_write, check_distinct, check_writable, read_json_object
 
 
 def _parser() -> ArgumentParser:
@@ -114,8 +114,7 @@ def report(r: dict) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    if args.json and args.plot and args.json.resolve() == args.plot.resolve():
-        raise CLIError("--json and --plot name the same file")
+    check_distinct(json=args.json, plot=args.plot)
     for out in (args.json, args.plot):
         if out is not None:
             check_writable(out, force=args.force)  # before the work: exit 2 never follows a verdict
@@ -168,17 +167,22 @@ def power_main(argv: Sequence[str] | None = None) -> int:
         raise CLIError("--larger-set must be > 0 (times the held-out set's batches)")
     if args.json:
         check_writable(args.json, force=args.force)
-    ms = []
+    ms, seen = [], set()
     for path in args.results:
         files = sorted(f for f in path.glob("results/*_verdict__*.json") if not f.name.endswith(".meta.json")) \
             if path.is_dir() else [path]
         if not files:
             raise CLIError(f"{path}: a folder without results/*_verdict__*.json (is the protocol complete?)")
         for f in files:
-            try:
-                ms.append(power.measured(json.loads(f.read_text()), source=str(f)))
-            except (OSError, ValueError) as exc:
-                raise BadInput(f"{f}: {exc}") from None
+            if f.resolve() in seen:
+                raise CLIError(f"{f} is given twice: each measurement counts once in the spread's fit")
+            seen.add(f.resolve())
+            result = read_json_object(f, what="a compare --metric val_loss result")
+            try:  # measured names the file in its messages
+                ms.append(power.measured(result, source=str(f)))
+            except (ValueError, TypeError, KeyError, AttributeError, IndexError) as exc:
+                raise BadInput(str(exc) if isinstance(exc, ValueError) and str(f) in str(exc) else
+                               f"{f}: not a compare --metric val_loss result ({type(exc).__name__}: {exc})") from None
     if args.larger_set is not None:
         ms = [power.with_larger_set(m, args.larger_set) for m in ms]
     analysis = power.analyse(ms, margin=args.margin, confidence=args.confidence)

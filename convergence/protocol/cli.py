@@ -18,7 +18,7 @@ from convergence.train import data as data_mod
 from convergence.train.cli import check_recipe_kernels
 from numerics.cli import ArgumentParser, CLIError
 from numerics.environment import check_hardware_tag
-from numerics.files import check_writable
+from numerics.files import check_distinct, check_writable
 from numerics.layer.configs import CONFIGS
 from numerics.layer.mxfp8 import KERNELS as MXFP8_KERNELS
 from numerics.layer.mxfp8 import kernel_problem as mxfp8_problem
@@ -108,6 +108,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.status:
         if not (args.out / "protocol.json").is_file():
             raise CLIError(f"--status: {args.out} holds no protocol run")
+        check_distinct(plot=args.plot, plot_parting=args.plot_parting)
         for png in (args.plot, args.plot_parting):
             if png is not None:
                 check_writable(png, force=args.force)

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from numerics.cli import ArgumentParser, CLIError, run_main
-from numerics.files import atomic_write, check_writable
+from numerics.files import atomic_write, check_distinct, check_writable
 from numerics.layer.configs import SUITES, suite
 
 
@@ -44,6 +44,7 @@ def _main(argv: Sequence[str] | None) -> int:
     parser.add_argument("--force", action="store_true", help="overwrite existing output files")
     args = parser.parse_args(argv)
     device = _device(args.device)
+    check_distinct(json=args.json, markdown=args.markdown)
     json_path, md_path = _writable(args.json, args.force), _writable(args.markdown, args.force)
 
     from numerics.layer import harness as layers

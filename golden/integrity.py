@@ -70,7 +70,7 @@ def load_manifest(root: Path) -> list[dict]:
         raise BadInput(f"{path}: {problem}")
     doc = json.loads(text)
     files = doc.get("files") if isinstance(doc, dict) else None
-    if doc.get("format") != FORMAT or not isinstance(files, list) or not all(
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT or not isinstance(files, list) or not all(
             isinstance(e, dict) and {"data", "sidecar", "kind"} <= set(e) for e in files):
         raise BadInput(f"{path}: not a {FORMAT} manifest (format, files[data, sidecar, kind])")
     return files

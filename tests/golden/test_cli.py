@@ -84,6 +84,16 @@ def test_golden_check_invalid_json_with_a_matching_checksum_is_one_line(root, ca
     assert code == 2 and "ep/check__v1.2.1__h200x2.json: not valid JSON (Expecting" in err and err.count("\n") == 1
 
 
+@pytest.mark.parametrize("manifest", ["[1]\n", "null\n", '"text"\n'])
+def test_golden_check_a_manifest_that_is_json_but_not_an_object_is_one_line(root, capsys, manifest):
+    """A manifest of valid JSON that is not an object was an AttributeError traceback (bad-input audit,
+    2026-12-02); one that is not JSON was already one line (the control, test above for data files)."""
+    (root / "MANIFEST.json").write_text(manifest)
+    code, out, err = _run(["check", "--root", str(root)], capsys)
+    assert code == 2 and "MANIFEST.json: not a mxval-golden-manifest-v1 manifest" in err and err.count("\n") == 1
+    assert "Traceback" not in err + out
+
+
 def test_golden_check_a_lowered_statistic_is_caught_by_the_checksum_and_by_the_comparison(root, capsys):
     # issue 18.5: 28.46 -> 20.0 in the golden file used to pass
     p = root / "layers/layer_stats_tiny__cpu.json"

@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 
 import numpy as np
 from scipy import stats
@@ -106,6 +107,11 @@ class CompareOptions:
             raise BadInput("--start-fraction must be in [0, 1) and --final-fraction in (0, 1]")
         if not 0 <= self.coverage_fraction < 0.5:
             raise BadInput(f"--coverage-fraction must be in [0, 0.5), got {self.coverage_fraction}")
+        if not 0 < self.spike_sigma < math.inf or not 0 < self.final_rise < math.inf:
+            # a spike is a rise of spike_sigma robust sigmas, a divergence a rise of final_rise over the minimum:
+            # at or below zero every point would be one
+            raise BadInput(f"--spike-sigma and --final-rise must be > 0, got {self.spike_sigma} and "
+                           f"{self.final_rise}")
         return self
 
 
@@ -350,13 +356,24 @@ def _statistics_verdict(r: dict) -> tuple[str, str]:
     return "inconclusive", f"{name}: {part['why']}"
 
 
+def _each_once(paths) -> None:
+    """After loading (what is wrong in a file is said first): a run given twice would count twice, and a
+    baseline given twice shrinks the spread the candidate is judged by."""
+    seen = set()
+    for p in paths:
+        if Path(p).resolve() in seen:
+            raise BadInput(f"{p} is given twice (as a baseline, the candidate or a replicate): each run counts once")
+        seen.add(Path(p).resolve())
+
+
 def compare_paths(baselines, candidate, *, margin: float = CompareOptions.margin, candidate_replicates=(),
-                  **opts) -> dict:
+                  each_once: bool = True, **opts) -> dict:
     """Load and compare; ``opts``: CompareOptions fields and loader keys (format, loss_key, step_key, tag).
 
     ``metric="val_loss"`` compares the ``val_loss`` series (``loss_key`` names another), judges divergence on
     the training loss where the files have one, and reads JSONL runs' ``val_batch_losses``;
-    ``candidate_replicates`` (val_loss only) are more runs of the candidate recipe."""
+    ``candidate_replicates`` (val_loss only) are more runs of the candidate recipe. A file given twice is
+    ``BadInput`` unless ``each_once`` is False (a caller that reads only each run's levels, not the verdict)."""
     load_keys = {k: opts.pop(k) for k in ("format", "loss_key", "step_key", "tag") if k in opts}
     options = replace(CompareOptions(), margin=margin, **opts).check()
     k = len(baselines)
@@ -365,6 +382,8 @@ def compare_paths(baselines, candidate, *, margin: float = CompareOptions.margin
         raise BadInput("candidate replicates are judged on validation loss only (--metric val_loss)")
     if options.metric == "val_loss":
         curves = load_curves(paths, **(load_keys | {"loss_key": load_keys.get("loss_key") or "val_loss"}))
+        if each_once:
+            _each_once(paths)
         try:
             train = load_curves(paths, **{k: v for k, v in load_keys.items() if k != "loss_key"})
             div_runs = (train[:k], train[k:])
@@ -376,6 +395,8 @@ def compare_paths(baselines, candidate, *, margin: float = CompareOptions.margin
                                 divergence_runs=div_runs, batches=batches)
     else:
         *base, cand = load_curves(paths, **load_keys)
+        if each_once:
+            _each_once(paths)
         result = compare_curves(base, cand, options)
     from numerics.environment import describe
 

@@ -246,7 +246,8 @@ def planning_levels(plan: pr.ProtocolPlan, sub: pr.ProtocolPlan, out: Path, stat
     groups = []
     for recipe in ("bf16", plan.candidate):
         first, *more = [pr.metrics_path(out, r) for r in plan.runs() if r.recipe == recipe and status[r.name] == "done"]
-        r = compare_paths(baselines, first, margin=plan.margin, metric="val_loss", candidate_replicates=more)
+        r = compare_paths(baselines, first, margin=plan.margin, metric="val_loss", candidate_replicates=more,
+                          each_once=False)  # the BF16 runs are also the baselines: only their levels are read
         groups.append(list(r["final_window"]["candidate_levels"]))
     return groups[0], groups[1]
 

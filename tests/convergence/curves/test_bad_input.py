@@ -49,6 +49,10 @@ CASES = [
     (None, ["--margin", "abc"]), (None, ["--margin", "2"]), (None, ["--confidence", "1.5"]),
     (None, ["--coverage-fraction", "0.7"]), (None, ["--format", "xml"]), (None, ["--json", "ROOT/v.json",
                                                                                   "--plot", "ROOT/v.json"]),
+    # bad-input audit, 2026-12-02: accepted before (a run counted twice; every point a spike or a divergence)
+    (None, ["--baseline", "ROOT/b.jsonl"]), (None, ["--baseline", "ROOT/./c.jsonl"]),
+    (None, ["--spike-sigma", "0"]), (None, ["--spike-sigma", "-3"]), (None, ["--final-rise", "-1"]),
+    (None, ["--final-rise", "nan"]),
 ]
 
 

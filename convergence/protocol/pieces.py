@@ -27,7 +27,6 @@ Public: ``execute(plan, out, *, slots, per_gpu, stop_after_s, whole_runs, worker
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -36,6 +35,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from convergence.protocol import plan as pr
+from convergence.train.checkpoint import JsonlLog
 from numerics.errors import BadInput
 
 # Seconds a piece spends outside its training clock. tiny: measured 5 s of CPU time (process start and
@@ -77,8 +77,7 @@ def record_pace(out: Path, spec: pr.RunSpec, steps_before, steps_after, wall_s: 
 
     entry = {"run": spec.name, "recipe": spec.recipe, "per_gpu": per_gpu, "from_step": count(steps_before),
              "to_step": count(steps_after), "wall_s": round(wall_s, 2), "cpu": cpu_model()}
-    with open(Path(out) / PACE_FILE, "a") as f:
-        f.write(json.dumps(entry) + "\n")
+    JsonlLog(Path(out) / PACE_FILE).append(entry)
 
 
 def expected_wall_s(out: Path, plan: pr.ProtocolPlan, recipe: str, per_gpu: int = 1,
@@ -94,12 +93,11 @@ def expected_wall_s(out: Path, plan: pr.ProtocolPlan, recipe: str, per_gpu: int 
     if not path.is_file():
         return None
     pieces = []
-    for line in path.read_text().splitlines():
-        try:
-            e = json.loads(line)
-        except json.JSONDecodeError:  # a line cut short by a killed process: the others still count
-            continue
-        if e.get("recipe") == recipe and e.get("per_gpu", 1) == per_gpu and e.get("to_step", 0) > e.get("from_step", 0):
+    for e in JsonlLog(path).records():  # a last line cut by a killed process is left out; other damage is refused
+        if not all(isinstance(e.get(k), (int, float)) for k in ("from_step", "to_step", "wall_s")):
+            raise BadInput(f"{path}: a pace entry without numbers for from_step, to_step and wall_s ({e}): "
+                           "damaged; restore it, e.g. from git")
+        if e.get("recipe") == recipe and e.get("per_gpu", 1) == per_gpu and e["to_step"] > e["from_step"]:
             pieces.append(e)
     if not pieces:
         return None

@@ -609,6 +609,16 @@ def test_a_whole_runs_pace_comes_from_finished_runs_first_then_from_pieces(tmp_p
     need, how = expected_wall_s(tmp_path, plan, "bf16")
     assert need == pytest.approx((start + 40 + 140 + 270 + 280) / 3) and how == "the last 3 bf16 runs"
     assert expected_wall_s(tmp_path, plan, "bf16", slowest=True) == (280, "the slowest of the last 3 bf16 runs")
+    # a damaged line other than the cut last one is refused, not skipped (a list was a traceback, a text number a
+    # TypeError, garbage silently left out of the pace that decides which runs start: bad-input audit)
+    from numerics.errors import BadInput
+
+    whole = (tmp_path / "pace.jsonl").read_text()
+    for damage, says in (("[1, 2]\n", "not a JSON record"), ("garbage\n", "not a JSON record"),
+                         ('{"recipe": "bf16", "from_step": 0, "to_step": 1500, "wall_s": "x"}\n', "without numbers")):
+        (tmp_path / "pace.jsonl").write_text(damage + whole)
+        with pytest.raises(BadInput, match=says):
+            expected_wall_s(tmp_path, plan, "bf16")
 
 
 def test_a_run_restarted_at_step_0_is_paced_from_its_restart(tmp_path):

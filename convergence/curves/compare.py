@@ -1,10 +1,10 @@
 """Is a candidate run's loss curve equivalent to its baseline's? The statistics and the verdict.
 
 Public API (the training harness and the CLI call exactly these)
-  ``compare_paths(baselines, candidate, *, margin=0.0025, **opts) -> dict``
+  ``compare_paths(baselines, candidate, *, margin=0.0025, each_once=True, **opts) -> dict``
       load the files (``convergence.curves.load.load_curve``; ``format``/``loss_key``/``step_key``/``tag``
-      in ``opts`` go to the loader), then ``compare_curves``. Returns the dict that
-      ``python -m convergence compare --json`` writes.
+      in ``opts`` go to the loader; a file given twice is refused unless ``each_once`` is False), then
+      ``compare_curves``. Returns the dict that ``python -m convergence compare --json`` writes.
   ``compare_curves(baselines, candidate, options=None) -> dict``  the same on loaded ``Curve``s.
   ``CompareOptions``  every knob, defaults from ``numerics.tolerances`` (each with its reason).
   ``resolution(result) -> str``  the difference a result could resolve, one phrase for verdict lines.

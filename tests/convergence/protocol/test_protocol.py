@@ -224,6 +224,10 @@ def test_a_finished_gpu_folder_is_judged_on_a_machine_without_one(tmp_path, caps
     err = _bad(capsys, *gpu[1:])
     assert "h100, h200" in err and "--hardware" in err
     assert convergence_main([*gpu, "--hardware", "mixed"]) == rc  # named: judged as before
+    configs[1].rename(configs[1].with_name("config.moved"))  # a run whose config.json is gone is named
+    err = _bad(capsys, *gpu[1:])
+    assert f"unknown: {configs[1].parent.parent.name}, whose config.json is missing" in err, err
+    configs[1].with_name("config.moved").rename(configs[1])
     made = {p: p.read_bytes() for p in (out / "runs").rglob("metrics.jsonl*")}
     assert len(made) == len(configs)
     assert "no CUDA device" in _bad(capsys, *gpu[1:], "--force")  # --force would run again: it needs the GPU

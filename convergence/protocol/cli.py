@@ -106,6 +106,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         pr.run_piece(plan, spec, args.out, stop_after_s=stop)
         return 0
     if args.status:
+        for flag, given in (("--whole-runs", args.whole_runs), ("--stop-after-minutes", args.stop_after_minutes),
+                            ("--mixed-environment", args.mixed_environment)):
+            if given:  # --status runs nothing: a flag for a run would be ignored, and its user think it applied
+                raise CLIError(f"{flag} goes with a run, not with --status (which runs nothing)")
         if not (args.out / "protocol.json").is_file():
             raise CLIError(f"--status: {args.out} holds no protocol run")
         check_distinct(plot=args.plot, plot_parting=args.plot_parting)

@@ -162,6 +162,8 @@ def test_protocol_cli_refuses_bad_values_and_damaged_plans_in_one_line(capsys, t
     (out / "protocol.json").write_text(json.dumps(good))
     assert convergence_main(["protocol", "--status", "--out", str(out)]) == 0
     assert "--parallel must be >= 1" in _bad(capsys, "--status", "--parallel", "0", "--out", str(out))
+    for flag in (["--whole-runs"], ["--stop-after-minutes", "5"], ["--mixed-environment"]):  # ignored before
+        assert "goes with a run, not with --status" in _bad(capsys, "--status", *flag, "--out", str(out))
     assert "no run of that name" in _bad(capsys, "--piece", "nosuch", "--out", str(out))
     run = out / "runs" / "bf16" / "bf16"
     run.mkdir(parents=True)

@@ -213,17 +213,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = ArgumentParser(prog="mxval validate", description=__doc__.splitlines()[0])
     p.add_argument("--out", type=Path, default=None,
                    help="results folder (default results/<timestamp>); must not exist")
-    p.add_argument("--levels", default=",".join(LEVELS), help=f"comma-separated subset of {','.join(LEVELS)}")
+    p.add_argument("--levels", action="append", default=None,
+                   help=f"comma-separated subset of {','.join(LEVELS)} (repeatable; default all)")
     p.add_argument("--quick", action="store_true", help="smaller sizes at every level (a smoke test, ~1 min on CPU)")
     p.add_argument("--steps", type=int, default=None, help="training steps per run (default 200)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--strict", action="store_true", help="known findings (FINDINGS.md) fail their level")
     p.add_argument("--force", action="store_true", help="replace an existing results folder of an earlier run")
     args = p.parse_args(argv)
-    levels = [v for v in args.levels.split(",") if v]
+    given = ",".join(args.levels or LEVELS)  # every --levels counts: a second one had replaced the first
+    levels = [v for v in given.split(",") if v]
     unknown = [v for v in levels if v not in LEVELS]
     if unknown or not levels:
-        raise CLIError(f"--levels {args.levels!r}: choose from {', '.join(LEVELS)}")
+        raise CLIError(f"--levels {given!r}: choose from {', '.join(LEVELS)}")
     if args.steps is not None and args.steps < 10:
         raise CLIError(f"--steps {args.steps}: at least 10 (a curve needs points to compare)")
     out = prepare_out(args.out, force=args.force)

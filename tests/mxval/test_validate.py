@@ -91,6 +91,13 @@ def test_validate_unwritable_results_folder_is_one_line(tmp_path, capsys):
     assert rc == 2 and len(err) == 1 and err[0].startswith("error: cannot write the results folder")
 
 
+def test_validate_reads_every_levels_option(tmp_path, capsys):
+    """--levels given twice: a second one had replaced the first (bad-input audit, 2026-12-02); both count now,
+    as the error for an unknown level shows (the single --levels of the tests above is the control)."""
+    rc = mxval_main(["validate", "--out", str(tmp_path / "r"), "--levels", "tensor", "--levels", "gpu"])
+    assert rc == 2 and "--levels 'tensor,gpu'" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("argv", [["--levels", "tensor,gpu"], ["--levels", ""], ["--steps", "3"]])
 def test_validate_bad_arguments_exit_2(argv, tmp_path, capsys):
     rc = mxval_main(["validate", "--out", str(tmp_path / "r"), *argv])

@@ -54,6 +54,8 @@ def files(tmp_path) -> dict[str, Path]:
     f["window_text"].write_text(json.dumps({"metric": "val_loss", "final_window": "x"}) + "\n")
     f["probes"] = tmp_path / "probes.jsonl"
     f["probes"].write_text('{"step": 1, "layer1": {"sqnr_db": 30.0}}\n')
+    (tmp_path / "runs" / "bf16" / "bf16").mkdir(parents=True)  # a train/protocol run folder given to compare
+    (tmp_path / "runs" / "bf16" / "bf16" / "metrics.jsonl").write_text("\n".join(good) + "\n")
     f["protocol"] = tmp_path / "protocol"  # a protocol folder with its plan and no runs yet
     f["protocol"].mkdir()
     (f["protocol"] / "protocol.json").write_text(json.dumps(ProtocolPlan(model="tiny", steps=20).as_dict()))
@@ -142,6 +144,7 @@ CASES = [
     ("protocol-status-same-figure", "convergence", ["protocol", "--status", "--out", "{protocol}", "--plot",
                                                     "{tmp}/f.png", "--plot-parting", "{tmp}/f.png"],
      "name the same file"),
+    ("compare-a-run-folder", "convergence", ["compare", "{tmp}/runs/bf16", "{good}"], "pass the file, e.g."),
     ("layers-same-output", "numerics", ["layers", "--device", "cpu", "--json", "{tmp}/o", "--markdown", "{tmp}/o"],
      "name the same file"),
     ("layers-json-existing", "numerics", ["layers", "--device", "cpu", "--json", "{existing}"], "--force"),

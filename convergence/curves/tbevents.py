@@ -70,7 +70,10 @@ def event_files(path) -> list[Path]:
         return [path]
     files = [p for p in path.rglob("*") if p.is_file() and "tfevents" in p.name]
     if not files:
-        raise CurveError(f"{path}: no TensorBoard event files (events.out.tfevents.*) in this directory")
+        logs = sorted(p for p in path.glob("*metrics.jsonl*") if p.is_file()) or sorted(
+            p for p in path.glob("*/metrics.jsonl*") if p.is_file())
+        hint = f"; it holds a run's log: pass the file, e.g. {logs[0]}" if logs else ""
+        raise CurveError(f"{path}: no TensorBoard event files (events.out.tfevents.*) in this directory{hint}")
     return sorted(files, key=lambda p: (_timestamp(p), str(p)))
 
 

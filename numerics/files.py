@@ -8,6 +8,8 @@ Public functions
       whom permission bits do not stop).
   ``check_distinct(**outputs)``  refuses (``BadInput``) two output options naming the same file: the second
       write would replace the first, or be refused as existing after the first was written.
+  ``check_once(paths, *, counts)``  refuses (``BadInput``) an input file given twice, saying why each counts
+      once (``counts``): a run given twice would count twice in a spread.
   ``atomic_write(path, data, *, force=False) -> Path``  bytes or text to a temporary file in the same
       directory, flushed and fsynced, then renamed over ``path`` (``os.replace`` is atomic on POSIX):
       a reader sees the old file or the new one, never a torn one.
@@ -69,6 +71,15 @@ def check_distinct(**outputs) -> None:
         if where in seen:
             raise BadInput(f"--{seen[where]} and --{option.replace('_', '-')} name the same file ({path})")
         seen[where] = option.replace("_", "-")
+
+
+def check_once(paths, *, counts: str) -> None:
+    seen: set[Path] = set()
+    for path in paths:
+        where = Path(path).resolve()
+        if where in seen:
+            raise BadInput(f"{path} is given twice: {counts}")
+        seen.add(where)
 
 
 def check_writable(path, *, force: bool = False) -> Path:

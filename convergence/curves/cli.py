@@ -19,7 +19,7 @@ from pathlib import Path
 
 from convergence.curves.compare import EXIT_CODES, resolution
 from numerics.cli import ArgumentParser, CLIError
-from numerics.files import atomic_write, check_distinct, check_writable, read_json_object
+from numerics.files import atomic_write, check_distinct, check_once, check_writable, read_json_object
 
 
 def _parser() -> ArgumentParser:
@@ -167,22 +167,22 @@ def power_main(argv: Sequence[str] | None = None) -> int:
         raise CLIError("--larger-set must be > 0 (times the held-out set's batches)")
     if args.json:
         check_writable(args.json, force=args.force)
-    ms, seen = [], set()
+    files = []
     for path in args.results:
-        files = sorted(f for f in path.glob("results/*_verdict__*.json") if not f.name.endswith(".meta.json")) \
+        found = sorted(f for f in path.glob("results/*_verdict__*.json") if not f.name.endswith(".meta.json")) \
             if path.is_dir() else [path]
-        if not files:
+        if not found:
             raise CLIError(f"{path}: a folder without results/*_verdict__*.json (is the protocol complete?)")
-        for f in files:
-            if f.resolve() in seen:
-                raise CLIError(f"{f} is given twice: each measurement counts once in the spread's fit")
-            seen.add(f.resolve())
-            result = read_json_object(f, what="a compare --metric val_loss result")
-            try:  # measured names the file in its messages
-                ms.append(power.measured(result, source=str(f)))
-            except (ValueError, TypeError, KeyError, AttributeError, IndexError) as exc:
-                raise BadInput(str(exc) if isinstance(exc, ValueError) and str(f) in str(exc) else
-                               f"{f}: not a compare --metric val_loss result ({type(exc).__name__}: {exc})") from None
+        files += found
+    check_once(files, counts="each measurement counts once in the spread's fit")
+    ms = []
+    for f in files:
+        result = read_json_object(f, what="a compare --metric val_loss result")
+        try:  # measured names the file in its messages
+            ms.append(power.measured(result, source=str(f)))
+        except (ValueError, TypeError, KeyError, AttributeError, IndexError) as exc:
+            raise BadInput(str(exc) if isinstance(exc, ValueError) and str(f) in str(exc) else
+                           f"{f}: not a compare --metric val_loss result ({type(exc).__name__}: {exc})") from None
     if args.larger_set is not None:
         ms = [power.with_larger_set(m, args.larger_set) for m in ms]
     analysis = power.analyse(ms, margin=args.margin, confidence=args.confidence)

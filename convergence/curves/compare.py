@@ -54,7 +54,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, replace
-from pathlib import Path
 
 import numpy as np
 from scipy import stats
@@ -64,6 +63,7 @@ from convergence.curves.divergence import detect_divergence
 from convergence.curves.jsonl import load_field
 from convergence.curves.load import Curve, load_curves
 from numerics.errors import BadInput
+from numerics.files import check_once
 from numerics.tolerances import floor
 
 # the command-line contract of a verdict (DESIGN: compare exits 0 / 1 / 3 / 4, and 2 for bad input)
@@ -356,14 +356,8 @@ def _statistics_verdict(r: dict) -> tuple[str, str]:
     return "inconclusive", f"{name}: {part['why']}"
 
 
-def _each_once(paths) -> None:
-    """After loading (what is wrong in a file is said first): a run given twice would count twice, and a
-    baseline given twice shrinks the spread the candidate is judged by."""
-    seen = set()
-    for p in paths:
-        if Path(p).resolve() in seen:
-            raise BadInput(f"{p} is given twice (as a baseline, the candidate or a replicate): each run counts once")
-        seen.add(Path(p).resolve())
+# a run given twice would count twice: a baseline given twice shrinks the spread the candidate is judged by
+EACH_RUN_ONCE = "each run counts once (as a baseline, the candidate or a replicate)"
 
 
 def compare_paths(baselines, candidate, *, margin: float = CompareOptions.margin, candidate_replicates=(),
@@ -382,8 +376,8 @@ def compare_paths(baselines, candidate, *, margin: float = CompareOptions.margin
         raise BadInput("candidate replicates are judged on validation loss only (--metric val_loss)")
     if options.metric == "val_loss":
         curves = load_curves(paths, **(load_keys | {"loss_key": load_keys.get("loss_key") or "val_loss"}))
-        if each_once:
-            _each_once(paths)
+        if each_once:  # after loading: what is wrong inside a file is said first
+            check_once(paths, counts=EACH_RUN_ONCE)
         try:
             train = load_curves(paths, **{k: v for k, v in load_keys.items() if k != "loss_key"})
             div_runs = (train[:k], train[k:])
@@ -396,7 +390,7 @@ def compare_paths(baselines, candidate, *, margin: float = CompareOptions.margin
     else:
         *base, cand = load_curves(paths, **load_keys)
         if each_once:
-            _each_once(paths)
+            check_once(paths, counts=EACH_RUN_ONCE)
         result = compare_curves(base, cand, options)
     from numerics.environment import describe
 

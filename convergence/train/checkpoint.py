@@ -94,9 +94,11 @@ class JsonlLog:
         ends short)."""
         if not self.path.exists():
             return []
+        if self.path.name.endswith(".gz"):
+            with open(self.path, "rb") as f:
+                if f.read(len(GZIP_MAGIC)) != GZIP_MAGIC:
+                    raise BadInput(f"{self.path}: named .gz but not gzip (damaged; restore it, e.g. from git)")
         raw = file_bytes(self.path)
-        if self.path.name.endswith(".gz") and not self.path.read_bytes().startswith(GZIP_MAGIC):
-            raise BadInput(f"{self.path}: named .gz but not gzip (damaged; restore it, e.g. from git)")
         try:
             lines = raw.decode("utf-8").splitlines(keepends=True)
         except UnicodeDecodeError as exc:

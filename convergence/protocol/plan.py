@@ -471,11 +471,11 @@ def runs_hardware_tag(plan: ProtocolPlan, out: Path) -> str:
     tag names one, as ``--hardware`` can correct). Runs on different GPU models are refused: name them."""
     from numerics.environment import gpu_tag
 
-    tags, envs = set(), _run_environments(plan, out)
+    envs = _run_environments(plan, out)
     unrecorded = [spec.name for spec in plan.runs() if spec.name not in envs]
-    for spec in plan.runs():
-        env = envs.get(spec.name, {})
-        tags.add(gpu_tag(env["gpus"][0]) if env.get("gpus") else "cpu" if env else "unknown")
+    tags = {gpu_tag(env["gpus"][0]) if env.get("gpus") else "cpu" if env else "unknown" for env in envs.values()}
+    if unrecorded:
+        tags.add("unknown")
     if len(tags) != 1 or "unknown" in tags:
         why = (f"; unknown: {unrecorded[0]}{f' and {len(unrecorded) - 1} more' if len(unrecorded) > 1 else ''}, "
                "whose config.json is missing or records no environment" if unrecorded else "")

@@ -59,6 +59,15 @@ def files(tmp_path) -> dict[str, Path]:
     f["protocol"] = tmp_path / "protocol"  # a protocol folder with its plan and no runs yet
     f["protocol"].mkdir()
     (f["protocol"] / "protocol.json").write_text(json.dumps(ProtocolPlan(model="tiny", steps=20).as_dict()))
+    f["runs_a_file"] = tmp_path / "runs_a_file"  # a protocol folder whose runs/ is a file
+    f["runs_a_file"].mkdir()
+    (f["runs_a_file"] / "protocol.json").write_bytes((f["protocol"] / "protocol.json").read_bytes())
+    (f["runs_a_file"] / "runs").write_text("not a folder")
+    f["gpus_text"] = tmp_path / "gpus_text"  # a run's config.json whose environment names its GPU as a string
+    (f["gpus_text"] / "runs" / "bf16" / "bf16").mkdir(parents=True)
+    (f["gpus_text"] / "protocol.json").write_bytes((f["protocol"] / "protocol.json").read_bytes())
+    (f["gpus_text"] / "runs" / "bf16" / "bf16" / "config.json").write_text(
+        json.dumps({"environment": {"torch": "2.13.0", "gpus": "NVIDIA H200"}}))
     return f
 
 
@@ -145,6 +154,19 @@ CASES = [
                                                     "{tmp}/f.png", "--plot-parting", "{tmp}/f.png"],
      "name the same file"),
     ("compare-a-run-folder", "convergence", ["compare", "{tmp}/runs/bf16", "{good}"], "pass the file, e.g."),
+    # the audit's rest (stop 36): ignored flags, a file in a run folder's place, a garbled environment, empty data
+    ("protocol-gpus-cpu", "convergence", ["protocol", "--model", "tiny", "--steps", "20", "--gpus", "2",
+                                          "--out", "{tmp}/p"], "--gpus goes with --device cuda"),
+    ("protocol-gpus-zero", "convergence", ["protocol", "--model", "tiny", "--steps", "20", "--device", "cuda",
+                                           "--gpus", "0", "--out", "{tmp}/p"], "--gpus must be >= 1"),
+    ("protocol-status-gpus", "convergence", ["protocol", "--status", "--out", "{protocol}", "--gpus", "2"],
+     "--gpus goes with a run"),
+    ("protocol-data-empty", "convergence", ["protocol", "--model", "tiny", "--steps", "20", "--data", "{empty}",
+                                            "--out", "{tmp}/p"], "is empty"),
+    ("protocol-runs-a-file", "convergence", ["protocol", "--status", "--out", "{runs_a_file}"],
+     "a file where the protocol keeps run"),
+    ("protocol-gpus-text", "convergence", ["protocol", "--status", "--out", "{gpus_text}"],
+     "not a list of GPU names"),
     ("layers-same-output", "numerics", ["layers", "--device", "cpu", "--json", "{tmp}/o", "--markdown", "{tmp}/o"],
      "name the same file"),
     ("layers-json-existing", "numerics", ["layers", "--device", "cpu", "--json", "{existing}"], "--force"),

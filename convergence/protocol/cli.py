@@ -93,6 +93,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.parallel < 1 or (args.stop_after_minutes is not None
                              and not (0 < args.stop_after_minutes < math.inf)):
         raise CLIError("--parallel must be >= 1 and --stop-after-minutes a number > 0")
+    if args.gpus is not None and args.gpus < 1:  # 0 had meant every visible GPU, the default's meaning
+        raise CLIError(f"--gpus must be >= 1, got {args.gpus} (leave it out for every visible GPU)")
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.piece is not None:  # a worker: one piece of one run of the plan in --out
@@ -107,7 +109,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args.status:
         for flag, given in (("--whole-runs", args.whole_runs), ("--stop-after-minutes", args.stop_after_minutes),
-                            ("--mixed-environment", args.mixed_environment)):
+                            ("--mixed-environment", args.mixed_environment), ("--gpus", args.gpus)):
             if given:  # --status runs nothing: a flag for a run would be ignored, and its user think it applied
                 raise CLIError(f"{flag} goes with a run, not with --status (which runs nothing)")
         if not (args.out / "protocol.json").is_file():
@@ -126,6 +128,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise CLIError(f"{flag} goes with --status (a finished protocol writes its own figures)")
     if args.model is None or args.steps is None:
         raise CLIError("--model and --steps are required")
+    if args.gpus is not None and args.device != "cuda":  # it had been ignored: the runs went one at a time
+        raise CLIError("--gpus goes with --device cuda; a CPU plan runs --parallel workers at once")
     overrides = tuple((k, float(v)) for k in pr.TRAIN_OVERRIDES if (v := getattr(args, k)) is not None)
     plan = pr.ProtocolPlan(model=args.model, steps=args.steps, seed=args.seed, replicates=args.replicates,
                            candidate_replicates=args.candidate_replicates,

@@ -350,7 +350,12 @@ def _run_config(out: Path, spec: RunSpec) -> dict:
 
 def run_state(plan: ProtocolPlan, out: Path, spec: RunSpec) -> int | str:
     """One run's steps logged so far, or "done" (all steps, or a run that diverged and stopped). A compacted log
-    (``compact_run``: only a finished run's) that ends short is damage, not a run to train again over it."""
+    (``compact_run``: only a finished run's) that ends short is damage, not a run to train again over it; so is a
+    file where the run's folder belongs (it had read as a run not started)."""
+    folder = run_dir(out, spec)
+    for part in (folder.parent.parent, folder.parent, folder):
+        if part.exists() and not part.is_dir():
+            raise BadInput(f"{part}: a file where the protocol keeps run {spec.name}'s folder ({folder}); move it away")
     path = metrics_path(out, spec)
     recs = JsonlLog(path).records()
     last = recs[-1] if recs else {}
@@ -490,6 +495,10 @@ def _run_environments(plan: ProtocolPlan, out: Path) -> dict[str, dict]:
     for spec in plan.runs():
         env = _run_config(out, spec).get("environment")
         if isinstance(env, dict):
+            gpus = env.get("gpus")  # training writes a list of model names; a string had read as its letters
+            if gpus is not None and not (isinstance(gpus, list) and all(isinstance(g, str) for g in gpus)):
+                raise BadInput(f"{run_dir(out, spec) / 'config.json'}: its environment's gpus is {gpus!r}, not a list "
+                               "of GPU names; restore it, e.g. from git")
             envs[spec.name] = env
     return envs
 

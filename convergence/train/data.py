@@ -233,12 +233,15 @@ def describe_tokens(meta: dict) -> str:
 
 
 def check_data_path(path) -> Path:
-    """A --data path that can be read as a file (its contents are checked when it is read: ``load_tokens``)."""
+    """A --data path that can be read as a non-empty file (its contents are checked when it is read:
+    ``load_tokens``)."""
     path = Path(path)
     if not path.exists():
         raise BadInput(f"data path {path} does not exist")
     if path.is_dir():
         raise BadInput(f"data path {path} is a directory; pass a .txt/.jsonl/.parquet/.bin file")
+    if path.stat().st_size == 0:  # found before a protocol records the path, not only when the tokens are read
+        raise BadInput(f"data path {path} is empty")
     return path
 
 

@@ -24,8 +24,9 @@ Public functions
       file was for.
   ``gzip_or_plain(path) -> Path``  ``path + ".gz"`` when that exists, else ``path``: where a run's JSON lines
       are, compacted or not (a finished protocol run keeps its logs gzip: ``convergence.protocol.plan``).
-  ``read_json_object(path, *, what) -> dict``  the JSON object a file holds (a plan, a run's config); a file
-      that cannot be read, is not JSON or holds something else is ``BadInput`` naming it and what it should be.
+  ``read_json_object(path, *, what) -> dict``  the JSON object a file holds (a plan, a run's config), gzip or
+      not; a file that cannot be read, is not JSON or holds something else is ``BadInput`` naming it and what
+      it should be.
   ``read_json_lines(path, *, what, hint, need, inside=None) -> list[dict]``  every JSON object of a
       JSON-lines file, gzip or not (``inside`` it when ``path`` is a folder, through ``gzip_or_plain``), blank
       lines skipped; a missing or unreadable file, a line that is not a JSON object with the keys ``need`` (of
@@ -162,7 +163,7 @@ def file_bytes(path, limit: int | None = None) -> bytes:
 def read_json_object(path, *, what: str) -> dict:
     path = Path(path)
     try:
-        value = json.loads(path.read_text(encoding="utf-8"))
+        value = json.loads(file_bytes(path).decode("utf-8"))  # gzip-aware, as the logs beside it are
     except OSError as exc:
         raise BadInput(f"{path}: cannot read {what}: {exc.strerror or exc}") from None
     except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError both are

@@ -167,6 +167,8 @@ CASES = [
      "a file where the protocol keeps run"),
     ("protocol-gpus-text", "convergence", ["protocol", "--status", "--out", "{gpus_text}"],
      "not a list of GPU names"),
+    ("ep-identity-recipe-file", "convergence", ["ep-identity", "{good}", "{good}", "--recipe", "mxfp8"],
+     "--recipe picks recipes inside run folders"),
     ("layers-same-output", "numerics", ["layers", "--device", "cpu", "--json", "{tmp}/o", "--markdown", "{tmp}/o"],
      "name the same file"),
     ("layers-json-existing", "numerics", ["layers", "--device", "cpu", "--json", "{existing}"], "--force"),

@@ -35,6 +35,8 @@ def _runs(path: Path, recipes: Sequence[str] | None) -> dict[str, Path]:
     if not path.exists():
         raise BadInput(f"{path} does not exist")
     if path.is_file():
+        if recipes:  # it had been ignored: the file was compared whatever recipe was asked for
+            raise BadInput(f"{path} is one metrics file: --recipe picks recipes inside run folders; leave it out")
         return {"run": path}
     found = {d.name: m for d in sorted(path.iterdir()) if (m := gzip_or_plain(d / "metrics.jsonl")).exists()}
     if recipes:

@@ -122,3 +122,22 @@ def test_spread_ratio_tells_a_wider_candidate_from_chance():
     assert power.replicates_needed(0.004, 0.0025, balanced=True, cand_spread=0.004) == pooled
     assert power.replicates_needed(0.004, 0.0025, balanced=True, cand_spread=0.008) > 2 * pooled
     assert power.spread_ratio([0.0, 0.01], [0.02]) is None
+
+
+def test_a_gzip_compressed_result_reads_as_the_plain_one(tmp_path, capsys):
+    """Results travel compressed as the logs beside them do; a gzip one had been refused as "not JSON"."""
+    import gzip
+
+    from convergence.__main__ import main as convergence_main
+
+    path = GOLDEN / "proxy_long_verdict__h200x2.json"
+    packed = tmp_path / "verdict.json.gz"
+    packed.write_bytes(gzip.compress(path.read_bytes()))
+    assert convergence_main(["power", str(path)]) == 0
+    plain = capsys.readouterr().out
+    assert convergence_main(["power", str(packed)]) == 0
+    assert capsys.readouterr().out == plain.replace(str(path), str(packed))
+    packed.write_bytes(gzip.compress(path.read_bytes())[:40])  # control: a cut gzip is still refused, in one line
+    assert convergence_main(["power", str(packed)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "damaged gzip" in err

@@ -213,20 +213,30 @@ def _sensitivity(r: dict) -> dict | None:
     if not parts:
         return None
     hw = max(p["half_width"] for p in parts)
+    ivs = [p.get("interval") for p in (r["overall"], r["final_window"])]
+    reach = max(abs(x) for iv in ivs for x in iv) if all(ivs) else None
+    apart = max((iv[0] if iv[0] > 0 else -iv[1] if iv[1] < 0 else 0.0) for iv in ivs) if all(ivs) else 0.0
     return {"half_width": hw, "smallest_detectable_difference": r["margin"] + hw,
             "equivalence_provable": hw < r["margin"],
+            # what the intervals bound, whatever the margin: both inside +-reach (equivalent at any margin from
+            # there), or one clear of 0 by apart (not_equivalent at any margin below). A margin picked after
+            # seeing them is no test; these describe the runs for a reader whose margin differs from the one set.
+            "intervals_reach": reach, "intervals_clear_of_zero_by": apart or None,
             "note": "a true relative difference beyond margin + half_width is called not_equivalent; "
                     "equivalence can only be shown when half_width < margin"}
 
 
 def resolution(r: dict) -> str:
-    """What the judged runs could resolve, for the verdict line: the interval half-width and the smallest
-    difference that would be called not_equivalent."""
+    """What the judged runs could resolve, for the verdict line: the interval half-width, the smallest
+    difference that would be called not_equivalent, and how far the intervals reach (and clear 0)."""
     sens = r.get("sensitivity")
     if not sens:
         return f"resolution unknown: {(r.get('overall') or {}).get('why') or 'too few compared points'}"
+    reach, apart = sens.get("intervals_reach"), sens.get("intervals_clear_of_zero_by")  # absent in older results
+    bounds = ("" if reach is None else f"; its intervals lie within +-{reach:.3%}"
+              + ("" if apart is None else f" and clear of 0 by {apart:.3%}"))
     return (f"resolves +-{sens['half_width']:.3%}: differences beyond +-{sens['smallest_detectable_difference']:.3%} "
-            "are called not_equivalent")
+            f"are called not_equivalent{bounds}")
 
 
 def _batch_arrays(batches: list[dict] | None, steps: np.ndarray, k: int):

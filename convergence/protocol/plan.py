@@ -581,6 +581,8 @@ def verdict_line(name: str, r: dict) -> str:
 def _note(name: str, r: dict) -> str:
     sens = r.get("sensitivity") or {}
     hw = f"; interval half-width {sens['half_width']:.3%}" if sens else ""
+    if sens.get("intervals_reach") is not None:  # the margin the runs resolve, whatever the one set
+        hw += f", intervals within +-{sens['intervals_reach']:.3%}"
     exp = r["protocol"]["expected"]
     ok = r["protocol"]["as_expected"]
     tail = "" if exp is None else f" (a control: expected {exp}, {'as' if ok else 'NOT as'} expected)"

@@ -366,6 +366,7 @@ def run_curves(plan: Plan, out: Path, progress: Progress) -> LevelResult:
     numbers = {"verdict": r["verdict"], "reason": r["reason"], "margin": r["margin"], "estimate": r["estimate"],
                "interval": r["interval"], "final_window_interval": (r["final_window"] or {}).get("interval"),
                "half_width": sens.get("half_width"), "smallest_detectable": sens.get("smallest_detectable_difference"),
+               "intervals_reach": sens.get("intervals_reach"),
                "replicate_spread": noise.get("replicate_spread"), "se_set": noise.get("se_set"),
                "noise_model": noise.get("model"), "baselines": r["baseline_runs"],
                "positive_control": verdicts["positive_control"]["verdict"],

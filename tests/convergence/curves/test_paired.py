@@ -81,6 +81,26 @@ def test_paired_half_width_is_t_times_the_replicate_standard_error():
     assert r["overall"]["se_set"] is None and "not included" in r["noise"]["note"]
 
 
+@pytest.mark.parametrize(("spread", "offset"), [(0.02, 0.0), (0.0005, 0.01), (0.0005, -0.01)])
+def test_the_intervals_reach_is_the_margin_from_which_the_verdict_would_be_equivalent(spread, offset):
+    """``intervals_reach``: both intervals lie inside it, so the same runs are equivalent at a margin a hair above
+    and not below; ``intervals_clear_of_zero_by``: not_equivalent at a margin a hair below it (None when an
+    interval holds 0). Checked by judging the same runs again at those margins."""
+    curves, _ = _runs(np.random.default_rng(3), k=5, spread=spread, offset=offset)
+    sens = compare_curves(curves[:-1], curves[-1], OPTS)["sensitivity"]
+    reach, apart = sens["intervals_reach"], sens["intervals_clear_of_zero_by"]
+
+    def at(margin: float) -> str:
+        return compare_curves(curves[:-1], curves[-1], CompareOptions(metric="val_loss", margin=margin))["verdict"]
+
+    assert at(reach * 1.001) == "equivalent" and at(reach * 0.999) != "equivalent"
+    if offset:
+        assert 0 < apart < reach
+        assert at(apart * 0.999) == "not_equivalent" and at(apart * 1.001) != "not_equivalent"
+    else:
+        assert apart is None
+
+
 def test_paired_one_baseline_measures_no_noise_and_is_inconclusive():
     curves, _ = _runs(np.random.default_rng(1), k=1, spread=1e-4, offset=0.05)
     r = compare_curves(curves[:-1], curves[-1], OPTS)

@@ -35,8 +35,6 @@ def _runs(path: Path, recipes: Sequence[str] | None) -> dict[str, Path]:
     if not path.exists():
         raise BadInput(f"{path} does not exist")
     if path.is_file():
-        if recipes:  # it had been ignored: the file was compared whatever recipe was asked for
-            raise BadInput(f"{path} is one metrics file: --recipe picks recipes inside run folders; leave it out")
         return {"run": path}
     found = {d.name: m for d in sorted(path.iterdir()) if (m := gzip_or_plain(d / "metrics.jsonl")).exists()}
     if recipes:
@@ -97,6 +95,8 @@ def end_difference(a: list[dict], b: list[dict]) -> dict:
 
 
 def compare_runs(a: Path, b: Path, recipes: Sequence[str] | None = None) -> dict:
+    if recipes and Path(a).is_file() and Path(b).is_file():  # it had been ignored: the two files were compared
+        raise BadInput(f"{a} and {b} are metrics files: --recipe picks recipes inside run folders; leave it out")
     runs_a, runs_b = _runs(Path(a), recipes), _runs(Path(b), recipes)
     if set(runs_a) == set(runs_b):
         pairs = [(r, runs_a[r], runs_b[r]) for r in runs_a]

@@ -97,3 +97,16 @@ def test_ep_identity_reads_a_finished_protocol_runs_compacted_log_and_refuses_a_
         assert convergence_main(["ep-identity", str(bad), str(a)]) == 2
         err = capsys.readouterr().err
         assert says in err and str(bad) in err and err.count("\n") == 1, err
+
+
+def test_recipe_picks_inside_a_folder_and_is_refused_for_two_files(tmp_path, capsys):
+    """--recipe with a run folder on one side and a metrics file on the other picks the folder's recipe; with
+    two files there is nothing to pick (it had been ignored, and the files compared as they were)."""
+    a = _run(tmp_path, "reference", [5.5, 5.25, 5.0], tps=1.0)
+    b = _run(tmp_path, "deepep", [5.5, 5.25, 5.0], tps=1.0)
+    file_b = str(b / "bf16" / "metrics.jsonl")
+    assert convergence_main(["ep-identity", str(a), file_b, "--recipe", "bf16"]) == 0
+    assert "IDENTICAL" in capsys.readouterr().out
+    assert convergence_main(["ep-identity", str(a / "bf16" / "metrics.jsonl"), file_b, "--recipe", "bf16"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--recipe picks recipes inside run folders" in err

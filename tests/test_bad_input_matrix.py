@@ -141,6 +141,7 @@ CASES = [
     ("power-garbage", "convergence", ["power", "{garbage}"], ""),
     ("power-not-a-verdict", "convergence", ["power", "{good}"], ""),
     ("power-directory", "convergence", ["power", "{directory}"], "protocol"),
+    ("power-protocol-running", "convergence", ["power", "{protocol}"], "protocol --status --out"),
     ("power-json-existing", "convergence", ["power", "{verdict}", "--json", "{existing}"], "exists"),
     ("power-margin", "convergence", ["power", "{verdict}", "--margin", "2"], "--margin"),
     # found by the bad-input audit of 2026-12-02: tracebacks, an output written then refused, a file counted twice

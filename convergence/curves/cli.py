@@ -172,7 +172,9 @@ def power_main(argv: Sequence[str] | None = None) -> int:
         found = sorted(f for f in path.glob("results/*_verdict__*.json") if not f.name.endswith(".meta.json")) \
             if path.is_dir() else [path]
         if not found:
-            raise CLIError(f"{path}: a folder without results/*_verdict__*.json (is the protocol complete?)")
+            hint = (f"a protocol still running: `python -m convergence protocol --status --out {path}` plans from "
+                    "its finished runs" if (path / "protocol.json").is_file() else "is the protocol complete?")
+            raise CLIError(f"{path}: a folder without results/*_verdict__*.json ({hint})")
         files += found
     check_once(files, counts="each measurement counts once in the spread's fit")
     ms = []

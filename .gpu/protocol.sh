@@ -5,12 +5,17 @@
 # machine stays warm 30 s after a call, and the next continues the run from its checkpoint in /tmp/$NAME).
 # Run it from the repository root through the device tool, carrying .whl; then, here, merge what comes back:
 #   bash .gpu/merge.sh /work/.device/N/results.tgz
+# TIER=1 (for a session's last call): the one-GPU tier (`pytest -m gpu`, ~100-130 s) in what is left of TOTAL
+# after the tarball, when at least TIER_MIN s (default 150) are; its log is $OUT/tier.log (record it with
+# golden.tier_summary). The time would otherwise idle: no whole run fits the end of a session's last call.
 # The working folder is /tmp/$NAME on the GPU machine: a machine kept warm between calls keeps it, and with it
 # a stopped run's checkpoint, so the next call continues that run; a fresh machine starts from the tracked copy.
 set -u
 NAME=${NAME:-proto5}
 TOTAL=${TOTAL:-585}
 WHOLE=${WHOLE:-1}
+TIER=${TIER:-0}
+TIER_MIN=${TIER_MIN:-150}
 source .gpu/env.sh
 W=/tmp/$NAME
 if [ ! -f "$W/protocol.json" ] && [ -d ".gpu/$NAME" ]; then cp -r ".gpu/$NAME" "$W"; fi
@@ -25,3 +30,13 @@ echo "protocol exit: $?"
 (cd "$W" && find runs -name checkpoint.pt -printf '%h\n') > "$W/unfinished.txt"
 tar czf "$OUT/results.tgz" --exclude=checkpoint.pt -C /tmp "$NAME"
 ls -la "$OUT"
+left=$((TOTAL - 10 - SECONDS))
+if [ "$TIER" = 1 ]; then
+    if [ "$left" -ge "$TIER_MIN" ]; then
+        echo "one-GPU tier in the ${left} s left (log: tier.log)"
+        timeout "$left" python3 -m pytest -m gpu -p no:cacheprovider -q -rfEsx --timeout 200 > "$OUT/tier.log" 2>&1
+        echo "tier exit: $? (124: cut at the call's end, no summary to record)"; tail -3 "$OUT/tier.log"
+    else
+        echo "one-GPU tier not run: ${left} s left, it asks ${TIER_MIN} s"
+    fi
+fi

@@ -17,9 +17,10 @@ held-out set's standard error. So, for a measured ``s`` and ``e``:
   runs each the half-width is ``t * sqrt(2 s^2 / k + e^2)`` (the candidate's spread taken equal to the
   baselines' for planning; the verdict measures both), which falls towards ``z * e``: then only the held-out
   set's error is left, and the set must grow;
-* ``s`` falls as the runs get longer (the replicates' losses converge as the learning rate decays): with
+* ``s`` may fall as the runs get longer (the replicates' losses converging as the learning rate decays): with
   ``s`` measured at two or more run lengths, ``s = a * steps^b`` is fitted in log-log and solved for the
-  length at which the chosen number of replicates reaches the target;
+  length at which the chosen number of replicates reaches the target. Within the proxy's 1,500-step runs at
+  lr 3e-4 it did not fall (``protocol --status``'s spread at each evaluation, README #15);
 * ``e`` falls as 1/sqrt(batches) of the held-out set (``--val-batches``), up to the split's size
   (``with_larger_set``; measured on the proxy at lr 3e-4, 18 -> 290 batches of a 2 % -> 20 % split: MXFP8's
   final-fifth set error fell 3.2x and E2M1's 6.3x, where 1/sqrt says 4.0x).

@@ -1,7 +1,8 @@
 """How fast a protocol's runs part: each replicate's training loss against its recipe's paired run, step by step.
 
-Public: ``parting(plan, out, status) -> dict | None``, ``parting_lines(result) -> list[str]``, ``SAME_BATCHES``,
-``PAIRED_ROLES``; its figure is ``convergence.curves.plots.plot_parting``.
+Public: ``parting(plan, out, status) -> dict | None``, ``parting_lines(result) -> list[str]``,
+``spread_by_evaluation(plan, out, status) -> dict | None``, ``spread_line(result) -> str``, ``SAME_BATCHES``,
+``PAIRED_ROLES``; the parting's figure is ``convergence.curves.plots.plot_parting``.
 
 Under the ``rounding`` and ``init`` designs every run of a protocol sees the same batches at every step, so a
 replicate's training loss at a step differs from its recipe's paired run (``bf16``, the candidate, the control,
@@ -10,6 +11,11 @@ difference ``|loss_replicate - loss_paired| / loss_paired``, averaged over log-s
 ...) and then the median over the recipe's replicates, says whether one recipe amplifies a small change faster than
 another: the question README #15 asks of MXFP8, whose runs end further apart than BF16's. The other designs
 change the batches, so their per-step losses differ by the data and say nothing about this (None).
+
+The end of that story is the validation loss: ``spread_by_evaluation`` is the runs' spread at each evaluation,
+the planning spread's arithmetic at every evaluation instead of the final window. Whether it narrows as training
+goes on and the learning rate decays says whether longer runs would buy resolution (``convergence power`` fits that
+over runs of other lengths; within one plan's runs it is measured at no cost).
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from convergence.curves import power
 from convergence.curves.jsonl import load_jsonl
 from convergence.protocol import plan as pr
 from numerics.errors import BadInput
@@ -76,3 +83,36 @@ def parting_lines(result: dict, at: tuple[int, ...] = (2, 8, 64, 512)) -> list[s
         cells = ", ".join(f"{r['bins'][i][0]}-{r['bins'][i][1]}: {r['median'][i]:.1e}" for i in picks)
         lines.append(f"{recipe} ({r['runs']} replicate{'s' * (r['runs'] > 1)}) steps {cells}")
     return lines
+
+
+def spread_by_evaluation(plan: pr.ProtocolPlan, out: Path, status: dict) -> dict | None:
+    """The relative spread of the validation loss at each evaluation step that every finished BF16 run (baselines
+    and held-out ones) and every finished candidate run logged: each run's loss over the BF16 runs' mean there,
+    less one, pooled over the two groups each around its own mean (``power.pooled_spread``, as the planning
+    spread is over the final window). ``steps``, ``spread`` (one per step), ``runs`` (BF16's, the candidate's),
+    ``dof``; None without a degree of freedom or a step they share."""
+    groups: dict[str, list[dict[int, float]]] = {"bf16": [], plan.candidate: []}
+    for r in plan.runs():
+        if r.recipe in groups and status.get(r.name) == "done":
+            curve = load_jsonl(pr.metrics_path(out, r), loss_key="val_loss")
+            groups[r.recipe].append(dict(zip(curve.steps.tolist(), curve.values.tolist())))
+    dof = sum(len(g) - 1 for g in groups.values() if g)
+    steps = sorted(set.intersection(*(set(v) for g in groups.values() for v in g))) if dof >= 1 else []
+    if not groups["bf16"] or not steps:
+        return None
+    spreads = []
+    for step in steps:
+        mean = float(np.mean([v[step] for v in groups["bf16"]]))
+        spreads.append(power.pooled_spread([[v[step] / mean - 1 for v in g] for g in groups.values()])[0])
+    return {"steps": steps, "spread": spreads, "runs": (len(groups["bf16"]), len(groups[plan.candidate])),
+            "dof": dof, "candidate": plan.candidate}
+
+
+def spread_line(result: dict, last_step: int) -> str:
+    """One line: the spread at each evaluation, and what it is not (the runs' learning rate decays to
+    ``last_step``: an earlier evaluation is mid-schedule, not the end of a shorter run)."""
+    cells = ", ".join(f"{s}: {v:.2%}" for s, v in zip(result["steps"], result["spread"]))
+    bf16, cand = result["runs"]
+    return (f"validation loss spread at each evaluation ({bf16} BF16 and {cand} {result['candidate']} runs, pooled, "
+            f"{result['dof']} degrees of freedom): {cells} (mid-schedule before step {last_step}: not what a "
+            f"shorter run would end at)")

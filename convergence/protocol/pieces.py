@@ -182,6 +182,7 @@ def progress_report(plan: pr.ProtocolPlan, out: Path, per_gpu: int = 1, *, figur
     if figure is not None and not whole:
         lines.append("  no figure: no level is whole yet")
     lines += _parting_report(plan, out, status, parting_figure, force)
+    lines += _spread_report(plan, out, status)
     resumable = resumable_status(plan, out, status)  # a started run without its checkpoint here is at 0
     started = [f"{r.name} {status[r.name]}/{plan.steps}" + ("" if resumable[r.name] else
                                                             " (no checkpoint here: starts again at step 0)")
@@ -231,6 +232,16 @@ def _parting_report(plan: pr.ProtocolPlan, out: Path, status: dict, figure: Path
                            f"({done} runs of {plan.steps} steps; design {plan.design})")
         lines.append(f"  parting figure: {figure}")
     return lines
+
+
+def _spread_report(plan: pr.ProtocolPlan, out: Path, status: dict) -> list[str]:
+    from convergence.protocol import parting
+
+    try:
+        result = parting.spread_by_evaluation(plan, out, status)
+    except (BadInput, ValueError) as exc:
+        return [f"  validation loss spread at each evaluation: cannot tell: {exc}"]
+    return [] if result is None else ["  " + parting.spread_line(result, plan.steps)]
 
 
 def planning_levels(plan: pr.ProtocolPlan, sub: pr.ProtocolPlan, out: Path, status: dict) -> tuple[list, list]:

@@ -114,3 +114,57 @@ def test_status_prints_the_parting_and_draws_it_on_request(tmp_path, capsys):
     lines = pieces.progress_report(plan, tmp_path)
     assert any(ln.startswith("  runs part: cannot tell: bf16_rounding1: ") for ln in lines)
     assert lines[0].endswith("runs done (20 steps each)")
+
+
+def _write_val(out, plan, levels: dict[str, list[float]], *, skip=None):
+    """Finished runs of ``plan`` with validation losses only: the i-th run of a recipe (plan order) at
+    ``base(s) * (1 + levels[recipe][i] * s / STEPS)``, so its relative place grows in proportion to the step."""
+    status, seen = {}, {}
+    for r in plan.runs():
+        i = seen[r.recipe] = seen.get(r.recipe, -1) + 1
+        path = pr.metrics_path(out, r)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        steps = [s for s in (5, 10, 20) if (r.name, s) != skip]
+        loss = {s: _paired_loss(s) * (1 + levels[r.recipe][i] * s / STEPS) for s in steps}
+        path.write_text("".join(json.dumps({"step": s, "val_loss": v}) + "\n" for s, v in loss.items()))
+        status[r.name] = "done"
+    return status
+
+
+def test_spread_by_evaluation_is_the_pooled_spread_at_each_step(tmp_path):
+    """BF16's runs and the candidate's, each group about its own mean, relative to BF16's mean at the step; the
+    E2M1-like control's runs are not in it (a wide control leaves it unchanged: the control that the candidate and
+    BF16 alone are pooled), nor an unfinished run; a step one run did not log is dropped."""
+    plan = _plan()  # k = 4, m = 3: 4 + 3 held-out BF16 runs, 3 MXFP8 runs, 3 control runs
+    bf16, mx = [0.01, -0.01, 0.02, 0.0, -0.02, 0.005, -0.005], [0.05, 0.03, 0.04]
+    status = _write_val(tmp_path, plan, {"bf16": bf16, "mxfp8": mx, "mxfp8-head": [0.5, -0.5, 0.9]})
+    result = parting.spread_by_evaluation(plan, tmp_path, status)
+    assert result["steps"] == [5, 10, 20] and result["runs"] == (7, 3) and result["dof"] == 8
+
+    def expected(f):  # the closed form at step s = f * STEPS: run i at 1 + x_i f times the base, over BF16's mean
+        b, c = 1 + np.array(bf16) * f, 1 + np.array(mx) * f
+        return np.sqrt(((b - b.mean()) ** 2).sum() + ((c - c.mean()) ** 2).sum()) / b.mean() / np.sqrt(6 + 2)
+    assert result["spread"] == pytest.approx([expected(f) for f in (0.25, 0.5, 1.0)], rel=1e-12)
+    assert result["spread"][0] < result["spread"][1] < result["spread"][2]  # it grows with the step, as written
+
+    wide = _write_val(tmp_path / "w", plan, {"bf16": bf16, "mxfp8": mx, "mxfp8-head": [5.0, -5.0, 9.0]})
+    assert parting.spread_by_evaluation(plan, tmp_path / "w", wide)["spread"] == pytest.approx(result["spread"])
+    status["mxfp8_rounding1"] = 100
+    assert parting.spread_by_evaluation(plan, tmp_path, status)["runs"] == (7, 2)
+    status = _write_val(tmp_path / "s", plan, {"bf16": bf16, "mxfp8": mx, "mxfp8-head": [0, 0, 0]},
+                        skip=("bf16_rounding2", 10))
+    assert parting.spread_by_evaluation(plan, tmp_path / "s", status)["steps"] == [5, 20]
+    assert parting.spread_by_evaluation(plan, tmp_path, {n: 0 for n in status}) is None
+
+
+def test_status_prints_the_spread_at_each_evaluation(tmp_path):
+    plan = _plan()
+    pr.open_protocol(plan, tmp_path)
+    status = _write_val(tmp_path, plan, {"bf16": [0.01, -0.01] * 4, "mxfp8": [0.01, -0.01, 0.0], "mxfp8-head": [0] * 3})
+    line = [x for x in pieces.progress_report(plan, tmp_path) if "spread at each evaluation" in x]
+    result = parting.spread_by_evaluation(plan, tmp_path, status)
+    assert line == ["  " + parting.spread_line(result, STEPS)]
+    assert line[0].startswith("  validation loss spread at each evaluation (7 BF16 and 3 mxfp8 runs, pooled, 8 degrees "
+                              f"of freedom): 5: {result['spread'][0]:.2%}, 10: ")
+    assert line[0].endswith(f"20: {result['spread'][2]:.2%} (mid-schedule before step 20: not what a shorter run "
+                            "would end at)")

@@ -66,6 +66,10 @@ def _check(root: Path, mods) -> int:
 
 
 def _regenerate(root: Path, mods, only: list[str] | None) -> int:
+    from golden import integrity
+
+    if not (root / integrity.MANIFEST).exists():  # a user pointing --root at the wrong folder should see it
+        print(f"{'root':<24} {root} has no {integrity.MANIFEST}: writing a new golden tree there")
     for mod in mods:
         if mod.NAME == "recorded":
             print(f"{mod.NAME:<24} not regenerated here (GPU recordings); the command that re-records each:")

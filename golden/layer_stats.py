@@ -60,6 +60,8 @@ def _write(config: str, hardware: str, records: list[dict], header: dict, root: 
              "commit": (header.get("versions") or {}).get("mxval_commit")}
     atomic_write(path.with_suffix(".meta.json"), json.dumps(meta, indent=1) + "\n", force=True)
     integrity.record(root, path, path.with_suffix(".meta.json"), NAME)
+    if not old:
+        return f"{path.name}: {len(new)} records; new file"
     changed = sum(1 for r in new if _key(r) not in old or old[_key(r)] != r["sqnr_vs_fp32"])
     return f"{path.name}: {len(new)} records, {changed} changed"
 

@@ -128,7 +128,9 @@ def check(root: Path = ROOT) -> list[str]:
     return problems
 
 
-def write(directory: Path) -> str:
+def write(directory: Path, *, tree: bool = False) -> str:
+    """Write the vectors into ``directory`` and list them in the manifest of the golden tree above it when there is
+    one, or when ``tree`` (``regenerate``: the folder above is a golden tree, new or not)."""
     from golden import integrity
     from numerics import environment
     from numerics.files import atomic_write
@@ -159,11 +161,11 @@ def write(directory: Path) -> str:
             "blocks": len(new["inputs"]), "sha256": integrity.sha256(path), "versions": environment.describe()}
     meta_path = path.with_name(FILE.replace(".json", ".meta.json"))
     atomic_write(meta_path, json.dumps(meta, indent=1) + "\n", force=True)
-    if (directory.parent / integrity.MANIFEST).exists():  # inside a golden tree: list it in its manifest
+    if tree or (directory.parent / integrity.MANIFEST).exists():
         integrity.record(directory.parent, path, meta_path, NAME)
     what = "; ".join(summary) if summary else "no byte changed"
     return f"{FILE}: {len(new['inputs'])} blocks{', inputs changed' if inputs_changed else ''}; {what}"
 
 
 def regenerate(root: Path = ROOT) -> str:
-    return write(Path(root) / "tensor")
+    return write(Path(root) / "tensor", tree=True)

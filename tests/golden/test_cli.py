@@ -139,3 +139,18 @@ def test_golden_regenerate_tensor_vectors_keeps_the_set_whole(root, capsys):
     code, out, _ = _run(["regenerate", "--only", "tensor_vectors", "--root", str(root)], capsys)
     assert code == 0 and "no byte changed" in out
     assert integrity.check(root) == []
+
+
+def test_golden_regenerate_into_an_empty_folder_says_it_writes_a_new_tree(root, tmp_path, capsys):
+    """--root at a folder with no MANIFEST.json (a typo, a new checkout's wrong path) is said before anything is
+    written, and each kind's file is called new; on a whole tree the line is absent (the control)."""
+    empty = tmp_path / "elsewhere"
+    empty.mkdir()
+    argv = ["regenerate", "--only", "tensor_vectors", "--only", "layer_stats", "--root", str(empty)]
+    code, out, _ = _run(argv, capsys)
+    assert "layer_stats_tiny__cpu.json: 80 records; new file" in out  # not "80 changed"
+    first = f"root                     {empty} has no MANIFEST.json: writing a new golden tree there"
+    assert code == 0 and out.splitlines()[0] == first
+    assert "new file" in out and integrity.check(empty) == []  # a tree: the file is listed in a new manifest
+    code, out, _ = _run(["regenerate", "--only", "tensor_vectors", "--root", str(root)], capsys)
+    assert code == 0 and "has no MANIFEST.json" not in out

@@ -1,7 +1,7 @@
 """How fast a protocol's runs part: each replicate's training loss against its recipe's paired run, step by step.
 
 Public: ``parting(plan, out, status) -> dict | None``, ``parting_lines(result) -> list[str]``,
-``spread_by_evaluation(plan, out, status) -> dict | None``, ``spread_line(result) -> str``, ``SAME_BATCHES``,
+``spread_by_evaluation(plan, out, status) -> dict | None``, ``spread_line(result, last_step) -> str``, ``SAME_BATCHES``,
 ``PAIRED_ROLES``; the parting's figure is ``convergence.curves.plots.plot_parting``.
 
 Under the ``rounding`` and ``init`` designs every run of a protocol sees the same batches at every step, so a

@@ -144,15 +144,35 @@ def plot_verdicts(verdicts: dict[str, dict], out_png, *, title: str, force: bool
     return out
 
 
-def plot_parting(result: dict, out_png, *, title: str, force: bool = False) -> Path:
+def plot_parting(result: dict, out_png, *, title: str, force: bool = False, spread: dict | None = None) -> Path:
+    """The parting (``convergence.protocol.parting.parting``) on log axes; with ``spread``
+    (``spread_by_evaluation``) a second panel beside it: where the parting ends, the validation loss spread at
+    each evaluation."""
     import numpy as np
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
     out = check_writable(out_png, force=force)  # before drawing: atomic_path would refuse it only after
-    fig = Figure(figsize=(8, 4.5), layout="constrained")
+    fig = Figure(figsize=(8 if spread is None else 13, 4.5), layout="constrained")
     FigureCanvasAgg(fig)
-    ax = fig.subplots()
+    if spread is None:
+        ax = fig.subplots()
+    else:
+        ax, right = fig.subplots(1, 2, width_ratios=(8, 5))
+        from convergence.curves.power import spread_interval
+
+        bf16, cand = spread["runs"]
+        right.plot(spread["steps"], [100 * v for v in spread["spread"]], "o-", ms=4, color="k",
+                   label=f"{bf16} BF16 and {cand} {spread['candidate']} runs, pooled")
+        band = [spread_interval(v, spread["dof"]) for v in spread["spread"]]
+        right.fill_between(spread["steps"], [100 * lo for lo, _ in band], [100 * hi for _, hi in band], color="k",
+                           alpha=0.1, lw=0, label=f"95 % interval of each ({spread['dof']} degrees of freedom)")
+        right.set_ylim(bottom=0)
+        right.set_xlabel("training step (evaluations)")
+        right.set_ylabel("spread of the runs' validation loss (%)")
+        right.set_title("where it ends: the validation loss spread", fontsize=9, loc="left")
+        right.legend(fontsize=8, loc="lower right")
+        right.grid(True, alpha=0.3)
     for recipe, r in result.items():
         x = [np.sqrt(lo * hi) for lo, hi in r["bins"]]  # the bin's middle on a log axis
         positive = {k: [v if v > 0 else np.nan for v in r[k]] for k in ("median", "low", "high")}

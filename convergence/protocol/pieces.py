@@ -181,8 +181,8 @@ def progress_report(plan: pr.ProtocolPlan, out: Path, per_gpu: int = 1, *, figur
                 lines.append(f"  figure: {figure}")
     if figure is not None and not whole:
         lines.append("  no figure: no level is whole yet")
-    lines += _parting_report(plan, out, status, parting_figure, force)
-    lines += _spread_report(plan, out, status)
+    spread, spread_lines = _spread_report(plan, out, status)
+    lines += _parting_report(plan, out, status, parting_figure, force, spread) + spread_lines
     resumable = resumable_status(plan, out, status)  # a started run without its checkpoint here is at 0
     started = [f"{r.name} {status[r.name]}/{plan.steps}" + ("" if resumable[r.name] else
                                                             " (no checkpoint here: starts again at step 0)")
@@ -210,7 +210,8 @@ def progress_report(plan: pr.ProtocolPlan, out: Path, per_gpu: int = 1, *, figur
     return lines
 
 
-def _parting_report(plan: pr.ProtocolPlan, out: Path, status: dict, figure: Path | None, force: bool) -> list[str]:
+def _parting_report(plan: pr.ProtocolPlan, out: Path, status: dict, figure: Path | None, force: bool,
+                    spread: dict | None = None) -> list[str]:
     from convergence.protocol import parting
 
     try:
@@ -227,21 +228,23 @@ def _parting_report(plan: pr.ProtocolPlan, out: Path, status: dict, figure: Path
         from convergence.curves.plots import plot_parting
 
         done = sum(v == "done" for v in status.values())
-        plot_parting(result, figure, force=force,
+        plot_parting(result, figure, force=force, spread=spread,
                      title=f"{plan.prefix}: how far each replicate is from its recipe's paired run "
                            f"({done} runs of {plan.steps} steps; design {plan.design})")
         lines.append(f"  parting figure: {figure}")
     return lines
 
 
-def _spread_report(plan: pr.ProtocolPlan, out: Path, status: dict) -> list[str]:
+def _spread_report(plan: pr.ProtocolPlan, out: Path, status: dict) -> tuple[dict | None, list[str]]:
+    """The spread at each evaluation (``parting.spread_by_evaluation``, also drawn beside the parting) and its
+    status line."""
     from convergence.protocol import parting
 
     try:
         result = parting.spread_by_evaluation(plan, out, status)
     except (BadInput, ValueError) as exc:
-        return [f"  validation loss spread at each evaluation: cannot tell: {exc}"]
-    return [] if result is None else ["  " + parting.spread_line(result, plan.steps)]
+        return None, [f"  validation loss spread at each evaluation: cannot tell: {exc}"]
+    return result, ([] if result is None else ["  " + parting.spread_line(result, plan.steps)])
 
 
 def planning_levels(plan: pr.ProtocolPlan, sub: pr.ProtocolPlan, out: Path, status: dict) -> tuple[list, list]:

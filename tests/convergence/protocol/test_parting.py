@@ -116,7 +116,7 @@ def test_status_prints_the_parting_and_draws_it_on_request(tmp_path, capsys):
     assert lines[0].endswith("runs done (20 steps each)")
 
 
-def _write_val(out, plan, levels: dict[str, list[float]], *, skip=None):
+def _write_val(out, plan, levels: dict[str, list[float]], *, skip=None, append=False):
     """Finished runs of ``plan`` with validation losses only: the i-th run of a recipe (plan order) at
     ``base(s) * (1 + levels[recipe][i] * s / STEPS)``, so its relative place grows in proportion to the step."""
     status, seen = {}, {}
@@ -126,7 +126,8 @@ def _write_val(out, plan, levels: dict[str, list[float]], *, skip=None):
         path.parent.mkdir(parents=True, exist_ok=True)
         steps = [s for s in (5, 10, 20) if (r.name, s) != skip]
         loss = {s: _paired_loss(s) * (1 + levels[r.recipe][i] * s / STEPS) for s in steps}
-        path.write_text("".join(json.dumps({"step": s, "val_loss": v}) + "\n" for s, v in loss.items()))
+        text = "".join(json.dumps({"step": s, "val_loss": v}) + "\n" for s, v in loss.items())
+        path.write_text((path.read_text() if append else "") + text)
         status[r.name] = "done"
     return status
 
@@ -168,3 +169,21 @@ def test_status_prints_the_spread_at_each_evaluation(tmp_path):
                               f"of freedom): 5: {result['spread'][0]:.2%}, 10: ")
     assert line[0].endswith(f"20: {result['spread'][2]:.2%} (mid-schedule before step 20: not what a shorter run "
                             "would end at)")
+
+
+def test_the_parting_figure_draws_the_spread_beside_it(tmp_path):
+    """With validation losses in the runs' logs the parting figure gets a second panel (a wider PNG); without,
+    one panel (the control: the same parting, no spread)."""
+    plan = _plan()
+    pr.open_protocol(plan, tmp_path)
+    _write(tmp_path, plan)
+
+    def width(png):  # a PNG's IHDR: the width, big-endian, at bytes 16-19
+        return int.from_bytes(png.read_bytes()[16:20], "big")
+    one, two = tmp_path.parent / "one.png", tmp_path.parent / "two.png"
+    pieces.progress_report(plan, tmp_path, parting_figure=one)
+    _write_val(tmp_path, plan, {"bf16": [0.01, -0.01] * 4, "mxfp8": [0.01, -0.01, 0.0], "mxfp8-head": [0] * 3},
+               append=True)
+    lines = pieces.progress_report(plan, tmp_path, parting_figure=two)
+    assert any("spread at each evaluation" in x for x in lines)
+    assert width(one) == 8 * 110 and width(two) == 13 * 110

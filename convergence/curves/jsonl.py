@@ -8,8 +8,10 @@ What a line may hold. A line without the loss key is accepted only when it carri
 series (``EXTRA_SERIES``, e.g. the harness's ``{"step": N, "val_loss": x}`` lines, or the training
 ``loss`` when another key is read, as ``compare --metric val_loss`` does); those values land in
 ``Curve.extras``. A line with neither, a non-object, a missing/non-integer step, a step
-outside int64, or a null / non-numeric loss is bad input (``CurveError`` naming the line). Nested
-objects (per-layer extras) are ignored. ``NaN`` / ``Infinity`` are data, not errors. Blank lines
+outside int64, or a non-numeric loss is bad input (``CurveError`` naming the line). Nested
+objects (per-layer extras) are ignored. ``NaN`` / ``Infinity`` are data, not errors, and so is a null
+loss: JSON has no NaN, and writers that keep to it (``convergence train`` among them) log a NaN loss as
+null, so it reads as NaN and a diverged run is judged ``diverged`` instead of refused. Blank lines
 are skipped; a truncated final line (a run still writing) is skipped with a warning. A UTF-8 byte
 order mark at the start is ignored. Steps that go back follow ``convergence.curves.curve``'s rule.
 
@@ -103,9 +105,8 @@ def _bad_record(where: str, obj, step_key: str, loss_key: str) -> str | None:
         return f"{where}: missing or non-integer '{step_key}': {step!r}"
     if not -STEP_LIMIT <= step < STEP_LIMIT:
         return f"{where}: '{step_key}' {step!r} is outside the 64-bit integer range"
-    if loss_key in obj and not _is_number(obj[loss_key]):
-        loss = obj[loss_key]
-        return f"{where}: {'null' if loss is None else 'non-numeric'} '{loss_key}': {loss!r}"
+    if loss_key in obj and obj[loss_key] is not None and not _is_number(obj[loss_key]):
+        return f"{where}: non-numeric '{loss_key}': {obj[loss_key]!r}"
     if loss_key not in obj and not any(_is_number(obj.get(k)) for k in (*EXTRA_SERIES, "loss")):
         return f"{where}: no '{loss_key}' and no other known series ({', '.join(EXTRA_SERIES)})"
     return None
@@ -133,7 +134,7 @@ def _reference_records(lines: list[bytes], first_line: int, last_line: int, path
         v = obj.get(loss_key)
         xs = [obj.get(k) for k in EXTRA_SERIES]
         steps.append(int(obj[step_key]))
-        has_loss.append(v is not None)
+        has_loss.append(loss_key in obj)  # a null loss is a logged NaN (module docstring)
         loss.append(_as_float(v) if v is not None else math.nan)
         present.append([_is_number(x) for x in xs])
         extra.append([_as_float(x) if _is_number(x) else math.nan for x in xs])
@@ -147,7 +148,8 @@ def _reference_records(lines: list[bytes], first_line: int, last_line: int, path
 def _decoder(step_key: str, loss_key: str):
     """A msgspec decoder of exactly the fields read (every known series: searching the bytes for the keys
     costs more than decoding them); unknown and nested fields are skipped without being built. A JSON
-    null fails the float type, so its block goes to the reference, which reads null as absent. When the loss
+    null fails the float type, so its block goes to the reference, which reads a null loss as NaN and a null
+    other series as absent. When the loss
     key is itself a known series (``val_loss``, as ``compare --metric val_loss`` reads), its column is the
     loss's (``_fast_records`` copies it), and the training ``loss``, which then makes a line legitimate without
     being read, is decoded for its presence alone."""

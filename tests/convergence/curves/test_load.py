@@ -8,6 +8,7 @@ import re
 import numpy as np
 import pytest
 
+from convergence.curves.jsonl import load_jsonl
 from convergence.curves.load import CurveError, detect_format, load_curve, resolve_steps
 from convergence.curves.tbevents import load_tensorboard, write_scalars
 
@@ -41,6 +42,28 @@ def test_jsonl_nan_loss_is_data_not_error(tmp_path):
     p.write_text('{"step": 1, "loss": 2.5}\n{"step": 2, "loss": NaN}\n{"step": 3, "loss": Infinity}\n')
     c = load_curve(p)
     assert np.isnan(c.values[1]) and np.isinf(c.values[2])
+
+
+def test_jsonl_null_loss_is_a_logged_nan(tmp_path):
+    """JSON has no NaN: ``convergence train`` (``JsonlLog``) writes one as null, and it must read back as the NaN it
+    was, on both decoders, for the loss key asked for (val_loss too); a null in another series stays absent, and
+    a line whose only series is null is not a record of anything (the control: null is not a number elsewhere)."""
+    from convergence.train.checkpoint import JsonlLog
+
+    p = tmp_path / "m.jsonl"
+    log = JsonlLog(p)
+    for step, loss in ((1, 2.5), (2, float("nan")), (3, 2.0)):
+        log.append({"step": step, "loss": loss, "val_loss": loss if step == 2 else None})
+    assert '"loss": null' in p.read_text()
+    for fast in (True, False):
+        c = load_jsonl(p, fast=fast)
+        assert c.steps.tolist() == [1, 2, 3] and np.isnan(c.values[1]) and c.values[2] == 2.0
+        v = load_jsonl(p, loss_key="val_loss", fast=fast)
+        assert v.steps.tolist() == [1, 2, 3] and np.isnan(v.values).all()
+    q = tmp_path / "q.jsonl"
+    q.write_text('{"step": 1, "loss": 2.5}\n{"step": 2, "grad_norm": null}\n')
+    with pytest.raises(CurveError, match=r"q.jsonl:2: no 'loss' and no other known series"):
+        load_jsonl(q)
 
 
 def test_jsonl_truncated_final_line_is_skipped_with_warning(tmp_path):
@@ -153,7 +176,6 @@ def test_restart_later_value_wins_and_is_reported():
         ("bad.jsonl", '{"step": 1, "loss": 2}\n{"step": 2, "lo\n{"step": 3, "loss": 2}\n',
          r"bad.jsonl:2: not valid JSON"),
         ("str.jsonl", '{"step": 1, "loss": "abc"}\n', r"str.jsonl:1: non-numeric 'loss'"),
-        ("null.jsonl", '{"step": 1, "loss": null}\n', r"null.jsonl:1: null 'loss'"),
         ("noloss.jsonl", '{"step": 1, "loss": 2}\n{"step": 2, "acc": 0.5}\n', r"noloss.jsonl:2: no 'loss' and no"),
         ("nostep.jsonl", '{"loss": 2}\n', r"nostep.jsonl:1: missing or non-integer 'step'"),
         ("list.jsonl", "[1, 2]\n", r"list.jsonl:1: expected a JSON object"),

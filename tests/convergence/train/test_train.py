@@ -526,3 +526,18 @@ def test_phase_times_and_peak_memory_are_measured_and_change_no_computed_bit(tmp
         step_s = 4 * 32 / r["tokens_per_s"]
         assert sum(phases.values()) <= step_s * 1.001  # the phases are parts of the timed step
     assert json.loads((tmp_path / "timed" / "bf16" / "config.json").read_text())["train"]["phase_times"] is True
+
+
+def test_a_run_that_diverges_is_judged_diverged(capsys, tmp_path):
+    """A NaN loss stops training (loop: 'the comparison reports it') and is logged as null (JSON has no NaN); the
+    verdict must then read it back as the NaN it was and say ``diverged`` (exit 1), as ``compare`` on the logs
+    does. Before, the logs were refused as bad input (exit 2) and no verdict was written."""
+    out = tmp_path / "run"
+    code = convergence_main(["train", "--model", "tiny", "--steps", "6", "--lr", "1e6", "--ckpt-every", "0",
+                             "--out", str(out)])
+    verdict = json.loads((out / "verdict.json").read_text())["candidates"]["mxfp8"]
+    assert code == 1 and verdict["verdict"] == "diverged" and verdict["divergence"]["kind"] == "non_finite"
+    assert '"loss": null' in (out / "mxfp8" / "metrics.jsonl").read_text()
+    capsys.readouterr()
+    assert convergence_main(["compare", str(out / "bf16" / "metrics.jsonl"), str(out / "mxfp8" / "metrics.jsonl")]) == 1
+    assert "DIVERGED" in capsys.readouterr().out

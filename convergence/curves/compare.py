@@ -59,7 +59,7 @@ import numpy as np
 from scipy import stats
 
 from convergence.curves.align import align, block_means, windowed_mean
-from convergence.curves.divergence import detect_divergence
+from convergence.curves.divergence import detect_divergence, first_non_finite
 from convergence.curves.jsonl import load_field
 from convergence.curves.load import Curve, load_curves
 from numerics.errors import BadInput
@@ -239,10 +239,11 @@ def resolution(r: dict) -> str:
             f"are called not_equivalent{bounds}")
 
 
-def _batch_arrays(batches: list[dict] | None, steps: np.ndarray, k: int):
+def _batch_arrays(batches: list[dict] | None, steps: np.ndarray, k: int, sources: list[str]):
     """(candidate [t, n] or candidates [m, t, n], baselines [k, t, n]) of per-batch validation losses at
-    ``steps`` (``batches``: the k baselines' first), or None unless every run logged the same number (>= 2) of
-    them at every one of those steps."""
+    ``steps`` (``batches``: the k baselines' first, ``sources`` their names), or None unless every run logged the
+    same number (>= 2) of them at every one of those steps. A non-finite one where the run's validation loss is
+    finite (the steps compared are those before any divergence) is a damaged log: ``BadInput`` naming it."""
     if batches is None or any(b is None for b in batches):
         return None
     try:
@@ -252,6 +253,10 @@ def _batch_arrays(batches: list[dict] | None, steps: np.ndarray, k: int):
         return None
     if arr.ndim != 3 or arr.shape[-1] < 2:
         return None
+    if not np.isfinite(arr).all():
+        run, t, _ = np.argwhere(~np.isfinite(arr))[0]
+        raise BadInput(f"{sources[run]}: val_batch_losses at step {int(steps[t])} hold a non-finite loss while its "
+                       "val_loss there is finite: the log is damaged")
     return (arr[k] if len(arr) == k + 1 else arr[k:]), arr[:k]
 
 
@@ -271,6 +276,12 @@ def compare_curves(baselines: list[Curve], candidate: Curve, options: CompareOpt
     div_bases, div_cands = divergence_runs or (baselines, [candidate, *reps])
     div = next(((d | {"source": c.meta.source} if reps else d) for c in div_cands if (d := _divergence(c, o))), None)
     base_div = [{"source": b.meta.source, **d} for b in div_bases if (d := _divergence(b, o))]
+    if divergence_runs is not None:  # judged on the training loss: a NaN validation loss diverges a run too
+        div = div or next(((d | {"source": c.meta.source} if reps else d) for c in [candidate, *reps]
+                           if (d := first_non_finite(c.steps, c.values))), None)
+        seen = {d["source"] for d in base_div}
+        base_div += [{"source": b.meta.source, **d} for b in baselines
+                     if b.meta.source not in seen and (d := first_non_finite(b.steps, b.values))]
     k = len(baselines)
     al = align([*baselines, *reps], candidate)
     steps, bases = al.steps, al.baselines[:k]
@@ -297,7 +308,8 @@ def compare_curves(baselines: list[Curve], candidate: Curve, options: CompareOpt
         from convergence.curves import paired
 
         fstart = int(np.searchsorted(steps, steps[-1] - o.final_fraction * (al.steps[-1] - al.steps[0])))
-        result.update(paired.statistics(steps, cand, bases, _batch_arrays(batches, steps, k), o,
+        sources = [c.meta.source for c in (*baselines, candidate, *reps)]
+        result.update(paired.statistics(steps, cand, bases, _batch_arrays(batches, steps, k, sources), o,
                                         final_from=min(fstart, len(steps) - 1)))
         result["series"] |= {"baseline_names": [b.name for b in baselines], "candidate_name": candidate.name}
         result.update(interval=result["overall"]["interval"], estimate=result["overall"]["estimate"])

@@ -101,14 +101,22 @@ def _final_rise(steps, x, *, final_rise) -> dict | None:
     }
 
 
+def first_non_finite(steps, values) -> dict | None:
+    """The first NaN or infinite value, as a divergence (``kind`` non_finite); None when every value is finite."""
+    x = np.asarray(values, dtype=np.float64)
+    bad = np.flatnonzero(~np.isfinite(x))
+    if not len(bad):
+        return None
+    i = int(bad[0])
+    return {"step": int(np.asarray(steps)[i]), "kind": "non_finite", "value": str(x[i])}
+
+
 def detect_divergence(steps, values, *, spike_sigma: float, spike_min_rise: float, recovery_fraction: float,
                       final_rise: float) -> dict | None:
     steps = np.asarray(steps, dtype=np.int64)
     x = np.asarray(values, dtype=np.float64)
-    bad = np.flatnonzero(~np.isfinite(x))
-    if len(bad):
-        i = int(bad[0])
-        return {"step": int(steps[i]), "kind": "non_finite", "value": str(x[i])}
+    if hit := first_non_finite(steps, x):
+        return hit
     if len(x) < 2 * _MIN_AFTER or np.any(x <= 0):
         return None
     hit = _spike(steps, np.log(x), spike_sigma=spike_sigma, spike_min_rise=spike_min_rise,

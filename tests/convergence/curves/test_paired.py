@@ -14,6 +14,7 @@ from convergence.curves.compare import EXIT_CODES as EXIT_CODES_VAL
 from convergence.curves.compare import CompareOptions, compare_curves, compare_paths
 from convergence.curves.curve import Curve, CurveMeta
 from convergence.curves.paired import jackknife_se, range_statistic
+from numerics.errors import BadInput
 
 STEPS = np.arange(50, 1501, 50)
 OPTS = CompareOptions(metric="val_loss")
@@ -168,6 +169,42 @@ def test_compare_paths_val_loss_reads_per_batch_losses_and_judges_divergence_on_
     _write(tmp_path / "nan.jsonl", curves[-1], per_batch[-1], nan_at=700)
     d = compare_paths(paths[:-1], tmp_path / "nan.jsonl", metric="val_loss")
     assert d["verdict"] == "diverged" and d["divergence"]["step"] == 700
+
+
+def _edit_line(path, step: int, **fields):
+    """Set ``fields`` on the record of ``step`` (None writes JSON null: how a NaN is logged)."""
+    lines = [json.loads(x) for x in path.read_text().splitlines()]
+    for rec in lines:
+        if rec["step"] == step:
+            rec.update(fields)
+    path.write_text("".join(json.dumps(rec) + "\n" for rec in lines))
+
+
+def test_a_non_finite_validation_loss_diverges_its_run_though_the_training_loss_is_finite(tmp_path):
+    """val_loss runs are judged for divergence on their training loss; a NaN (logged null) or infinite validation
+    loss, with the training loss finite, must diverge its run too: it gave [nan %, nan %] intervals (inconclusive)
+    or [+inf %, +inf %] (not_equivalent). A candidate's: diverged; a baseline's: inconclusive, naming it. The
+    healthy runs' verdict is the control; a NaN among one evaluation's per-batch losses beside a finite
+    val_loss is a damaged log (one line)."""
+    curves, per_batch = _runs(np.random.default_rng(5), k=3, spread=1e-4, offset=0.0, batch_sd=0.002)
+    paths = _write_runs(tmp_path, curves, per_batch)
+    healthy = compare_paths(paths[:-1], paths[-1], metric="val_loss")
+    assert healthy["verdict"] != "diverged" and np.isfinite(healthy["final_window"]["half_width"])
+    step = int(curves[-1].steps[-2])
+    for value in (None, 1e999):
+        _write_runs(tmp_path, curves, per_batch)
+        _edit_line(paths[-1], step, val_loss=value)
+        d = compare_paths(paths[:-1], paths[-1], metric="val_loss")
+        assert d["verdict"] == "diverged" and d["divergence"]["step"] == step, d["reason"]
+        assert d["divergence"]["kind"] == "non_finite"
+    _write_runs(tmp_path, curves, per_batch)
+    _edit_line(paths[1], step, val_loss=None)
+    b = compare_paths(paths[:-1], paths[-1], metric="val_loss")
+    assert b["verdict"] == "inconclusive" and f"baseline {paths[1]} diverged at step {step}" in b["reason"]
+    _write_runs(tmp_path, curves, per_batch)
+    _edit_line(paths[0], step, val_batch_losses=[None] + per_batch[0][step][1:])
+    with pytest.raises(BadInput, match=rf"run0.jsonl: val_batch_losses at step {step} hold a non-finite loss"):
+        compare_paths(paths[:-1], paths[-1], metric="val_loss")
 
 
 def test_compare_cli_val_loss_prints_the_resolution_on_the_verdict_line(tmp_path, capsys):

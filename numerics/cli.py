@@ -26,6 +26,21 @@ class ArgumentParser(argparse.ArgumentParser):
         raise SystemExit(EXIT_BAD_INPUT)
 
 
+SEED_MAX = 2**32 - 1  # 32-bit seeds, as numpy's legacy seeding takes; torch's generator overflowed past 2**64 - 1
+
+
+def seed_arg(text: str) -> int:
+    """argparse ``type`` of a seed: an integer from 0 to ``SEED_MAX``, refused while the command line is parsed
+    (a larger one crashed inside torch after the command had written its output folder)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if not 0 <= value <= SEED_MAX:
+        raise argparse.ArgumentTypeError(f"must be from 0 to {SEED_MAX}, got {value}")
+    return value
+
+
 def run_labels(names: Sequence[str], runs: Sequence) -> list[str]:
     """A command's ``--name`` labels: given once per run, in order, or not at all (each run then labelled by its
     path)."""

@@ -182,6 +182,24 @@ CASES = [
     ("validate-out-a-file", "mxval", ["validate", "--out", "{existing}"], "is a file"),
     ("validate-levels", "mxval", ["validate", "--levels", "everything", "--out", "{tmp}/v"], "--levels"),
     ("validate-steps", "mxval", ["validate", "--steps", "5", "--out", "{tmp}/v"], "--steps"),
+    # seeds: refused while parsing, before any folder is made (a seed past 2**64 crashed in torch after it)
+    ("validate-seed", "mxval", ["validate", "--seed", "-1", "--levels", "training", "--out", "{tmp}/v"],
+     "--seed: must be from 0 to 4294967295"),
+    ("train-seed-big", "convergence", ["train", "--model", "tiny", "--steps", "2", "--seed", "99999999999999999999999",
+                                       "--out", "{tmp}/r"], "--seed: must be from 0 to 4294967295"),
+    ("train-row-order", "convergence", ["train", "--model", "tiny", "--steps", "2", "--row-order", "-3",
+                                        "--out", "{tmp}/r"], "--row-order: must be from 0"),
+    ("protocol-seed-big", "convergence", ["protocol", "--model", "tiny", "--steps", "4", "--val-every", "2",
+                                          "--seed", "4294967290", "--replicates", "4", "--candidate-replicates", "2",
+                                          "--out", "{tmp}/p"], "--seed must be from 0 to 4294967289"),
+    ("calibrate-seed", "convergence", ["calibrate", "--pairs", "1", "--seed", "-1"], "--seed: must be from 0"),
+    ("ep-check-seed", "numerics", ["ep", "check", "--seed", "-1"], "--seed: must be from 0"),
+    # train's run flags: NaN, infinite and negative values (each was taken unchecked)
+    *[(f"train-{flag[2:]}-{value}", "convergence", ["train", "--model", "tiny", "--steps", "2", flag, value,
+                                                     "--out", "{tmp}/r"], flag)
+      for flag, value in (("--lr", "nan"), ("--lr", "inf"), ("--threads", "-1"), ("--threads", "0"),
+                          ("--stop-after-minutes", "-1"), ("--stop-after-minutes", "nan"), ("--dist-timeout", "nan"),
+                          ("--warmup", "-1"), ("--probe-every", "-2"), ("--ckpt-every", "-1"))],
 ]
 MAINS = {"convergence": convergence_main, "numerics": numerics_main, "mxval": mxval_main}
 

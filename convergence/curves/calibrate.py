@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from numerics.cli import ArgumentParser, CLIError
+from numerics.cli import ArgumentParser, CLIError, seed_arg
 
 MARGIN = 0.0025
 
@@ -205,7 +205,7 @@ def bench(steps: int, directory: Path | None) -> dict:
 def main(argv: Sequence[str] | None = None) -> int:
     p = ArgumentParser(prog="python -m convergence calibrate", description=__doc__.splitlines()[0])
     p.add_argument("--pairs", type=int, default=200, help="synthetic pairs per scenario")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=seed_arg, default=0)
     p.add_argument("--bench", action="store_true", help="time loading + comparing two long runs instead")
     p.add_argument("--steps", type=int, default=1_000_000, help="--bench: steps per run")
     p.add_argument("--dir", type=Path, help="--bench: where to write the runs (default: a new temp dir)")

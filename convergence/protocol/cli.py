@@ -16,7 +16,7 @@ import torch
 
 from convergence.train import data as data_mod
 from convergence.train.cli import check_recipe_kernels
-from numerics.cli import ArgumentParser, CLIError
+from numerics.cli import ArgumentParser, CLIError, seed_arg
 from numerics.environment import check_hardware_tag
 from numerics.files import check_distinct, check_writable
 from numerics.layer.configs import CONFIGS
@@ -34,7 +34,7 @@ def _protocol_parser() -> ArgumentParser:
     p.add_argument("--out", required=True, type=Path, help="the protocol's folder (repeat the command to continue)")
     p.add_argument("--model", help=f"one of {', '.join(CONFIGS)}")
     p.add_argument("--steps", type=int)
-    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--seed", type=seed_arg, default=d.seed)
     p.add_argument("--replicates", type=int, default=d.replicates, help="BF16 baselines, the paired one included")
     p.add_argument("--candidate-replicates", type=int, default=d.candidate_replicates,
                    help="candidate runs, the paired one included, each with a replicate's change (and as many "

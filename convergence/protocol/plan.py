@@ -59,6 +59,7 @@ from convergence.train import data as data_mod
 from convergence.train.checkpoint import JsonlLog
 from convergence.train.loop import TrainConfig, defaults_for, train_recipe
 from convergence.train.placement import CHECKPOINT_FILE  # a protocol run trains in one process
+from numerics.cli import SEED_MAX
 from numerics.errors import BadInput
 from numerics.files import GZIP_MAGIC, atomic_write, gzip_or_plain, read_json_object
 from numerics.layer.configs import CONFIGS
@@ -124,8 +125,10 @@ class ProtocolPlan:
             raise BadInput(f"--candidate-replicates must be >= 1, got {self.candidate_replicates}")
         if self.design not in DESIGNS:
             raise BadInput(f"--design must be one of {', '.join(DESIGNS)}, got {self.design!r}")
-        if self.seed < 0:
-            raise BadInput(f"--seed must be >= 0, got {self.seed}")
+        above = self.replicates + self.candidate_replicates  # the replicates count their seeds up from --seed
+        if not 0 <= self.seed <= SEED_MAX - above:
+            raise BadInput(f"--seed must be from 0 to {SEED_MAX - above} (this plan's runs take seeds up to {above} "
+                           f"above it), got {self.seed}")
         if not 0 < self.margin < 1:
             raise BadInput(f"--margin must be in (0, 1), got {self.margin}")
         for key, value in self.overrides:

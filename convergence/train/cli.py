@@ -10,6 +10,7 @@ rank, with a traceback that would read as a crash.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import time
 from collections.abc import Sequence
@@ -21,7 +22,7 @@ from convergence.curves.compare import EXIT_CODES
 from convergence.train import data as data_mod
 from convergence.train.loop import REAL_VOCAB_MODELS, TrainConfig, defaults_for, run
 from convergence.train.placement import OPTIMIZER_STATES
-from numerics.cli import EXIT_BAD_INPUT, ArgumentParser, CLIError
+from numerics.cli import EXIT_BAD_INPUT, ArgumentParser, CLIError, seed_arg
 from numerics.errors import BadInput
 from numerics.files import atomic_write, check_writable
 from numerics.layer.configs import CONFIGS
@@ -65,8 +66,10 @@ def config_from_args(args) -> TrainConfig:
     for key in d:
         v = getattr(args, key, None)
         if v is not None:
-            if v <= 0 and key not in ("probe_every", "warmup", "ckpt_every"):  # 0: none / no warmup / never
-                raise CLIError(f"--{key.replace('_', '-')} must be > 0, got {v}")
+            zero_ok = key in ("probe_every", "warmup", "ckpt_every")  # 0: none / no warmup / never
+            if not (v >= 0 if zero_ok else v > 0) or not math.isfinite(v):  # NaN compares False: refused too
+                bound = ">= 0" if zero_ok else "> 0"
+                raise CLIError(f"--{key.replace('_', '-')} must be a finite number {bound}, got {v}")
             d[key] = v
     if args.ep is not None and args.probe_every is None:
         d["probe_every"] = 0  # with --ep, probes only when asked for: each costs every rank a step's work
@@ -104,9 +107,9 @@ def train_parser() -> ArgumentParser:
     p.add_argument("--recipe", action="append", help=f"repeatable; one of {', '.join(RECIPES)}")
     p.add_argument("--steps", type=int, required=True)
     p.add_argument("--out", required=True, type=Path)
-    p.add_argument("--seed", type=int, default=0, help="initial weights (and the data order, unless --data-seed)")
-    p.add_argument("--data-seed", type=int, default=None, help="order of the training data (default: --seed)")
-    p.add_argument("--row-order", type=int, default=None,
+    p.add_argument("--seed", type=seed_arg, default=0, help="initial weights (and the data order, unless --data-seed)")
+    p.add_argument("--data-seed", type=seed_arg, default=None, help="order of the training data (default: --seed)")
+    p.add_argument("--row-order", type=seed_arg, default=None,
                    help="permute each batch's rows by this seed: the same tokens summed in another order")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument("--resume", action="store_true", help="continue the runs in --out from their checkpoints")
@@ -150,9 +153,27 @@ def train_parser() -> ArgumentParser:
     return p
 
 
+def check_run_flags(args) -> None:
+    """The flags that shape how a run is made, not what it computes (``config_from_args`` checks those): each
+    was taken unchecked, NaN and negative values alike (a negative --threads failed inside torch, --stop-after-minutes
+    -1 stopped at once and exited 0, NaN ones were ignored)."""
+    if args.threads is not None and args.threads < 1:
+        raise CLIError(f"--threads must be >= 1, got {args.threads}")
+    if args.stop_after_minutes is not None and not 0 < args.stop_after_minutes < math.inf:
+        raise CLIError(f"--stop-after-minutes must be a number > 0, got {args.stop_after_minutes}")
+    if not 0 < args.dist_timeout < math.inf:
+        raise CLIError(f"--dist-timeout must be a number of seconds > 0, got {args.dist_timeout}")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = train_parser().parse_args(argv)
     rank = os.environ.get("RANK", "0")
+    try:
+        check_run_flags(args)
+    except CLIError:
+        if rank != "0":
+            return EXIT_BAD_INPUT  # every torchrun rank parses the same flags: rank 0 prints the one line
+        raise
     if args.ep is None and "WORLD_SIZE" in os.environ and os.environ["WORLD_SIZE"] != "1":
         if rank != "0":
             return EXIT_BAD_INPUT

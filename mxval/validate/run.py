@@ -29,7 +29,7 @@ from pathlib import Path
 
 from mxval.validate import levels as lv
 from mxval.validate.plan import LEVELS, Check, LevelResult, Plan, level_status, make_plan, skipped
-from numerics.cli import ArgumentParser, CLIError
+from numerics.cli import ArgumentParser, CLIError, seed_arg
 from numerics.files import atomic_write, writable_dir
 
 RUNNERS = {"tensor": lv.run_tensor, "layer": lv.run_layer, "communication": lv.run_communication,
@@ -217,7 +217,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help=f"comma-separated subset of {','.join(LEVELS)} (repeatable; default all)")
     p.add_argument("--quick", action="store_true", help="smaller sizes at every level (a smoke test, ~1 min on CPU)")
     p.add_argument("--steps", type=int, default=None, help="training steps per run (default 200)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=seed_arg, default=0)
     p.add_argument("--strict", action="store_true", help="known findings (FINDINGS.md) fail their level")
     p.add_argument("--force", action="store_true", help="replace an existing results folder of an earlier run")
     args = p.parse_args(argv)

@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from numerics.cli import ArgumentParser, CLIError
+from numerics.cli import ArgumentParser, CLIError, seed_arg
 from numerics.ep import compare, known
 from numerics.ep.backend import COMBINE_START, COMBINE_STARTS, PeerInputError, is_fp8
 from numerics.ep.backends import BACKENDS, is_custom, make_backend, require
@@ -352,7 +352,7 @@ def build_parser() -> ArgumentParser:
                    help="the expected combine sum starts at +0.0 (the contract) or at the first row (E1)")
     p.add_argument("--strict", action="store_true", help="known findings fail the run too")
     p.add_argument("--cases", type=int, default=120, help="sampled routings after the named edge cases")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=seed_arg, default=0)
     p.add_argument("--max-tokens", type=int, default=MAX_TOKENS, help=f"tokens per rank, at most (<= {MAX_TOKENS})")
     p.add_argument("--max-elements", type=int, default=None,
                    help="cap on tokens x hidden per rank (default: none on GPU, 2**19 on CPU)")

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from numerics import environment, metrics
-from numerics.cli import ArgumentParser, CLIError, run_main
+from numerics.cli import ArgumentParser, CLIError, run_main, seed_arg
 from numerics.errors import BadInput
 from numerics.tensor import families, mx
 from numerics.tensor import subjects as registry
@@ -153,7 +153,7 @@ def _prepare_out(out: Path, force: bool) -> None:
 def _main(argv: Sequence[str] | None) -> int:
     parser = ArgumentParser(prog="python -m numerics report", description=__doc__.splitlines()[0])
     parser.add_argument("--size", choices=sorted(families.SHAPES), default="quick")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=seed_arg, default=0)
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--subject", action="append", choices=list(registry.SUBJECTS),
                         help="repeatable; default: every subject importable here")

@@ -68,6 +68,12 @@ def files(tmp_path) -> dict[str, Path]:
     (f["gpus_text"] / "protocol.json").write_bytes((f["protocol"] / "protocol.json").read_bytes())
     (f["gpus_text"] / "runs" / "bf16" / "bf16" / "config.json").write_text(
         json.dumps({"environment": {"torch": "2.13.0", "gpus": "NVIDIA H200"}}))
+    verdict = json.loads(f["verdict"].read_text())  # the golden verdict with one final-window field damaged
+    for name, key, value in (("spread_negative", "seed_spread", -0.01), ("spread_nan", "seed_spread", float("nan")),
+                             ("se_negative", "se_set", -0.001), ("estimate_text", "estimate", "big"),
+                             ("batches_text", "heldout_batches", "many"), ("levels_one", "replicate_levels", [0.0])):
+        f[name] = tmp_path / f"{name}.json"
+        f[name].write_text(json.dumps(verdict | {"final_window": verdict["final_window"] | {key: value}}))
     return f
 
 
@@ -148,6 +154,14 @@ CASES = [
     ("power-a-list", "convergence", ["power", "{a_list}"], "not a compare --metric val_loss result"),
     ("power-window-text", "convergence", ["power", "{window_text}"], "not a compare --metric val_loss result"),
     ("power-twice", "convergence", ["power", "{verdict}", "{verdict}"], "given twice"),
+    # a result's numbers, checked (each printed nonsense such as 'spread -1.000%' or raised a traceback)
+    *[(f"power-{name}", "convergence", ["power", "{" + name + "}", "--larger-set", "2"], words)
+      for name, words in (("spread_negative", "seed_spread must be a finite number >= 0"),
+                          ("spread_nan", "seed_spread must be a finite number"), ("se_negative", "se_set must be"),
+                          ("estimate_text", "estimate must be a finite number"),
+                          ("batches_text", "heldout_batches must be"), ("levels_one", "two replicates or more"))],
+    ("power-larger-set-inf", "convergence", ["power", "{verdict}", "--larger-set", "inf"], "--larger-set must be"),
+    ("power-larger-set-tiny", "convergence", ["power", "{verdict}", "--larger-set", "1e-320"], "--larger-set must"),
     ("profile-probes", "convergence", ["profile", "{probes}"], "no record has a training loss"),
     ("profile-same-output", "convergence", ["profile", "{good}", "--json", "{tmp}/o", "--plot", "{tmp}/o"],
      "name the same file"),

@@ -163,8 +163,11 @@ def power_main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     if not 0 < args.margin < 1 or not 0.5 < args.confidence < 1:
         raise CLIError("--margin must be in (0, 1) and --confidence in (0.5, 1)")
-    if args.larger_set is not None and not args.larger_set > 0:
-        raise CLIError("--larger-set must be > 0 (times the held-out set's batches)")
+    # a thousandth to a million times the set: the set's error divides by up to 1,000 or grows up to 32x; beyond,
+    # no split holds it and the planning arithmetic overflows (inf raised OverflowError, 1e-320 too)
+    if args.larger_set is not None and not 1e-3 <= args.larger_set <= 1e6:
+        raise CLIError(f"--larger-set must be from 0.001 to 1e6 (times the held-out set's batches), got "
+                       f"{args.larger_set:g}")
     if args.json:
         check_writable(args.json, force=args.force)
     files = []

@@ -149,11 +149,29 @@ def measured(result: dict, source: str = "") -> Measured:
     if result.get("metric") != "val_loss" or not result.get("final_window"):
         raise ValueError(f"{source or 'result'}: not a compare --metric val_loss result with a final window")
     fw = result["final_window"]
+    where = source or "result"
     if fw.get("seed_spread") is None:
-        raise ValueError(f"{source or 'result'}: fewer than two baselines, no spread measured")
-    return Measured(steps=int(result["coverage"]["compared_steps"][1]), replicates=len(fw["replicate_levels"]),
-                    spread=float(fw["seed_spread"]), se_set=float(fw.get("se_set") or 0.0),
-                    estimate=fw.get("estimate"), source=source, heldout_batches=fw.get("heldout_batches"))
+        raise ValueError(f"{where}: fewer than two baselines, no spread measured")
+
+    def number(key: str, value, *, low: float = 0.0, none_ok: bool = False):
+        """A finite JSON number >= low (None where allowed): a damaged result printed 'spread -1.000%' or nan."""
+        if value is None and none_ok:
+            return None
+        if type(value) not in (int, float) or not math.isfinite(value) or value < low:
+            raise ValueError(f"{where}: final_window.{key} must be a finite number >= {low:g}, got {value!r}")
+        return value
+
+    levels = fw["replicate_levels"]
+    if not isinstance(levels, list) or len(levels) < 2:
+        raise ValueError(f"{where}: final_window.replicate_levels must list two replicates or more, got {levels!r}")
+    batches = number("heldout_batches", fw.get("heldout_batches"), low=2, none_ok=True)
+    if batches is not None and type(batches) is not int:
+        raise ValueError(f"{where}: final_window.heldout_batches must be a whole number, got {batches!r}")
+    return Measured(steps=int(result["coverage"]["compared_steps"][1]), replicates=len(levels),
+                    spread=float(number("seed_spread", fw["seed_spread"])),
+                    se_set=float(number("se_set", fw.get("se_set") or 0.0)),
+                    estimate=number("estimate", fw.get("estimate"), low=-math.inf, none_ok=True), source=source,
+                    heldout_batches=batches)
 
 
 def with_larger_set(m: Measured, times: float) -> Measured:

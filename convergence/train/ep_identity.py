@@ -56,6 +56,9 @@ def _settings(metrics: Path) -> dict:
         return {}
     d = read_json_object(cfg, what="a run's config")
     dist, train, recipe = d.get("distributed", {}), d.get("train", {}), d.get("recipe", {})
+    for key, part in (("distributed", dist), ("train", train), ("recipe", recipe)):
+        if not isinstance(part, dict):
+            raise BadInput(f"{cfg}: '{key}' must be a JSON object, got {type(part).__name__}: the config is damaged")
     return {"ep": dist.get("ep"), "ep_backend": dist.get("ep_backend"), "backend_class": dist.get("backend_class"),
             "mxfp8_kernel": recipe.get("kernel"), "optimizer_state": train.get("optimizer_state"),
             "deterministic": train.get("deterministic", dist.get("deterministic")),
@@ -87,11 +90,17 @@ def end_difference(a: list[dict], b: list[dict]) -> dict:
     out: dict = {}
     for key in ("loss", "val_loss"):
         common = [(ra, steps_b[ra.get("step")]) for ra in a
-                  if ra.get(key) is not None and steps_b.get(ra.get("step"), {}).get(key) is not None]
+                  if _number(ra.get(key)) and _number(steps_b.get(ra.get("step"), {}).get(key))]
         if common:
             ra, rb = common[-1]
-            out[key] = {"step": ra["step"], "a": ra[key], "b": rb[key], "relative": rb[key] / ra[key] - 1.0}
+            relative = rb[key] / ra[key] - 1.0 if ra[key] else None  # a loss of 0 in A: no relative difference
+            out[key] = {"step": ra["step"], "a": ra[key], "b": rb[key], "relative": relative}
     return out
+
+
+def _number(x) -> bool:
+    """A logged number (not null, text or a bool): the fields whose difference is measured."""
+    return type(x) in (int, float)
 
 
 def compare_runs(a: Path, b: Path, recipes: Sequence[str] | None = None) -> dict:
@@ -136,8 +145,8 @@ def report(r: dict) -> str:
             f"DIFFER at step {d['step']}, field {d['field']}: A {d['a']!r} vs B {d['b']!r}")
         lines.append(f"{name}: {rec['steps'][0]} vs {rec['steps'][1]} steps, {verdict}")
         for key, e in (rec.get("at_end") or {}).items():
-            lines.append(f"  at the end: {key} at step {e['step']}: A {e['a']:.6g} vs B {e['b']:.6g} "
-                         f"(B {e['relative']:+.3%} from A)")
+            apart = "A is 0: no relative difference" if e["relative"] is None else f"B {e['relative']:+.3%} from A"
+            lines.append(f"  at the end: {key} at step {e['step']}: A {e['a']:.6g} vs B {e['b']:.6g} ({apart})")
         sa, sb = rec["a"], rec["b"]
         ratio = (sb["tokens_per_s"] / sa["tokens_per_s"]) if sa["tokens_per_s"] and sb["tokens_per_s"] else None
         lines.append(f"  {'side':<4} {'backend':<10} {'kernel':<9} {'determ.':<8} {'tokens/s':>12} "

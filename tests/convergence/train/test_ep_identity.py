@@ -64,6 +64,27 @@ def test_ep_identity_says_how_far_apart_differing_runs_end(tmp_path, capsys):
     assert same["identical"] and same["at_end"] is None
 
 
+def test_ep_identity_end_difference_takes_a_zero_or_text_loss_without_a_traceback(tmp_path, capsys):
+    """A loss of 0 in A has no relative difference (it divided by zero); a text val_loss is not a number to measure
+    (it raised TypeError): the last evaluation with numbers on both sides is the one reported (the control)."""
+    a = _run(tmp_path, "reference", [5.5, 0.0], tps=1.0, val={1: 5.0, 2: "high"}, deterministic=False)
+    b = _run(tmp_path, "deepep", [5.5, 0.5], tps=1.0, val={1: 5.05, 2: 4.0}, deterministic=False)
+    assert convergence_main(["ep-identity", str(a), str(b)]) == 1
+    out = capsys.readouterr().out
+    assert "at the end: loss at step 2: A 0 vs B 0.5 (A is 0: no relative difference)" in out
+    assert "at the end: val_loss at step 1: A 5 vs B 5.05 (B +1.000% from A)" in out
+
+
+def test_ep_identity_refuses_a_config_whose_parts_are_not_objects(tmp_path, capsys):
+    a = _run(tmp_path, "reference", [5.5], tps=1.0)
+    b = _run(tmp_path, "deepep", [5.5], tps=1.0)
+    cfg = b / "bf16" / "config.json"
+    cfg.write_text(json.dumps({"distributed": "ep2"}))
+    assert convergence_main(["ep-identity", str(a), str(b)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "'distributed' must be a JSON object, got str" in err and str(cfg) in err
+
+
 def test_ep_identity_bad_input_one_line(tmp_path, capsys):
     a = _run(tmp_path, "reference", [5.5], tps=1.0)
     assert convergence_main(["ep-identity", str(a), str(tmp_path / "missing")]) == 2

@@ -71,7 +71,8 @@ def load_manifest(root: Path) -> list[dict]:
     doc = json.loads(text)
     files = doc.get("files") if isinstance(doc, dict) else None
     if not isinstance(doc, dict) or doc.get("format") != FORMAT or not isinstance(files, list) or not all(
-            isinstance(e, dict) and {"data", "sidecar", "kind"} <= set(e) for e in files):
+            isinstance(e, dict) and all(isinstance(e.get(k), str) and e[k] for k in ("data", "sidecar", "kind"))
+            for e in files):  # each a non-empty path or name: a number there raised TypeError in golden check
         raise BadInput(f"{path}: not a {FORMAT} manifest (format, files[data, sidecar, kind])")
     return files
 

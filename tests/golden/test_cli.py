@@ -154,3 +154,14 @@ def test_golden_regenerate_into_an_empty_folder_says_it_writes_a_new_tree(root, 
     assert "new file" in out and integrity.check(empty) == []  # a tree: the file is listed in a new manifest
     code, out, _ = _run(["regenerate", "--only", "tensor_vectors", "--root", str(root)], capsys)
     assert code == 0 and "has no MANIFEST.json" not in out
+
+
+@pytest.mark.parametrize("field, value", [("data", 5), ("sidecar", None), ("kind", ["x"]), ("data", "")])
+def test_golden_check_refuses_a_manifest_entry_that_is_not_a_path(root, capsys, field, value):
+    manifest = json.loads((root / "MANIFEST.json").read_text())
+    manifest["files"][0][field] = value
+    (root / "MANIFEST.json").write_text(json.dumps(manifest))
+    before = _sums(root)
+    code, out, err = _run(["check", "--root", str(root)], capsys)
+    assert code == 2 and err.count("\n") == 1 and f"not a {integrity.FORMAT} manifest" in err, err
+    assert "Traceback" not in err + out and _sums(root) == before

@@ -138,9 +138,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                            val_percent=args.val_percent, overrides=overrides).check()
     # a folder whose runs are all made is judged anywhere: copied off the GPU machine, it needs no GPU
     # (unless --force is to delete them and run again)
-    before = pr.run_status(plan, args.out)
-    judge_only = not args.force and (args.out / "protocol.json").is_file() and all(
-        v == "done" for v in before.values())
+    held = (args.out / "protocol.json").is_file()
+    if held and not args.force:  # another plan's runs read as this one's would look damaged (its logs end elsewhere)
+        pr.check_same_plan(plan, args.out)
+    before = {r.name: 0 for r in plan.runs()} if held and args.force else pr.run_status(plan, args.out)
+    judge_only = not args.force and held and all(v == "done" for v in before.values())
     gpus = (args.gpus or torch.cuda.device_count()) if args.device == "cuda" else 0
     if not judge_only:
         if args.device == "cuda" and not torch.cuda.is_available():

@@ -260,6 +260,18 @@ def plan_from_dict(d: dict) -> ProtocolPlan:
 CHANGEABLE = ("replicates", "candidate_replicates", "control")
 
 
+def check_same_plan(plan: ProtocolPlan, out: Path) -> dict:
+    """``out``'s plan (as a dict), when it is ``plan`` up to ``CHANGEABLE`` fields; ``BadInput`` naming the first
+    field that differs otherwise. Before anything reads ``out``'s runs as ``plan``'s: another plan's runs (another
+    --steps) read as damaged ones."""
+    have = read_plan(Path(out) / "protocol.json").as_dict()  # keys added since: their defaults
+    for key, value in plan.as_dict().items():
+        if have.get(key) != value and key not in CHANGEABLE:
+            raise BadInput(f"{out} holds a protocol run with {key}={have.get(key)!r}, the command line says "
+                           f"{key}={value!r}: repeat its command to continue it, or pass --force to start again")
+    return have
+
+
 def open_protocol(plan: ProtocolPlan, out: Path, *, force: bool = False) -> str | None:
     """Make ``out`` hold ``plan`` (``out/protocol.json``): a new or empty folder gets it; a folder with the same
     plan is continued, also when only ``CHANGEABLE`` fields differ (the plan is rewritten, every run made is
@@ -274,12 +286,7 @@ def open_protocol(plan: ProtocolPlan, out: Path, *, force: bool = False) -> str 
         (out / "pace.jsonl").unlink(missing_ok=True)  # pieces.PACE_FILE: the paces of runs no longer there
         state.unlink()
     if state.exists():
-        have = read_plan(state).as_dict()  # keys added since: their defaults
-        want = plan.as_dict()
-        for key, value in want.items():
-            if have.get(key) != value and key not in CHANGEABLE:
-                raise BadInput(f"{out} holds a protocol run with {key}={have.get(key)!r}, the command line says "
-                               f"{key}={value!r}: repeat its command to continue it, or pass --force to start again")
+        have, want = check_same_plan(plan, out), plan.as_dict()
         changed = [f"{key} {have[key]} -> {want[key]}" for key in CHANGEABLE if have[key] != want[key]]
         if not changed:
             return None

@@ -9,6 +9,7 @@ import shlex
 import shutil
 
 import pytest
+import torch
 
 from convergence.__main__ import main as convergence_main
 from convergence.protocol import plan as pr
@@ -129,6 +130,19 @@ def test_protocol_cli_bad_input_is_one_line_and_touches_nothing(capsys, tmp_path
     (out / "protocol.json").write_text(json.dumps(pr.ProtocolPlan(model="tiny", steps=20).as_dict()))
     err = _bad(capsys, "--model", "tiny", "--steps", "30", "--out", str(out))
     assert "steps=20" in err and "steps=30" in err and "--force" in err
+    # with a finished run of the folder's plan the same: its log (to step 20) had been read as the new plan's and
+    # called damaged, --force included; --force now gets past it (to the GPU check of a --device cuda plan)
+    spec = pr.ProtocolPlan(model="tiny", steps=20).runs()[0]
+    run = pr.run_dir(out, spec)
+    run.mkdir(parents=True)
+    (run / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "loss": 3.0}) + "\n" for s in range(1, 21)))
+    pr.compact_run(run)
+    err = _bad(capsys, "--model", "tiny", "--steps", "30", "--out", str(out))
+    assert "steps=20" in err and "steps=30" in err and "damaged" not in err
+    if not torch.cuda.is_available():
+        err = _bad(capsys, "--model", "tiny", "--steps", "30", "--device", "cuda", "--out", str(out), "--force")
+        assert "no CUDA device" in err and "damaged" not in err
+        assert pr.metrics_path(out, spec).exists()  # refused before --force deleted anything
     assert "a tag such as h200" in _bad(capsys, "--model", "tiny", "--steps", "20", "--out", str(out),
                                         "--hardware", "../../elsewhere")  # it names the result files
 

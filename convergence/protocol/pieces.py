@@ -27,6 +27,7 @@ Public: ``execute(plan, out, *, slots, per_gpu, stop_after_s, whole_runs, worker
 
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import sys
@@ -94,8 +95,9 @@ def expected_wall_s(out: Path, plan: pr.ProtocolPlan, recipe: str, per_gpu: int 
         return None
     pieces = []
     for e in JsonlLog(path).records():  # a last line cut by a killed process is left out; other damage is refused
-        if not all(isinstance(e.get(k), (int, float)) for k in ("from_step", "to_step", "wall_s")):
-            raise BadInput(f"{path}: a pace entry without numbers for from_step, to_step and wall_s ({e}): "
+        nums = [e.get(k) for k in ("from_step", "to_step", "wall_s")]
+        if not all(type(v) in (int, float) and math.isfinite(v) and v >= 0 for v in nums):  # NaN or -5 s: nonsense
+            raise BadInput(f"{path}: a pace entry without numbers >= 0 for from_step, to_step and wall_s ({e}): "
                            "damaged; restore it, e.g. from git")
         if e.get("recipe") == recipe and e.get("per_gpu", 1) == per_gpu and e["to_step"] > e["from_step"]:
             pieces.append(e)

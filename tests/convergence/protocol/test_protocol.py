@@ -635,7 +635,10 @@ def test_a_whole_runs_pace_comes_from_finished_runs_first_then_from_pieces(tmp_p
 
     whole = (tmp_path / "pace.jsonl").read_text()
     for damage, says in (("[1, 2]\n", "not a JSON record"), ("garbage\n", "not a JSON record"),
-                         ('{"recipe": "bf16", "from_step": 0, "to_step": 1500, "wall_s": "x"}\n', "without numbers")):
+                         ('{"recipe": "bf16", "from_step": 0, "to_step": 1500, "wall_s": "x"}\n', "without numbers"),
+                         ('{"recipe": "bf16", "from_step": 0, "to_step": 1500, "wall_s": NaN}\n', "without numbers"),
+                         ('{"recipe": "bf16", "from_step": 0, "to_step": 1500, "wall_s": -5}\n', "without numbers"),
+                         ('{"recipe": "bf16", "from_step": true, "to_step": 1500, "wall_s": 5}\n', "without numbers")):
         (tmp_path / "pace.jsonl").write_text(damage + whole)
         with pytest.raises(BadInput, match=says):
             expected_wall_s(tmp_path, plan, "bf16")

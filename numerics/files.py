@@ -95,6 +95,23 @@ def check_writable(path, *, force: bool = False) -> Path:
     return path
 
 
+def check_creatable(path, *, force: bool = False) -> Path:
+    """``check_writable`` for an output whose missing folders the command makes when it writes (``numerics.ep``'s
+    --json): the nearest folder that exists must be a writable folder, not a file (a file there raised
+    FileExistsError after the whole run)."""
+    path = Path(path)
+    if path.is_dir():
+        raise BadInput(f"{path} is a directory; give a file name")
+    if path.exists() and not force:
+        raise BadInput(f"{path} exists; pass --force to overwrite it")
+    near = next((p for p in path.parents if p.exists() or p.is_symlink()), Path("."))
+    if not near.is_dir():
+        raise BadInput(f"cannot write {path}: {near} is a file, not a folder")
+    if not os.access(near, os.W_OK | os.X_OK):
+        raise BadInput(f"cannot write {path}: {near} is not writable")
+    return path
+
+
 def writable_dir(path, *, what: str = "folder") -> Path:
     path = Path(path)
     if path.exists() and not path.is_dir():

@@ -208,6 +208,11 @@ CASES = [
                                           "--out", "{tmp}/p"], "--seed must be from 0 to 4294967289"),
     ("calibrate-seed", "convergence", ["calibrate", "--pairs", "1", "--seed", "-1"], "--seed: must be from 0"),
     ("ep-check-seed", "numerics", ["ep", "check", "--seed", "-1"], "--seed: must be from 0"),
+    ("ep-check-timeout-nan", "numerics", ["ep", "check", "--timeout", "nan"], "--timeout"),
+    ("ep-bench-timeout-nan", "numerics", ["ep", "bench", "--timeout", "nan"], "--timeout"),
+    # a --json under a file: it raised FileExistsError after the whole check
+    ("ep-check-json-under-a-file", "numerics", ["ep", "check", "--json", "{tmp}/blocker/x.json"], "cannot write"),
+    ("ep-bench-json-under-a-file", "numerics", ["ep", "bench", "--json", "{tmp}/blocker/x.json"], "cannot write"),
     # train's run flags: NaN, infinite and negative values (each was taken unchecked)
     *[(f"train-{flag[2:]}-{value}", "convergence", ["train", "--model", "tiny", "--steps", "2", flag, value,
                                                      "--out", "{tmp}/r"], flag)

@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import math
 import os
 import statistics
 import sys
@@ -66,6 +67,7 @@ from numerics.ep.backend import MAX_TOKENS, row_bytes
 from numerics.ep.backends import make_backend, require
 from numerics.ep.strategies import CaseSpec, make_combine_input, make_inputs
 from numerics.errors import BadInput
+from numerics.files import check_creatable
 
 SHAPES = {  # name -> (tokens per rank, hidden, top-k, experts)
     "v3": (4096, 7168, 8, 256),
@@ -305,7 +307,7 @@ def plan(args, world: int) -> tuple[list[Any], dict]:
         raise CLIError(f"--num-sms {args.num_sms!r} is not a list of even integers") from None
     if not sms or any(v <= 0 or v % 2 for v in sms):
         raise CLIError(f"--num-sms {args.num_sms!r}: DeepEP needs positive even SM counts")
-    if not 1 <= args.tokens <= MAX_TOKENS or args.iters < 1 or args.warmup < 0 or args.timeout <= 0:
+    if not 1 <= args.tokens <= MAX_TOKENS or args.iters < 1 or args.warmup < 0 or not 0 < args.timeout < math.inf:
         raise CLIError(f"--tokens must be in [1, {MAX_TOKENS}], --iters >= 1, --warmup >= 0, --timeout > 0")
     if world < 2:
         raise CLIError(f"--world {world}: the communication level needs at least 2 ranks")
@@ -314,6 +316,8 @@ def plan(args, world: int) -> tuple[list[Any], dict]:
         raise CLIError(f"--world {world} does not divide the experts of shape {odd[0]} ({SHAPES[odd[0]][3]})")
     if args.json and args.json.exists() and not args.force:
         raise CLIError(f"{args.json} exists; pass --force to overwrite it")
+    if args.json:
+        check_creatable(args.json, force=True)  # existing: refused above unless --force
     for name in backends:
         if name in ("deepep", "deepep-v2"):
             require(name, world=world)

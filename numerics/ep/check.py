@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import json
+import math
 import os
 import sys
 import time
@@ -48,6 +49,7 @@ from numerics.ep.strategies import (
     sample_specs,
 )
 from numerics.errors import BadInput
+from numerics.files import check_creatable
 
 # defect -> (words the ValueError must contain, whether rank 0 may hold it)
 BAD_INPUTS: dict[str, tuple[tuple[str, ...], bool]] = {
@@ -403,8 +405,10 @@ def check_args(args) -> None:
         raise CLIError(f"{args.json} exists; pass --force to overwrite it")
     if args.json and args.json.is_dir():
         raise CLIError(f"--json {args.json} is a directory")
-    if args.cases < 0 or args.timeout <= 0:
-        raise CLIError("--cases must be >= 0 and --timeout > 0")
+    if args.json:
+        check_creatable(args.json, force=True)  # existing: refused above unless --force
+    if args.cases < 0 or not 0 < args.timeout < math.inf:  # NaN compares False: it passed '<= 0'
+        raise CLIError("--cases must be >= 0 and --timeout a number > 0")
     if not 0 <= args.max_tokens <= MAX_TOKENS:
         raise CLIError(f"--max-tokens {args.max_tokens}: must be in [0, {MAX_TOKENS}] (what the buffers hold)")
     if args.max_elements is not None and args.max_elements < 1:

@@ -21,7 +21,7 @@ HERE = Path(__file__).resolve().parent
 
 
 def test_check_cli_passes_reference_against_simulate_and_writes_json(tmp_path, capsys):
-    out = tmp_path / "check.json"
+    out = tmp_path / "new" / "folder" / "check.json"  # the folders it names are made (a file there is refused)
     rc = ep_main(["check", "--world", "2", "--cases", "3", "--max-tokens", "70", "--no-edge", "--hidden", "2048",
                   "--timeout", "30", "--json", str(out)])
     text = capsys.readouterr().out

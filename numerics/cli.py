@@ -68,7 +68,7 @@ def parse_run_report(parser: ArgumentParser, argv: Sequence[str] | None) -> tupl
 
     args = parser.parse_args(argv)
     names = run_labels(args.name, args.runs)
-    check_distinct(plot=args.plot, json=args.json)
+    check_distinct(plot=args.plot, json=args.json, inputs=args.runs)
     for out in (args.plot, args.json):
         if out:
             check_writable(out, force=args.force)

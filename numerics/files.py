@@ -6,8 +6,9 @@ Public functions
       without ``force``, a directory, a missing or non-directory parent, or a place where no file can be
       created (probed by creating and removing a temporary file there, which also works for root,
       whom permission bits do not stop).
-  ``check_distinct(**outputs)``  refuses (``BadInput``) two output options naming the same file: the second
-      write would replace the first, or be refused as existing after the first was written.
+  ``check_distinct(*, inputs=(), **outputs)``  refuses (``BadInput``) two output options naming the same file
+      (the second write would replace the first, or be refused as existing after the first was written) and an
+      output naming one of ``inputs`` (with --force it would replace what the command read).
   ``check_once(paths, *, counts)``  refuses (``BadInput``) an input file given twice, saying why each counts
       once (``counts``): a run given twice would count twice in a spread.
   ``atomic_write(path, data, *, force=False) -> Path``  bytes or text to a temporary file in the same
@@ -63,7 +64,9 @@ def _refuse(path: Path, force: bool) -> None:
         raise BadInput(f"cannot write {path}: {parent} is not a directory")
 
 
-def check_distinct(**outputs) -> None:
+def check_distinct(*, inputs=(), **outputs) -> None:
+    """No two outputs name one file, and no output names one of ``inputs`` (with --force it would replace what
+    was read: compare's --json over its candidate's log)."""
     seen: dict[Path, str] = {}
     for option, path in outputs.items():
         if path is None:
@@ -72,6 +75,9 @@ def check_distinct(**outputs) -> None:
         if where in seen:
             raise BadInput(f"--{seen[where]} and --{option.replace('_', '-')} name the same file ({path})")
         seen[where] = option.replace("_", "-")
+    for path in inputs:
+        if (where := Path(path).resolve()) in seen:
+            raise BadInput(f"--{seen[where]} {path} is one of the inputs: writing it would replace what was read")
 
 
 def check_once(paths, *, counts: str) -> None:

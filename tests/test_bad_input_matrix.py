@@ -154,6 +154,11 @@ CASES = [
     ("power-a-list", "convergence", ["power", "{a_list}"], "not a compare --metric val_loss result"),
     ("power-window-text", "convergence", ["power", "{window_text}"], "not a compare --metric val_loss result"),
     ("power-twice", "convergence", ["power", "{verdict}", "{verdict}"], "given twice"),
+    # an output over an input: with --force it replaced the candidate's log with the verdict
+    ("compare-json-is-an-input", "convergence", ["compare", "{good}", "{truncated}", "--json", "{truncated}",
+                                                 "--force"], "is one of the inputs"),
+    ("profile-json-is-an-input", "convergence", ["profile", "{good}", "--json", "{good}", "--force"],
+     "is one of the inputs"),
     # a result's numbers, checked (each printed nonsense such as 'spread -1.000%' or raised a traceback)
     *[(f"power-{name}", "convergence", ["power", "{" + name + "}", "--larger-set", "2"], words)
       for name, words in (("spread_negative", "seed_spread must be a finite number >= 0"),

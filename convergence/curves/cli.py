@@ -114,7 +114,7 @@ def report(r: dict) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    check_distinct(json=args.json, plot=args.plot)
+    check_distinct(json=args.json, plot=args.plot, inputs=[args.baseline, args.candidate, *args.more, *args.cand_more])
     for out in (args.json, args.plot):
         if out is not None:
             check_writable(out, force=args.force)  # before the work: exit 2 never follows a verdict

@@ -46,7 +46,11 @@ def run_labels(names: Sequence[str], runs: Sequence) -> list[str]:
     path)."""
     if names and len(names) != len(runs):
         raise CLIError(f"--name given {len(names)} times for {len(runs)} runs: one per run, or none")
-    return list(names) or [str(r) for r in runs]
+    labels = list(names) or [str(r) for r in runs]
+    twice = next((n for i, n in enumerate(labels) if n in labels[:i]), None)
+    if twice is not None:  # one label would stand for two runs in the report, the figure and the JSON
+        raise CLIError(f"two runs named {twice!r}: pass --name for each, each its own")
+    return labels
 
 
 def run_report_parser(prog: str, description: str, *, reads: str, plot: str, json: str) -> ArgumentParser:

@@ -159,6 +159,11 @@ CASES = [
                                                  "--force"], "is one of the inputs"),
     ("profile-json-is-an-input", "convergence", ["profile", "{good}", "--json", "{good}", "--force"],
      "is one of the inputs"),
+    ("profile-name-twice", "convergence", ["profile", "{good}", "{good}", "--name", "a", "--name", "a"],
+     "two runs named 'a'"),
+    ("probes-name-twice", "convergence", ["probes", "{probes}", "{probes}", "--name", "a", "--name", "a"],
+     "two runs named 'a'"),
+    ("profile-same-run-twice", "convergence", ["profile", "{good}", "{good}"], "two runs named"),
     # a result's numbers, checked (each printed nonsense such as 'spread -1.000%' or raised a traceback)
     *[(f"power-{name}", "convergence", ["power", "{" + name + "}", "--larger-set", "2"], words)
       for name, words in (("spread_negative", "seed_spread must be a finite number >= 0"),
@@ -197,6 +202,8 @@ CASES = [
     ("report-size", "numerics", ["report", "--size", "huge"], ""),
     ("report-out-a-file", "numerics", ["report", "--out", "{existing}"], ""),
     ("bench-elements", "numerics", ["bench", "cast", "--elements", "100"], ""),
+    ("bench-layers-iters", "numerics", ["bench", "layers", "--device", "cpu", "--iters", "-1"], "--iters must be >= 1"),
+    ("bench-layers-iters-0", "numerics", ["bench", "layers", "--device", "cpu", "--iters", "0"], "--iters must be"),
     ("validate-out-unwritable", "mxval", ["validate", "--out", "{tmp}/blocker/r"], "cannot write"),
     ("validate-out-a-file", "mxval", ["validate", "--out", "{existing}"], "is a file"),
     ("validate-levels", "mxval", ["validate", "--levels", "everything", "--out", "{tmp}/v"], "--levels"),

@@ -213,13 +213,8 @@ def plot_profiles(runs: dict[str, list[dict]], out_png: Path, *, force: bool = F
 
 
 def profiles_of(paths: Sequence[Path], names: Sequence[str]) -> dict[str, list[dict]]:
-    """Each run's records under its name (one name per path, ``numerics.cli.run_labels``)."""
-    runs: dict[str, list[dict]] = {}
-    for name, path in zip(names, paths, strict=True):
-        if name in runs:
-            raise BadInput(f"two runs named {name!r}: pass --name for each")
-        runs[name] = load_records(Path(path))
-    return runs
+    """Each run's records under its name (one distinct name per path, ``numerics.cli.run_labels``)."""
+    return {name: load_records(Path(path)) for name, path in zip(names, paths, strict=True)}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

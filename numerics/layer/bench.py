@@ -112,6 +112,8 @@ def _main(argv: Sequence[str] | None) -> int:
     parser.add_argument("--kernel", action="append", choices=mxfp8.KERNELS,
                         help="repeatable; default: every MXFP8 kernel that runs on the device")
     args = parser.parse_args(argv)
+    if args.iters is not None and args.iters < 1:  # -1 printed negative timings, 0 fell back to the default
+        raise CLIError(f"--iters must be >= 1, got {args.iters}")
     if args.device == "cuda" and not torch.cuda.is_available():
         raise CLIError("--device cuda: no CUDA device is visible")
     for k in args.kernel or []:

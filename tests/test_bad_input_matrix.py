@@ -130,6 +130,16 @@ CASES = [
     ("ep-identity-json-existing", "convergence", ["ep-identity", "{good}", "{good}", "--json", "{existing}"],
      "exists"),
     ("protocol-model", "convergence", ["protocol", "--model", "huge", "--steps", "10", "--out", "{tmp}/p"], "huge"),
+    # --status reads the folder's plan: a plan flag beside it had been ignored silently
+    *[(f"protocol-status-{flag[2:]}", "convergence", ["protocol", "--status", "--out", "{protocol}", flag, value],
+       f"{flag} with --status: --status reads the plan from")
+      for flag, value in (("--margin", "nan"), ("--steps", "-3"), ("--model", "huge"), ("--hardware", "bad tag!"),
+                          ("--lr", "1e-3"))],
+    # the plan's own command with --status is taken only when it is the folder's plan (tiny, 20 steps)
+    ("protocol-status-other-plan", "convergence", ["protocol", "--status", "--out", "{protocol}", "--model", "tiny",
+                                                   "--steps", "20", "--margin", "0.01"], "margin=0.0025"),
+    ("protocol-status-bad-margin", "convergence", ["protocol", "--status", "--out", "{protocol}", "--model", "tiny",
+                                                   "--steps", "20", "--margin", "nan"], "--margin must be in"),
     ("protocol-steps-type", "convergence", ["protocol", "--model", "tiny", "--steps", "x", "--out", "{tmp}/p"],
      "steps"),
     ("protocol-replicates", "convergence", ["protocol", "--model", "tiny", "--steps", "20", "--replicates", "1",

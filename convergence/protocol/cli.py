@@ -23,6 +23,11 @@ from numerics.layer.configs import CONFIGS
 from numerics.layer.mxfp8 import KERNELS as MXFP8_KERNELS
 from numerics.layer.mxfp8 import kernel_problem as mxfp8_problem
 
+# the options that make a plan (or name its results): --status reads them from the folder's protocol.json
+PLAN_FLAGS = ("model", "steps", "seed", "replicates", "candidate_replicates", "design", "candidate", "control",
+              "device", "mxfp8_kernel", "margin", "name", "data", "val_percent", "batch", "seq", "lr", "warmup",
+              "val_every", "val_batches", "probe_every", "hardware")
+
 
 def _protocol_parser() -> ArgumentParser:
     from convergence.protocol.plan import DESIGNS, ProtocolPlan
@@ -77,6 +82,18 @@ def _protocol_parser() -> ArgumentParser:
     return p
 
 
+def _plan_of(args):
+    """The plan the command line gives (checked): a run's, or one --status compares with its folder's."""
+    from convergence.protocol import plan as pr
+
+    overrides = tuple((k, float(v)) for k in pr.TRAIN_OVERRIDES if (v := getattr(args, k)) is not None)
+    return pr.ProtocolPlan(model=args.model, steps=args.steps, seed=args.seed, replicates=args.replicates,
+                           candidate_replicates=args.candidate_replicates,
+                           design=args.design, candidate=args.candidate, control=args.control, device=args.device,
+                           mxfp8_kernel=args.mxfp8_kernel, margin=args.margin, name=args.name, data=args.data,
+                           val_percent=args.val_percent, overrides=overrides).check()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """python -m convergence protocol: see convergence.protocol.plan (the runs) and README.
 
@@ -87,7 +104,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from convergence.protocol import pieces
     from convergence.protocol import plan as pr
 
-    args = _protocol_parser().parse_args(argv)
+    parser = _protocol_parser()
+    args = parser.parse_args(argv)
     if args.threads is not None and args.threads < 1:
         raise CLIError(f"--threads must be >= 1, got {args.threads}")
     if args.parallel < 1 or (args.stop_after_minutes is not None
@@ -114,6 +132,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                 raise CLIError(f"{flag} goes with a run, not with --status (which runs nothing)")
         if not (args.out / "protocol.json").is_file():
             raise CLIError(f"--status: {args.out} holds no protocol run")
+        # the plan is the folder's: a plan flag beside --status (--margin nan, another --steps) had been ignored.
+        # The plan's own command with --status added is taken when it is the folder's plan
+        given = [key for key in PLAN_FLAGS if getattr(args, key) != parser.get_default(key)]
+        if given and (args.model is None or args.steps is None):
+            raise CLIError(f"--{given[0].replace('_', '-')} with --status: --status reads the plan from "
+                           f"{args.out / 'protocol.json'}; give only --out, or the plan's whole command")
+        if given:
+            pr.check_same_plan(_plan_of(args), args.out)
+            if args.hardware is not None:
+                check_hardware_tag(args.hardware)
         check_distinct(plot=args.plot, plot_parting=args.plot_parting)
         for png in (args.plot, args.plot_parting):
             if png is not None:
@@ -130,12 +158,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise CLIError("--model and --steps are required")
     if args.gpus is not None and args.device != "cuda":  # it had been ignored: the runs went one at a time
         raise CLIError("--gpus goes with --device cuda; a CPU plan runs --parallel workers at once")
-    overrides = tuple((k, float(v)) for k in pr.TRAIN_OVERRIDES if (v := getattr(args, k)) is not None)
-    plan = pr.ProtocolPlan(model=args.model, steps=args.steps, seed=args.seed, replicates=args.replicates,
-                           candidate_replicates=args.candidate_replicates,
-                           design=args.design, candidate=args.candidate, control=args.control, device=args.device,
-                           mxfp8_kernel=args.mxfp8_kernel, margin=args.margin, name=args.name, data=args.data,
-                           val_percent=args.val_percent, overrides=overrides).check()
+    plan = _plan_of(args)
     # a folder whose runs are all made is judged anywhere: copied off the GPU machine, it needs no GPU
     # (unless --force is to delete them and run again)
     held = (args.out / "protocol.json").is_file()

@@ -165,6 +165,8 @@ CASES = [
     ("power-window-text", "convergence", ["power", "{window_text}"], "not a compare --metric val_loss result"),
     ("power-twice", "convergence", ["power", "{verdict}", "{verdict}"], "given twice"),
     # an output over an input: with --force it replaced the candidate's log with the verdict
+    ("compare-same-keys", "convergence", ["compare", "{good}", "{good}", "--loss-key", "step", "--step-key",
+                                          "step"], "name the same field"),
     ("compare-json-is-an-input", "convergence", ["compare", "{good}", "{truncated}", "--json", "{truncated}",
                                                  "--force"], "is one of the inputs"),
     ("profile-json-is-an-input", "convergence", ["profile", "{good}", "--json", "{good}", "--force"],

@@ -391,6 +391,9 @@ def compare_paths(baselines, candidate, *, margin: float = CompareOptions.margin
     ``candidate_replicates`` (val_loss only) are more runs of the candidate recipe. A file given twice is
     ``BadInput`` unless ``each_once`` is False (a caller that reads only each run's levels, not the verdict)."""
     load_keys = {k: opts.pop(k) for k in ("format", "loss_key", "step_key", "tag") if k in opts}
+    if load_keys.get("loss_key") and load_keys.get("loss_key") == load_keys.get("step_key"):
+        raise BadInput(f"--loss-key and --step-key name the same field ({load_keys['loss_key']!r}): the steps "
+                       "would be compared as losses")  # a bogus DIVERGED verdict before
     options = replace(CompareOptions(), margin=margin, **opts).check()
     k = len(baselines)
     paths = [*baselines, candidate, *candidate_replicates]

@@ -9,7 +9,7 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from numerics.errors import BadInput
+from numerics.errors import SEED_MAX, BadInput
 
 EXIT_BAD_INPUT = 2
 
@@ -24,9 +24,6 @@ class ArgumentParser(argparse.ArgumentParser):
     def error(self, message: str):  # noqa: D401 - argparse API
         sys.stderr.write(f"{self.prog}: error: {message} (see --help)\n")
         raise SystemExit(EXIT_BAD_INPUT)
-
-
-SEED_MAX = 2**32 - 1  # 32-bit seeds, as numpy's legacy seeding takes; torch's generator overflowed past 2**64 - 1
 
 
 def seed_arg(text: str) -> int:

@@ -3,6 +3,7 @@
 ``BadInput`` means "something the user gave (a file, a shape, a setting) cannot be used", with a message
 that says what and how to fix it. Library code raises it (or a subclass, e.g. ``CurveError``); only the
 command-line entry points turn it into one stderr line and exit code 2 (``numerics.cli.run_main``).
+``SEED_MAX`` is the one bound of user input that library checks and command lines share.
 """
 
 from __future__ import annotations
@@ -10,3 +11,6 @@ from __future__ import annotations
 
 class BadInput(ValueError):
     """Input a user supplied cannot be used; the message says what and how to fix it."""
+
+
+SEED_MAX = 2**32 - 1  # 32-bit seeds, as numpy's legacy seeding takes; torch's generator overflowed past 2**64 - 1

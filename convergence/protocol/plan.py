@@ -59,8 +59,7 @@ from convergence.train import data as data_mod
 from convergence.train.checkpoint import JsonlLog
 from convergence.train.loop import TrainConfig, defaults_for, train_recipe
 from convergence.train.placement import CHECKPOINT_FILE  # a protocol run trains in one process
-from numerics.cli import SEED_MAX
-from numerics.errors import BadInput
+from numerics.errors import SEED_MAX, BadInput
 from numerics.files import GZIP_MAGIC, atomic_write, gzip_or_plain, read_json_object
 from numerics.layer.configs import CONFIGS
 from numerics.layer.recipes import RECIPES

@@ -156,11 +156,11 @@ def train_parser() -> ArgumentParser:
 def check_run_flags(args) -> None:
     """The flags that shape how a run is made, not what it computes (``config_from_args`` checks those): each
     was taken unchecked, NaN and negative values alike (a negative --threads failed inside torch, --stop-after-minutes
-    -1 stopped at once and exited 0, NaN ones were ignored)."""
+    -1 stopped as 0 does, after one step, and NaN ones were ignored)."""
     if args.threads is not None and args.threads < 1:
         raise CLIError(f"--threads must be >= 1, got {args.threads}")
-    if args.stop_after_minutes is not None and not 0 < args.stop_after_minutes < math.inf:
-        raise CLIError(f"--stop-after-minutes must be a number > 0, got {args.stop_after_minutes}")
+    if args.stop_after_minutes is not None and not 0 <= args.stop_after_minutes < math.inf:  # 0: after one step
+        raise CLIError(f"--stop-after-minutes must be a number >= 0, got {args.stop_after_minutes}")
     if not 0 < args.dist_timeout < math.inf:
         raise CLIError(f"--dist-timeout must be a number of seconds > 0, got {args.dist_timeout}")
 

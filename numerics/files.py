@@ -52,11 +52,16 @@ GZIP_MAGIC = b"\x1f\x8b"  # RFC 1952: every gzip member starts with these two by
 _NEW_FILE_MODE = 0o644  # what open() gives under the usual umask 022; mkstemp's own 0o600 would hide results
 
 
-def _refuse(path: Path, force: bool) -> None:
+def _refuse_target(path: Path, force: bool) -> None:
+    """An output path that is a directory, or an existing file without ``force``."""
     if path.is_dir():
         raise BadInput(f"{path} is a directory; give a file name")
     if path.exists() and not force:
         raise BadInput(f"{path} exists; pass --force to overwrite it")
+
+
+def _refuse(path: Path, force: bool) -> None:
+    _refuse_target(path, force)
     parent = path.parent
     if not parent.exists():
         raise BadInput(f"cannot write {path}: the directory {parent} does not exist")
@@ -106,10 +111,7 @@ def check_creatable(path, *, force: bool = False) -> Path:
     --json): the nearest folder that exists must be a writable folder, not a file (a file there raised
     FileExistsError after the whole run)."""
     path = Path(path)
-    if path.is_dir():
-        raise BadInput(f"{path} is a directory; give a file name")
-    if path.exists() and not force:
-        raise BadInput(f"{path} exists; pass --force to overwrite it")
+    _refuse_target(path, force)
     near = next((p for p in path.parents if p.exists() or p.is_symlink()), Path("."))
     if not near.is_dir():
         raise BadInput(f"cannot write {path}: {near} is a file, not a folder")

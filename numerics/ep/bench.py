@@ -314,10 +314,8 @@ def plan(args, world: int) -> tuple[list[Any], dict]:
     odd = [s for s in shapes if SHAPES[s][3] % world]
     if odd:
         raise CLIError(f"--world {world} does not divide the experts of shape {odd[0]} ({SHAPES[odd[0]][3]})")
-    if args.json and args.json.exists() and not args.force:
-        raise CLIError(f"{args.json} exists; pass --force to overwrite it")
     if args.json:
-        check_creatable(args.json, force=True)  # existing: refused above unless --force
+        check_creatable(args.json, force=args.force)
     for name in backends:
         if name in ("deepep", "deepep-v2"):
             require(name, world=world)

@@ -401,12 +401,8 @@ def check_world(args, world: int) -> None:
 
 def check_args(args) -> None:
     """Every option that can be judged without processes; CLIError (one line, exit 2) on the first bad one."""
-    if args.json and args.json.exists() and not args.force:
-        raise CLIError(f"{args.json} exists; pass --force to overwrite it")
-    if args.json and args.json.is_dir():
-        raise CLIError(f"--json {args.json} is a directory")
     if args.json:
-        check_creatable(args.json, force=True)  # existing: refused above unless --force
+        check_creatable(args.json, force=args.force)
     if args.cases < 0 or not 0 < args.timeout < math.inf:  # NaN compares False: it passed '<= 0'
         raise CLIError("--cases must be >= 0 and --timeout a number > 0")
     if not 0 <= args.max_tokens <= MAX_TOKENS:

@@ -3,6 +3,7 @@
 Public functions
   ``load_jsonl(path, *, loss_key="loss", step_key="step") -> Curve``
   ``load_field(path, key, *, step_key="step") -> dict``  step -> one field's value (e.g. a list)
+  ``is_number(x) -> bool``  a parsed JSON number: an int or a float, not a bool, null or text
 
 What a line may hold. A line without the loss key is accepted only when it carries another known
 series (``EXTRA_SERIES``, e.g. the harness's ``{"step": N, "val_loss": x}`` lines, or the training
@@ -85,7 +86,8 @@ def _parse_error(raw: bytes) -> str:
     return "unreadable"
 
 
-def _is_number(x) -> bool:
+def is_number(x) -> bool:
+    """A parsed JSON number (``True`` is an int to Python, not a number in a log)."""
     return type(x) is int or type(x) is float
 
 
@@ -105,9 +107,9 @@ def _bad_record(where: str, obj, step_key: str, loss_key: str) -> str | None:
         return f"{where}: missing or non-integer '{step_key}': {step!r}"
     if not -STEP_LIMIT <= step < STEP_LIMIT:
         return f"{where}: '{step_key}' {step!r} is outside the 64-bit integer range"
-    if loss_key in obj and obj[loss_key] is not None and not _is_number(obj[loss_key]):
+    if loss_key in obj and obj[loss_key] is not None and not is_number(obj[loss_key]):
         return f"{where}: non-numeric '{loss_key}': {obj[loss_key]!r}"
-    if loss_key not in obj and not any(_is_number(obj.get(k)) for k in (*EXTRA_SERIES, "loss")):
+    if loss_key not in obj and not any(is_number(obj.get(k)) for k in (*EXTRA_SERIES, "loss")):
         return f"{where}: no '{loss_key}' and no other known series ({', '.join(EXTRA_SERIES)})"
     return None
 
@@ -136,8 +138,8 @@ def _reference_records(lines: list[bytes], first_line: int, last_line: int, path
         steps.append(int(obj[step_key]))
         has_loss.append(loss_key in obj)  # a null loss is a logged NaN (module docstring)
         loss.append(_as_float(v) if v is not None else math.nan)
-        present.append([_is_number(x) for x in xs])
-        extra.append([_as_float(x) if _is_number(x) else math.nan for x in xs])
+        present.append([is_number(x) for x in xs])
+        extra.append([_as_float(x) if is_number(x) else math.nan for x in xs])
         nums.append(i)
     k = len(EXTRA_SERIES)
     return _Columns(np.array(steps, dtype=np.int64), np.array(loss, dtype=np.float64),

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import stats
 
+from convergence.curves.jsonl import is_number
 from convergence.curves.paired import between_runs
 
 K_MAX = 64  # beyond this the t-quantile is within 1 % of the normal one: more replicates buy nothing
@@ -157,7 +158,7 @@ def measured(result: dict, source: str = "") -> Measured:
         """A finite JSON number >= low (None where allowed): a damaged result printed 'spread -1.000%' or nan."""
         if value is None and none_ok:
             return None
-        if type(value) not in (int, float) or not math.isfinite(value) or value < low:
+        if not is_number(value) or not math.isfinite(value) or value < low:
             raise ValueError(f"{where}: final_window.{key} must be a finite number >= {low:g}, got {value!r}")
         return value
 

@@ -35,6 +35,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from convergence.curves.jsonl import is_number
 from convergence.protocol import plan as pr
 from convergence.train.checkpoint import JsonlLog
 from numerics.errors import BadInput
@@ -96,7 +97,7 @@ def expected_wall_s(out: Path, plan: pr.ProtocolPlan, recipe: str, per_gpu: int 
     pieces = []
     for e in JsonlLog(path).records():  # a last line cut by a killed process is left out; other damage is refused
         nums = [e.get(k) for k in ("from_step", "to_step", "wall_s")]
-        if not all(type(v) in (int, float) and math.isfinite(v) and v >= 0 for v in nums):  # NaN or -5 s: nonsense
+        if not all(is_number(v) and math.isfinite(v) and v >= 0 for v in nums):  # NaN or -5 s: nonsense
             raise BadInput(f"{path}: a pace entry without numbers >= 0 for from_step, to_step and wall_s ({e}): "
                            "damaged; restore it, e.g. from git")
         if e.get("recipe") == recipe and e.get("per_gpu", 1) == per_gpu and e["to_step"] > e["from_step"]:

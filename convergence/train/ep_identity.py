@@ -25,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+from convergence.curves.jsonl import is_number
 from convergence.train.loop import MEASURED_FIELDS
 from convergence.train.profile import WARMUP, load_records, profile
 from numerics.errors import BadInput
@@ -90,17 +91,13 @@ def end_difference(a: list[dict], b: list[dict]) -> dict:
     out: dict = {}
     for key in ("loss", "val_loss"):
         common = [(ra, steps_b[ra.get("step")]) for ra in a
-                  if _number(ra.get(key)) and _number(steps_b.get(ra.get("step"), {}).get(key))]
+                  if is_number(ra.get(key)) and is_number(steps_b.get(ra.get("step"), {}).get(key))]
         if common:
             ra, rb = common[-1]
             relative = rb[key] / ra[key] - 1.0 if ra[key] else None  # a loss of 0 in A: no relative difference
             out[key] = {"step": ra["step"], "a": ra[key], "b": rb[key], "relative": relative}
     return out
 
-
-def _number(x) -> bool:
-    """A logged number (not null, text or a bool): the fields whose difference is measured."""
-    return type(x) in (int, float)
 
 
 def compare_runs(a: Path, b: Path, recipes: Sequence[str] | None = None) -> dict:

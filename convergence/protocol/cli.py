@@ -23,14 +23,9 @@ from numerics.layer.configs import CONFIGS
 from numerics.layer.mxfp8 import KERNELS as MXFP8_KERNELS
 from numerics.layer.mxfp8 import kernel_problem as mxfp8_problem
 
-# the options that make a plan (or name its results): --status reads them from the folder's protocol.json
-PLAN_FLAGS = ("model", "steps", "seed", "replicates", "candidate_replicates", "design", "candidate", "control",
-              "device", "mxfp8_kernel", "margin", "name", "data", "val_percent", "batch", "seq", "lr", "warmup",
-              "val_every", "val_batches", "probe_every", "hardware")
-
 
 def _protocol_parser() -> ArgumentParser:
-    from convergence.protocol.plan import DESIGNS, ProtocolPlan
+    from convergence.protocol.plan import DESIGNS, TRAIN_OVERRIDES, ProtocolPlan
 
     d = ProtocolPlan(model="tiny", steps=2)
     p = ArgumentParser(prog="python -m convergence protocol",
@@ -53,7 +48,7 @@ def _protocol_parser() -> ArgumentParser:
     p.add_argument("--name", default="", help="prefix of the result files (default <model>_long)")
     p.add_argument("--data", help="as convergence train --data (default: the Python standard library)")
     p.add_argument("--val-percent", type=int, default=None, help="as convergence train --val-percent")
-    for key in ("batch", "seq", "lr", "warmup", "val_every", "val_batches", "probe_every"):
+    for key in TRAIN_OVERRIDES:
         p.add_argument(f"--{key.replace('_', '-')}", type=float if key == "lr" else int, default=None)
     p.add_argument("--gpus", type=int, default=None, help="runs at once, one per GPU (default: every visible GPU)")
     p.add_argument("--parallel", type=int, default=1,
@@ -80,6 +75,17 @@ def _protocol_parser() -> ArgumentParser:
     p.add_argument("--piece", help=argparse.SUPPRESS)  # internal: one worker piece of the run NAME
     p.add_argument("--gpu-share", type=int, default=1, help=argparse.SUPPRESS)  # internal: runs sharing its GPU
     return p
+
+
+def _plan_flags() -> list[str]:
+    """The options that make a plan (the plan's fields, its training overrides) or name its results: --status reads
+    them from the folder's protocol.json."""
+    import dataclasses
+
+    from convergence.protocol import plan as pr
+
+    fields = [f.name for f in dataclasses.fields(pr.ProtocolPlan) if f.name != "overrides"]
+    return [*fields, *pr.TRAIN_OVERRIDES, "hardware"]
 
 
 def _plan_of(args):
@@ -134,7 +140,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise CLIError(f"--status: {args.out} holds no protocol run")
         # the plan is the folder's: a plan flag beside --status (--margin nan, another --steps) had been ignored.
         # The plan's own command with --status added is taken when it is the folder's plan
-        given = [key for key in PLAN_FLAGS if getattr(args, key) != parser.get_default(key)]
+        given = [key for key in _plan_flags() if getattr(args, key) != parser.get_default(key)]
         if given and (args.model is None or args.steps is None):
             raise CLIError(f"--{given[0].replace('_', '-')} with --status: --status reads the plan from "
                            f"{args.out / 'protocol.json'}; give only --out, or the plan's whole command")

@@ -204,16 +204,24 @@ def bench(steps: int, directory: Path | None) -> dict:
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = ArgumentParser(prog="python -m convergence calibrate", description=__doc__.splitlines()[0])
-    p.add_argument("--pairs", type=int, default=200, help="synthetic pairs per scenario")
-    p.add_argument("--seed", type=seed_arg, default=0)
+    p.add_argument("--pairs", type=int, help="synthetic pairs per scenario (default 200)")
+    p.add_argument("--seed", type=seed_arg, help="the synthetic pairs' seed (default 0)")
     p.add_argument("--bench", action="store_true", help="time loading + comparing two long runs instead")
-    p.add_argument("--steps", type=int, default=1_000_000, help="--bench: steps per run")
+    p.add_argument("--steps", type=int, help="--bench: steps per run (default 1,000,000)")
     p.add_argument("--dir", type=Path, help="--bench: where to write the runs (default: a new temp dir)")
     args = p.parse_args(argv)
-    if args.pairs < 1 or args.steps < 1000:
+    # each mode's options, refused in the other: a --dir without --bench was ignored in silence
+    other = ("--pairs", "--seed") if args.bench else ("--steps", "--dir")
+    given = [flag for flag in other if getattr(args, flag[2:]) is not None]
+    if given:
+        raise CLIError(f"{' and '.join(given)} {'apply' if len(given) > 1 else 'applies'} only "
+                       f"{'without' if args.bench else 'with'} --bench")
+    pairs = 200 if args.pairs is None else args.pairs
+    steps = 1_000_000 if args.steps is None else args.steps
+    if pairs < 1 or steps < 1000:
         raise CLIError("--pairs must be >= 1 and --steps >= 1000")
     if args.bench:
-        bench(args.steps, args.dir)
+        bench(steps, args.dir)
     else:
-        calibrate(args.pairs, args.seed)
+        calibrate(pairs, 0 if args.seed is None else args.seed)
     return 0

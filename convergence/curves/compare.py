@@ -382,14 +382,27 @@ def _statistics_verdict(r: dict) -> tuple[str, str]:
 EACH_RUN_ONCE = "each run counts once (as a baseline, the candidate or a replicate)"
 
 
+# the formats that read each loader key: a key that none of the runs' formats reads would be ignored in silence
+KEY_READERS = {"loss_key": ("jsonl", "csv"), "step_key": ("jsonl", "csv"), "tag": ("tensorboard",)}
+
+
+def _check_keys_read(load_keys: dict, curves) -> None:
+    formats = sorted({c.meta.format for c in curves})
+    for key, readers in KEY_READERS.items():
+        if load_keys.get(key) and not set(readers) & set(formats):
+            raise BadInput(f"--{key.replace('_', '-')} {load_keys[key]!r} is read from {' and '.join(readers)} "
+                           f"runs only, and these are {', '.join(formats)}: it would be ignored")
+
+
 def compare_paths(baselines, candidate, *, margin: float = CompareOptions.margin, candidate_replicates=(),
                   each_once: bool = True, **opts) -> dict:
     """Load and compare; ``opts``: CompareOptions fields and loader keys (format, loss_key, step_key, tag).
 
-    ``metric="val_loss"`` compares the ``val_loss`` series (``loss_key`` names another), judges divergence on
-    the training loss where the files have one, and reads JSONL runs' ``val_batch_losses``;
-    ``candidate_replicates`` (val_loss only) are more runs of the candidate recipe. A file given twice is
-    ``BadInput`` unless ``each_once`` is False (a caller that reads only each run's levels, not the verdict)."""
+    ``metric="val_loss"`` compares the validation loss (``load_curve``'s ``validation``; ``loss_key`` or
+    ``tag`` names another series), judges divergence on the training loss where the files have one, and
+    reads JSONL runs' ``val_batch_losses``; ``candidate_replicates`` (val_loss only) are more runs of the
+    candidate recipe. A file given twice is ``BadInput`` unless ``each_once`` is False (a caller that reads
+    only each run's levels, not the verdict)."""
     load_keys = {k: opts.pop(k) for k in ("format", "loss_key", "step_key", "tag") if k in opts}
     if load_keys.get("loss_key") and load_keys.get("loss_key") == load_keys.get("step_key"):
         raise BadInput(f"--loss-key and --step-key name the same field ({load_keys['loss_key']!r}): the steps "
@@ -400,11 +413,12 @@ def compare_paths(baselines, candidate, *, margin: float = CompareOptions.margin
     if candidate_replicates and options.metric != "val_loss":
         raise BadInput("candidate replicates are judged on validation loss only (--metric val_loss)")
     if options.metric == "val_loss":
-        curves = load_curves(paths, **(load_keys | {"loss_key": load_keys.get("loss_key") or "val_loss"}))
+        curves = load_curves(paths, **load_keys, validation=True)
+        _check_keys_read(load_keys, curves)
         if each_once:  # after loading: what is wrong inside a file is said first
             check_once(paths, counts=EACH_RUN_ONCE)
-        try:
-            train = load_curves(paths, **{k: v for k, v in load_keys.items() if k != "loss_key"})
+        try:  # the training loss: the keys and tag named the validation loss
+            train = load_curves(paths, **{k: v for k, v in load_keys.items() if k not in ("loss_key", "tag")})
             div_runs = (train[:k], train[k:])
         except BadInput:  # no training loss in these files: divergence is judged on the validation curves
             div_runs = None
@@ -414,6 +428,7 @@ def compare_paths(baselines, candidate, *, margin: float = CompareOptions.margin
                                 divergence_runs=div_runs, batches=batches)
     else:
         *base, cand = load_curves(paths, **load_keys)
+        _check_keys_read(load_keys, [*base, cand])
         if each_once:
             check_once(paths, counts=EACH_RUN_ONCE)
         result = compare_curves(base, cand, options)

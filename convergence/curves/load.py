@@ -1,8 +1,9 @@
 """Load a training run's loss curve from any of the formats clusters produce, into one typed ``Curve``.
 
 Public functions
-  ``load_curve(path, *, format=None, loss_key=None, step_key=None, tag=None) -> Curve``
-      auto-detects the format by content (``detect_format``) unless ``format`` is given.
+  ``load_curve(path, *, format=None, loss_key=None, step_key=None, tag=None, validation=False) -> Curve``
+      auto-detects the format by content (``detect_format``) unless ``format`` is given; ``validation``
+      reads the held-out validation loss where no key or tag is named (``VALIDATION``).
   ``load_curves(paths, **options) -> list[Curve]``  several files; large ones in parallel processes.
   ``detect_format(path) -> str``  one of ``FORMATS``.
   ``load_csv``, ``load_torchtitan_log``, ``load_torchtitan_losses``; ``load_jsonl`` lives in
@@ -55,6 +56,7 @@ from numerics.files import file_bytes
 FORMATS = ("jsonl", "csv", "torchtitan", "torchtitan_losses", "tensorboard")
 STEP_KEYS = ("step", "global_step", "iteration", "iter", "Step")
 LOSS_KEYS = ("loss", "train_loss", "loss_metrics/global_avg_loss", "train/loss", "Value")
+VAL_KEYS = ("val_loss", "validation_loss", "validation_metrics/loss", "val/loss")
 ANSI_RE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 # torchtitan: f"{color.red}step: {step:2}  {color.green}loss: {loss:7.4f}  {color.orange}grad_norm: ..."
 TITAN_RE = re.compile(r"\bstep:\s*(\d+)\s+loss:\s*(\S+)")
@@ -96,7 +98,9 @@ def _float_cell(cell: str, where: str, col: str) -> float:
         raise CurveError(f"{where}: non-numeric {col!r}: {cell!r}") from None
 
 
-def load_csv(path, *, loss_key: str | None = None, step_key: str | None = None) -> Curve:
+def load_csv(path, *, loss_key: str | None = None, step_key: str | None = None, validation: bool = False
+             ) -> Curve:
+    """``validation``: the loss column is looked for among ``VAL_KEYS`` instead of ``LOSS_KEYS``."""
     path = Path(path)
     text = read_text(path).replace("\x00", "\ufffd")  # the csv module refuses NUL; it is a garbled cell
     try:
@@ -109,7 +113,8 @@ def load_csv(path, *, loss_key: str | None = None, step_key: str | None = None) 
         raise CurveError(f"{path}: file is empty")
     header = [h.strip() for h in rows[0]]
     step_col = _pick(header, step_key, STEP_KEYS, "step", str(path))
-    loss_col = _pick(header, loss_key, LOSS_KEYS, "loss", str(path))
+    loss_col = _pick(header, loss_key, VAL_KEYS if validation else LOSS_KEYS,
+                     "validation loss" if validation else "loss", str(path))
     si, li = header.index(step_col), header.index(loss_col)
     others = [(j, h) for j, h in enumerate(header) if j not in (si, li) and h]
     steps, values, lines, warnings = [], [], [], []
@@ -279,22 +284,28 @@ def load_curves(paths, **options) -> list[Curve]:
 
 
 def load_curve(path, *, format: str | None = None, loss_key: str | None = None, step_key: str | None = None,
-               tag: str | None = None) -> Curve:
-    """Load one run. ``loss_key``/``step_key`` name the JSONL keys or CSV columns; ``tag`` the TB tag."""
+               tag: str | None = None, validation: bool = False) -> Curve:
+    """Load one run. ``loss_key``/``step_key`` name the JSONL keys or CSV columns; ``tag`` the TB tag.
+
+    ``validation``: the held-out validation loss, not the training loss, where no key or tag names it (JSONL
+    ``val_loss``, a CSV column of ``VAL_KEYS``, a TensorBoard tag of ``VAL_TAGS``). torchtitan's text logs are
+    read for their training loss only: asked for validation, they are refused, never read as the training loss."""
     path = Path(path)
     if not path.exists():
         raise CurveError(f"{path}: no such file or directory")
     fmt = format or detect_format(path)
     if fmt == "jsonl":
-        return load_jsonl(path, loss_key=loss_key or "loss", step_key=step_key or "step")
+        return load_jsonl(path, loss_key=loss_key or ("val_loss" if validation else "loss"),
+                          step_key=step_key or "step")
     if fmt == "csv":
-        return load_csv(path, loss_key=loss_key, step_key=step_key)
-    if fmt == "torchtitan":
-        return load_torchtitan_log(path)
-    if fmt == "torchtitan_losses":
-        return load_torchtitan_losses(path)
+        return load_csv(path, loss_key=loss_key, step_key=step_key, validation=validation)
+    if fmt in ("torchtitan", "torchtitan_losses"):
+        if validation:
+            raise CurveError(f"{path}: a {fmt} file is read for its training loss only; for the validation loss "
+                             "give the run's TensorBoard folder (torchtitan's tag validation_metrics/loss)")
+        return load_torchtitan_log(path) if fmt == "torchtitan" else load_torchtitan_losses(path)
     if fmt == "tensorboard":
         from convergence.curves.tbevents import load_tensorboard
 
-        return load_tensorboard(path, tag=tag)
+        return load_tensorboard(path, tag=tag, validation=validation)
     raise CurveError(f"unknown format {fmt!r}; choose from {', '.join(FORMATS)}")

@@ -1,7 +1,8 @@
 """TensorBoard event files: read a scalar tag into a ``Curve``; write scalars fast (for the benchmark).
 
 Public functions
-  ``load_tensorboard(path, *, tag=None, fast=True) -> Curve``  a run directory or one ``events.out.tfevents.*`` file.
+  ``load_tensorboard(path, *, tag=None, validation=False, fast=True) -> Curve``  a run directory or one
+      ``events.out.tfevents.*`` file.
   ``event_files(path) -> list[Path]``  the files read, in order.
   ``write_scalars(path, series, *, wall_time=0.0)``  one event file with ``{tag: (steps, values)}``.
 
@@ -19,7 +20,8 @@ Scalars written as ``simple_value`` (``torch.utils.tensorboard``, what torchtita
 scalar tensors (``tensorboard.summary.Writer``, TF2) are both read.
 
 Tags. ``tag=None`` tries ``DEFAULT_TAGS`` in order (torchtitan's ``loss_metrics/global_avg_loss``
-first); an explicit ``tag`` is used alone. ``EXTRA_TAGS`` become extra series when present.
+first), or with ``validation`` ``VAL_TAGS`` (torchtitan's validator writes ``validation_metrics/loss``);
+an explicit ``tag`` is used alone. ``EXTRA_TAGS`` become extra series when present.
 
 Directories. Every event file below the directory is read (torchtitan starts a new timestamped
 sub-directory on each restart), ordered by the creation time in the file name
@@ -43,6 +45,7 @@ from convergence.curves.curve import Curve, CurveError, CurveMeta, Series, read_
 from convergence.curves.tbwire import Scalars, decode_scalars, frame, masker, tag_is
 
 DEFAULT_TAGS = ("loss_metrics/global_avg_loss", "loss", "train/loss", "train_loss", "Loss/train", "loss/train")
+VAL_TAGS = ("validation_metrics/loss", "val_loss")
 EXTRA_TAGS = {"grad_norm": "grad_norm", "throughput(tps)": "tps", "lr": "lr", "val_loss": "val_loss"}
 
 
@@ -146,10 +149,10 @@ def _tags_present(files: list[Path]) -> str:
     return ", ".join(sorted(seen)[:12]) or "no scalars at all"
 
 
-def load_tensorboard(path, *, tag: str | None = None, fast: bool = True) -> Curve:
+def load_tensorboard(path, *, tag: str | None = None, validation: bool = False, fast: bool = True) -> Curve:
     path = Path(path)
     files = event_files(path)
-    wanted = (tag,) if tag else DEFAULT_TAGS
+    wanted = (tag,) if tag else VAL_TAGS if validation else DEFAULT_TAGS
     tags = tuple(dict.fromkeys((*wanted, *EXTRA_TAGS)))
     collect: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {t: [] for t in tags}
     warnings: list[str] = []
@@ -183,7 +186,8 @@ def load_tensorboard(path, *, tag: str | None = None, fast: bool = True) -> Curv
 
 
 def write_scalars(path, series: dict[str, tuple[np.ndarray, np.ndarray]], *, wall_time: float = 0.0) -> Path:
-    """Write one event file (one event per step and tag, ``simple_value`` like torch's SummaryWriter).
+    """Write one event file (one event per step and tag, ``simple_value`` like torch's SummaryWriter; each tag
+    has its own steps, as a validation loss logged every N steps has).
 
     Used by the benchmark to build million-step files in seconds; ``tensorboard.summary.Writer``
     takes ~70 us per scalar. Refuses to overwrite an existing file.
@@ -202,11 +206,11 @@ def write_scalars(path, series: dict[str, tuple[np.ndarray, np.ndarray]], *, wal
 
         put(Event(wall_time=wall_time, file_version="brain.Event:2").SerializeToString())
         tags = list(series)
-        steps = np.asarray(series[tags[0]][0])
-        cols = [np.asarray(series[t][1], dtype=np.float64) for t in tags]
-        for i, step in enumerate(steps.tolist()):
-            for t, col in zip(tags, cols):
-                ev = Event(wall_time=wall_time, step=step,
-                           summary=Summary(value=[Summary.Value(tag=t, simple_value=float(col[i]))]))
-                put(ev.SerializeToString())
+        steps = np.concatenate([np.asarray(series[t][0], dtype=np.int64) for t in tags])
+        which = np.concatenate([np.full(len(series[t][0]), k) for k, t in enumerate(tags)])
+        values = np.concatenate([np.asarray(series[t][1], dtype=np.float64) for t in tags])
+        for i in np.lexsort((which, steps)).tolist():  # by step, then in the tags' order, as a trainer logs
+            ev = Event(wall_time=wall_time, step=int(steps[i]),
+                       summary=Summary(value=[Summary.Value(tag=tags[which[i]], simple_value=float(values[i]))]))
+            put(ev.SerializeToString())
     return path

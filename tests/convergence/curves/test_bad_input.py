@@ -53,6 +53,8 @@ CASES = [
     (None, ["--baseline", "ROOT/b.jsonl"]), (None, ["--baseline", "ROOT/./c.jsonl"]),
     (None, ["--spike-sigma", "0"]), (None, ["--spike-sigma", "-3"]), (None, ["--final-rise", "-1"]),
     (None, ["--final-rise", "nan"]),
+    # 2026-12-02: a TensorBoard tag given for JSONL runs was ignored in silence
+    (None, ["--tag", "loss_metrics/global_avg_loss"]),
 ]
 
 
@@ -75,6 +77,8 @@ def test_compare_bad_input_is_one_line_exit_2_and_changes_nothing(runs, capsys, 
     ["--pairs", "abc"], ["--pairs", "0"], ["--bench", "--steps", "10"], ["--bench", "--steps", "2000", "--dir",
                                                                           "ROOT/afile"],
     ["--bench", "--steps", "2000", "--dir", "ROOT"],
+    # each mode's options in the other: --dir without --bench was ignored in silence
+    ["--dir", "ROOT/new"], ["--steps", "2000"], ["--bench", "--pairs", "3", "--steps", "2000"],
 ])
 def test_calibrate_bad_input_is_one_line_exit_2_and_changes_nothing(runs, capsys, argv):
     before = _sums(runs)

@@ -396,3 +396,36 @@ def test_a_damaged_gzip_file_is_one_line(tmp_path, capsys):
         assert convergence_main(["compare", str(p), str(p)]) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and "a damaged gzip file" in err
+
+
+def test_validation_loss_is_read_where_the_format_has_one_and_refused_where_not(tmp_path):
+    """``validation=True`` reads the held-out loss: torchtitan's TensorBoard tag, a CSV column; a run that logs
+    none is refused, never read as its training loss (a TensorBoard run once was, under --metric val_loss)."""
+    val_steps = STEPS[::10]
+    tb = tmp_path / "tb"
+    tb.mkdir()
+    write_scalars(tb / "events.out.tfevents.1.host", {"loss_metrics/global_avg_loss": (STEPS, LOSS),
+                                                       "validation_metrics/loss": (val_steps, LOSS[::10] + 0.5)})
+    c = load_curve(tb, validation=True)
+    assert c.meta.tag == "validation_metrics/loss"
+    np.testing.assert_array_equal(c.steps, val_steps)
+    np.testing.assert_allclose(c.values, LOSS[::10] + 0.5, rtol=1e-6)  # stored as float32
+    assert load_curve(tb).meta.tag == "loss_metrics/global_avg_loss"  # control: the training loss stays the default
+    only_train = tmp_path / "train_only"
+    only_train.mkdir()
+    write_scalars(only_train / "events.out.tfevents.1.host", {"loss_metrics/global_avg_loss": (STEPS, LOSS)})
+    with pytest.raises(CurveError, match="validation_metrics/loss, val_loss; tags present: loss_metrics"):
+        load_curve(only_train, validation=True)
+    csv = tmp_path / "run.csv"
+    csv.write_text("step,loss,validation_loss\n" + "".join(f"{s},{v!r},{v + 1!r}\n"
+                                                           for s, v in zip(STEPS.tolist(), LOSS.tolist())))
+    np.testing.assert_array_equal(load_curve(csv, validation=True).values, LOSS + 1)
+    train_csv = tmp_path / "train.csv"
+    train_csv.write_text("step,loss\n1,2.0\n2,1.5\n")
+    with pytest.raises(CurveError, match="no validation loss column"):
+        load_curve(train_csv, validation=True)
+    log = tmp_path / "train.log"
+    log.write_text("".join(f"step: {s}  loss: {v:.4f}\n" for s, v in zip(STEPS.tolist(), LOSS.tolist())))
+    assert load_curve(log).values.size == STEPS.size  # control: a torchtitan log loads
+    with pytest.raises(CurveError, match="training loss only; for the validation loss give the run's TensorBoard"):
+        load_curve(log, validation=True)

@@ -171,6 +171,32 @@ def test_compare_paths_val_loss_reads_per_batch_losses_and_judges_divergence_on_
     assert d["verdict"] == "diverged" and d["divergence"]["step"] == 700
 
 
+def test_compare_paths_val_loss_on_tensorboard_runs_reads_the_validation_tag(tmp_path):
+    """torchtitan's runs are TensorBoard folders: the validation loss is its own tag. The candidate's training
+    loss equals the baselines' and its validation loss is 1 % worse: the comparison must see the 1 % (before,
+    the training loss was read as the validation loss and the candidate came out equivalent)."""
+    from convergence.curves.tbevents import write_scalars
+
+    curves, _ = _runs(np.random.default_rng(7), k=5, spread=2e-4, offset=0.01)
+    train_steps = np.arange(1, int(STEPS[-1]) + 1)
+    paths = []
+    for i, c in enumerate(curves):
+        run = tmp_path / f"tb{i}"
+        run.mkdir()
+        write_scalars(run / "events.out.tfevents.1.host", {
+            "loss_metrics/global_avg_loss": (train_steps, 2.0 + 1.0 / train_steps),
+            "validation_metrics/loss": (STEPS, c.values)})
+        paths.append(run)
+    r = compare_paths(paths[:-1], paths[-1], metric="val_loss")
+    assert r["verdict"] == "not_equivalent", r["reason"]
+    assert r["final_window"]["estimate"] == pytest.approx(0.01, abs=0.002)
+    train = compare_paths(paths[:-1], paths[-1])  # control: their training losses are the same
+    assert abs(train["overall"]["estimate"]) < 1e-6
+    with pytest.raises(BadInput, match="--loss-key 'x' is read from jsonl and csv runs only, and these are "
+                                       "tensorboard: it would be ignored"):
+        compare_paths(paths[:-1], paths[-1], loss_key="x")
+
+
 def _edit_line(path, step: int, **fields):
     """Set ``fields`` on the record of ``step`` (None writes JSON null: how a NaN is logged)."""
     lines = [json.loads(x) for x in path.read_text().splitlines()]

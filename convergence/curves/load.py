@@ -100,7 +100,8 @@ def _float_cell(cell: str, where: str, col: str) -> float:
 
 def load_csv(path, *, loss_key: str | None = None, step_key: str | None = None, validation: bool = False
              ) -> Curve:
-    """``validation``: the loss column is looked for among ``VAL_KEYS`` instead of ``LOSS_KEYS``."""
+    """``validation``: the loss column is looked for among ``VAL_KEYS`` instead of ``LOSS_KEYS``, and a row
+    with that cell empty is a step without an evaluation (a training loss cell may not be empty)."""
     path = Path(path)
     text = read_text(path).replace("\x00", "\ufffd")  # the csv module refuses NUL; it is a garbled cell
     try:
@@ -127,6 +128,8 @@ def load_csv(path, *, loss_key: str | None = None, step_key: str | None = None, 
                 continue
             raise CurveError(f"{where}: {len(row)} fields, header has {len(header)}")
         if not row[li].strip():
+            if validation:
+                continue  # no evaluation at this step: a validation loss is logged every N steps
             raise CurveError(f"{where}: missing {loss_col!r}")
         step = _step(row[si], where, step_col)
         steps.append(step)

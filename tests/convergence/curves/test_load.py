@@ -420,6 +420,12 @@ def test_validation_loss_is_read_where_the_format_has_one_and_refused_where_not(
     csv.write_text("step,loss,validation_loss\n" + "".join(f"{s},{v!r},{v + 1!r}\n"
                                                            for s, v in zip(STEPS.tolist(), LOSS.tolist())))
     np.testing.assert_array_equal(load_curve(csv, validation=True).values, LOSS + 1)
+    sparse = tmp_path / "sparse.csv"  # evaluated every 10 steps: the other rows' cells are empty
+    sparse.write_text("step,loss,val_loss\n" + "".join(f"{s},{v!r},{v + 1 if s % 10 == 0 else ''}\n"
+                                                      for s, v in zip(STEPS.tolist(), LOSS.tolist())))
+    np.testing.assert_array_equal(load_curve(sparse, validation=True).steps, STEPS[STEPS % 10 == 0])
+    with pytest.raises(CurveError, match=r"sparse.csv:2: missing 'val_loss'"):  # control: as the training loss
+        load_curve(sparse, loss_key="val_loss")
     train_csv = tmp_path / "train.csv"
     train_csv.write_text("step,loss\n1,2.0\n2,1.5\n")
     with pytest.raises(CurveError, match="no validation loss column"):

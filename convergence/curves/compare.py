@@ -304,6 +304,10 @@ def compare_curves(baselines: list[Curve], candidate: Curve, options: CompareOpt
     }
     first = int(np.searchsorted(steps, al.steps[0] + o.start_fraction * (al.steps[-1] - al.steps[0])))
     steps, cand, bases = steps[first:], cand[..., first:], bases[:, first:]
+    if (bases <= 0).any():  # every difference is relative to the baselines' loss: n/a intervals before
+        run, t = np.argwhere(bases <= 0)[0]
+        raise BadInput(f"{baselines[run].meta.source}: loss {bases[run, t]:g} at step {int(steps[t])}: the "
+                       "comparison is relative to the baselines' losses, which must be above 0 (a cross-entropy is)")
     if o.metric == "val_loss" and len(steps):
         from convergence.curves import paired
 

@@ -73,6 +73,18 @@ def test_compare_bad_input_is_one_line_exit_2_and_changes_nothing(runs, capsys, 
     assert _sums(runs) == before
 
 
+def test_a_baseline_loss_of_zero_is_refused_a_candidates_is_judged(runs, capsys):
+    """The comparison is relative to the baselines' loss: a 0 there gave intervals of nan % (bad-input audit,
+    2026-12-02); the same zeros in the candidate are a difference of -100 %, judged (the control)."""
+    zero = runs / "zero.jsonl"
+    zero.write_text("".join(json.dumps({"step": s, "loss": 0.0}) + "\n" for s in range(1, 401)))
+    assert main(["compare", str(zero), str(runs / "c.jsonl")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "zero.jsonl: loss 0 at step 41: the comparison is relative" in err
+    assert main(["compare", str(runs / "b.jsonl"), str(zero)]) == 1  # not_equivalent
+    assert "-100.000%" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("argv", [
     ["--pairs", "abc"], ["--pairs", "0"], ["--bench", "--steps", "10"], ["--bench", "--steps", "2000", "--dir",
                                                                           "ROOT/afile"],

@@ -3,7 +3,7 @@
 Public functions
   ``load_curve(path, *, format=None, loss_key=None, step_key=None, tag=None, validation=False) -> Curve``
       auto-detects the format by content (``detect_format``) unless ``format`` is given; ``validation``
-      reads the held-out validation loss where no key or tag is named (``VALIDATION``).
+      reads the held-out validation loss where no key or tag is named (``VAL_KEYS``, ``VAL_TAGS``).
   ``load_curves(paths, **options) -> list[Curve]``  several files; large ones in parallel processes.
   ``detect_format(path) -> str``  one of ``FORMATS``.
   ``load_csv``, ``load_torchtitan_log``, ``load_torchtitan_losses``; ``load_jsonl`` lives in

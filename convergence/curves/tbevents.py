@@ -46,7 +46,8 @@ from convergence.curves.tbwire import Scalars, decode_scalars, frame, masker, ta
 
 DEFAULT_TAGS = ("loss_metrics/global_avg_loss", "loss", "train/loss", "train_loss", "Loss/train", "loss/train")
 VAL_TAGS = ("validation_metrics/loss", "val_loss")
-EXTRA_TAGS = {"grad_norm": "grad_norm", "throughput(tps)": "tps", "lr": "lr", "val_loss": "val_loss"}
+EXTRA_TAGS = {"grad_norm": "grad_norm", "throughput(tps)": "tps", "lr": "lr", "val_loss": "val_loss",
+              "validation_metrics/loss": "val_loss"}  # torchtitan's name wins when a run logs both
 
 
 

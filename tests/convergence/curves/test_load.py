@@ -410,7 +410,9 @@ def test_validation_loss_is_read_where_the_format_has_one_and_refused_where_not(
     assert c.meta.tag == "validation_metrics/loss"
     np.testing.assert_array_equal(c.steps, val_steps)
     np.testing.assert_allclose(c.values, LOSS[::10] + 0.5, rtol=1e-6)  # stored as float32
-    assert load_curve(tb).meta.tag == "loss_metrics/global_avg_loss"  # control: the training loss stays the default
+    train = load_curve(tb)
+    assert train.meta.tag == "loss_metrics/global_avg_loss"  # control: the training loss stays the default
+    np.testing.assert_array_equal(train.extras["val_loss"].steps, val_steps)  # and keeps torchtitan's val series
     only_train = tmp_path / "train_only"
     only_train.mkdir()
     write_scalars(only_train / "events.out.tfevents.1.host", {"loss_metrics/global_avg_loss": (STEPS, LOSS)})

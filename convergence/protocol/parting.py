@@ -75,12 +75,15 @@ def parting(plan: pr.ProtocolPlan, out: Path, status: dict) -> dict | None:
 
 
 def parting_lines(result: dict, at: tuple[int, ...] = (2, 8, 64, 512)) -> list[str]:
-    """One line per recipe: the median relative difference in the bins that hold the steps ``at`` and the last."""
+    """One line per recipe: the median relative difference in the bins that hold the steps ``at`` and the last,
+    with the least and greatest replicate's beside it (the replicates can part in groups: proto5's MXFP8 ones in
+    steps 8-15 did, and the median of an even count then jumps between them)."""
     lines = []
     for recipe, r in result.items():
         picks = [i for i, (lo, hi) in enumerate(r["bins"]) if any(lo <= s <= hi for s in at)]
         picks += [] if len(r["bins"]) - 1 in picks else [len(r["bins"]) - 1]
-        cells = ", ".join(f"{r['bins'][i][0]}-{r['bins'][i][1]}: {r['median'][i]:.1e}" for i in picks)
+        cells = ", ".join(f"{r['bins'][i][0]}-{r['bins'][i][1]}: {r['median'][i]:.1e}"
+                          + (f" ({r['low'][i]:.1e} to {r['high'][i]:.1e})" if r["runs"] > 1 else "") for i in picks)
         lines.append(f"{recipe} ({r['runs']} replicate{'s' * (r['runs'] > 1)}) steps {cells}")
     return lines
 

@@ -226,7 +226,7 @@ def _parting_report(plan: pr.ProtocolPlan, out: Path, status: dict, figure: Path
     if not result:
         return ["  no parting figure: no recipe has a finished paired run and replicate yet"] if figure else []
     lines = ["  runs part (|training loss - the recipe's paired run's| / loss, same batches; median over the "
-             "replicates):", *(f"  - {line}" for line in parting.parting_lines(result))]
+             "replicates, least to greatest in brackets):", *(f"  - {line}" for line in parting.parting_lines(result))]
     if figure is not None:
         from convergence.curves.plots import plot_parting
 

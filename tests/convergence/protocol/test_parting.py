@@ -92,12 +92,14 @@ def test_status_prints_the_parting_and_draws_it_on_request(tmp_path, capsys):
     _write(tmp_path, plan)
     lines = pieces.progress_report(plan, tmp_path)
     i = lines.index("  runs part (|training loss - the recipe's paired run's| / loss, same batches; median over the "
-                    "replicates):")
+                    "replicates, least to greatest in brackets):")
     # the bins holding steps 2, 8 (64 and 512 are beyond this plan) and the last; 2-3's 8.75e-05 and 3.75e-03 sit
     # on a rounding edge of the printed digits
     assert lines[i + 1].startswith("  - bf16 (6 replicates) steps 2-3: 8.")
-    assert lines[i + 1].endswith(", 8-15: 4.0e-04, 16-20: 6.3e-04")
-    assert lines[i + 2].startswith("  - mxfp8 (2 replicates) steps 2-3: 3.") and lines[i + 2].endswith("16-20: 2.7e-02")
+    # least and greatest: replicate 1 and 6 at the bins' mean steps 11.5 and 18 (1e-5 x 1 x 11.5 = 1.15e-4, ...)
+    assert lines[i + 1].endswith(", 8-15: 4.0e-04 (1.1e-04 to 6.9e-04), 16-20: 6.3e-04 (1.8e-04 to 1.1e-03)")
+    assert lines[i + 2].startswith("  - mxfp8 (2 replicates) steps 2-3: 3.") and lines[i + 2].endswith(
+        "16-20: 2.7e-02 (1.8e-02 to 3.6e-02)")  # replicates 1 and 2: 1e-3 x 18 and x 36
 
     fig = tmp_path.parent / "parting.png"
     argv = ["protocol", "--status", "--out", str(tmp_path), "--plot-parting", str(fig)]

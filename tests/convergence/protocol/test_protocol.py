@@ -583,7 +583,9 @@ def test_runs_per_gpu_spread_over_the_visible_gpus_first(monkeypatch):
 @pytest.mark.timeout(300)
 def test_protocol_in_worker_processes_matches_one_process(tmp_path):
     """--parallel 2 runs the pieces as `convergence protocol --piece` workers (the path a GPU machine takes,
-    one per GPU): the same curves as running them in this process."""
+    one per GPU): the same curves as running them in this process. The workers make one BF16 and one MXFP8 run,
+    side by side; the plan's other runs are copied in finished (a worker costs ~10 s of start-up here, and six of
+    them were a minute of CI)."""
     from convergence.protocol import pieces
 
     plan = _small_plan()
@@ -591,6 +593,11 @@ def test_protocol_in_worker_processes_matches_one_process(tmp_path):
     pr.open_protocol(plan, one)
     pieces.execute(plan, one, progress=False)
     pr.open_protocol(plan, two)
+    by_workers = ("bf16", "mxfp8")
+    for s in plan.runs():
+        if s.name not in by_workers:
+            shutil.copytree(pr.run_dir(one, s), pr.run_dir(two, s))
+    assert {n for n, state in pr.run_status(plan, two).items() if state != "done"} == set(by_workers)
     assert set(pieces.execute(plan, two, slots=2, progress=False).values()) == {"done"}
     assert not list(two.rglob("metrics.jsonl")) and len(list(two.rglob("metrics.jsonl.gz"))) == len(plan.runs())
     for s in plan.runs():

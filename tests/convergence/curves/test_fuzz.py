@@ -6,6 +6,7 @@ exactly with their references (line-by-line JSON; tensorboard's protobuf) on the
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import tempfile
@@ -29,6 +30,7 @@ from convergence.curves.tbevents import load_tensorboard, write_scalars
 
 LOADERS = {
     "auto": load_curve,
+    "auto_validation": functools.partial(load_curve, validation=True),
     "jsonl": jsonl.load_jsonl,
     "csv": load_csv,
     "torchtitan": load_torchtitan_log,
@@ -90,7 +92,8 @@ def _jsonl_bytes(n: int = 30) -> bytes:
 
 VALID = {
     "jsonl": _jsonl_bytes(),
-    "csv": ("step,loss,grad_norm,note\n" + "".join(f"{s},{3.0 / s!r},0.5,x\n" for s in range(1, 31))).encode(),
+    "csv": ("step,loss,grad_norm,note,val_loss\n"  # a validation loss every 5th step, empty cells between
+            + "".join(f"{s},{3.0 / s!r},0.5,x,{3.1 / s if s % 5 == 0 else ''}\n" for s in range(1, 31))).encode(),
     "torchtitan": "".join(f"[titan] \x1b[31mstep: {s:2}  \x1b[32mloss: {3.0 / s:7.4f}  grad_norm: 1.2500  "
                           f"tps: 12,345\x1b[39m\n" for s in range(1, 31)).encode(),
     "torchtitan_losses": ("# config: debug\n# ngpu: 8\n# step loss grad_norm\n"
@@ -101,8 +104,10 @@ VALID = {
 def _tb_bytes() -> bytes:
     with tempfile.TemporaryDirectory() as d:
         steps = np.arange(1, 21)
+        every5 = steps[4::5]  # a validation loss every 5th step
         f = write_scalars(Path(d) / "events.out.tfevents.1.h", {"loss": (steps, 3.0 / steps),
-                                                                "grad_norm": (steps, np.ones(20))})
+                                                                "grad_norm": (steps, np.ones(20)),
+                                                                "validation_metrics/loss": (every5, 3.1 / every5)})
         return f.read_bytes()
 
 
@@ -125,7 +130,7 @@ def test_loaders_on_random_bytes_give_a_curve_or_one_curve_error(data, loader):
 @given(data=st.data())
 def test_loaders_on_mutated_valid_files_give_a_curve_or_one_curve_error(fmt, data):
     damaged = data.draw(mutated(base=VALID[fmt]))
-    for loader in (LOADERS[fmt], load_curve):
+    for loader in (LOADERS[fmt], load_curve, LOADERS["auto_validation"]):
         out = _load(loader, damaged)
         assert isinstance(out, (Curve, CurveError)), out
 

@@ -386,16 +386,18 @@ def _statistics_verdict(r: dict) -> tuple[str, str]:
 EACH_RUN_ONCE = "each run counts once (as a baseline, the candidate or a replicate)"
 
 
-# the formats that read each loader key: a key that none of the runs' formats reads would be ignored in silence
+# the formats that read each loader key: a run of another format would ignore it in silence and be compared on
+# its default series while the others are compared on the named one
 KEY_READERS = {"loss_key": ("jsonl", "csv"), "step_key": ("jsonl", "csv"), "tag": ("tensorboard",)}
 
 
 def _check_keys_read(load_keys: dict, curves) -> None:
-    formats = sorted({c.meta.format for c in curves})
     for key, readers in KEY_READERS.items():
-        if load_keys.get(key) and not set(readers) & set(formats):
-            raise BadInput(f"--{key.replace('_', '-')} {load_keys[key]!r} is read from {' and '.join(readers)} "
-                           f"runs only, and these are {', '.join(formats)}: it would be ignored")
+        deaf = [c for c in curves if load_keys.get(key) and c.meta.format not in readers]
+        if deaf:
+            raise BadInput(f"--{key.replace('_', '-')} {load_keys[key]!r} is read from {' and '.join(readers)} runs "
+                           f"only: {deaf[0].meta.source} is {deaf[0].meta.format} and would be compared on its "
+                           "default series")
 
 
 def compare_paths(baselines, candidate, *, margin: float = CompareOptions.margin, candidate_replicates=(),
@@ -426,8 +428,11 @@ def compare_paths(baselines, candidate, *, margin: float = CompareOptions.margin
             div_runs = (train[:k], train[k:])
         except BadInput:  # no training loss in these files: divergence is judged on the validation curves
             div_runs = None
-        batches = [load_field(p, "val_batch_losses") if c.meta.format == "jsonl" else None
-                   for p, c in zip(paths, curves)]
+        # the per-batch losses belong to val_loss (a --loss-key naming another series has none), found by the step
+        # key the curves were read with
+        own = (load_keys.get("loss_key") or "val_loss") == "val_loss"
+        batches = [load_field(p, "val_batch_losses", step_key=load_keys.get("step_key") or "step")
+                   if own and c.meta.format == "jsonl" else None for p, c in zip(paths, curves)]
         result = compare_curves(curves[:k], curves[k], options, candidate_replicates=curves[k + 1:],
                                 divergence_runs=div_runs, batches=batches)
     else:

@@ -135,7 +135,8 @@ def statistics(steps: np.ndarray, cand: np.ndarray, bases: np.ndarray, batches, 
                  f"; {len(runs)} candidate runs, perturbed as the baselines are: the estimate is their mean"
                  if len(runs) > 1 else "") + (
                  "; the held-out set's sampling error is included (jackknife over its batches)" if batches is not None
-                 else "; the runs log no per-batch validation losses, so the set's sampling error is not included")}
+                 else "; no per-batch losses of the compared series were read (JSONL val_batch_losses, which belong "
+                 "to val_loss), so the set's sampling error is not included")}
     series = {"steps": [int(s) for s in steps], "candidate": [float(v) for v in cand_mean],
               "baseline": [float(v) for v in mean], "candidate_smoothed": [float(v) for v in cand_mean],
               "baseline_smoothed": [float(v) for v in mean]}

@@ -192,9 +192,43 @@ def test_compare_paths_val_loss_on_tensorboard_runs_reads_the_validation_tag(tmp
     assert r["final_window"]["estimate"] == pytest.approx(0.01, abs=0.002)
     train = compare_paths(paths[:-1], paths[-1])  # control: their training losses are the same
     assert abs(train["overall"]["estimate"]) < 1e-6
-    with pytest.raises(BadInput, match="--loss-key 'x' is read from jsonl and csv runs only, and these are "
-                                       "tensorboard: it would be ignored"):
+    with pytest.raises(BadInput, match="--loss-key 'x' is read from jsonl and csv runs only: .*tb0 is tensorboard"):
         compare_paths(paths[:-1], paths[-1], loss_key="x")
+    jsonl = tmp_path / "c.jsonl"  # mixed formats: each run must read the key, not one of them
+    jsonl.write_text("".join(json.dumps({"step": int(s), "loss": 3.0, "smooth": 3.0}) + "\n" for s in train_steps))
+    assert compare_paths(paths[:2], jsonl)["verdict"]  # control: with the default series the mix is compared
+    with pytest.raises(BadInput, match=r"--loss-key 'smooth' .*tb0 is tensorboard and would be compared on its "
+                                       "default series"):
+        compare_paths(paths[:2], jsonl, loss_key="smooth")
+    with pytest.raises(BadInput, match=r"--tag 'loss_metrics/global_avg_loss' is read from tensorboard runs only: "
+                                       ".*c.jsonl is jsonl"):
+        compare_paths(paths[:2], jsonl, tag="loss_metrics/global_avg_loss")
+
+
+def test_per_batch_losses_follow_the_step_key_and_belong_to_val_loss_only(tmp_path):
+    """The held-out set's error comes from val_batch_losses: found under the step key the curves are read with
+    (with --step-key iter it was left out in silence, and the verdict changed), and only when the compared series
+    is val_loss (--loss-key eval_loss had val_loss's batches lent to it)."""
+    curves, per_batch = _runs(np.random.default_rng(5), k=3, spread=1e-4, offset=0.0, batch_sd=0.002)
+    paths = _write_runs(tmp_path, curves, per_batch)
+    plain = compare_paths(paths[:-1], paths[-1], metric="val_loss")
+    assert plain["final_window"]["se_set"] > 0  # control: the batches are there
+    renamed = []
+    for p in paths:
+        q = p.with_name("iter_" + p.name)
+        q.write_text("".join(json.dumps({("iter" if k == "step" else "eval_loss" if k == "val_loss" else k): v
+                                         for k, v in json.loads(line).items()}) + "\n"
+                             for line in p.read_text().splitlines()))
+        renamed.append(q)
+    by_iter = compare_paths(renamed[:-1], renamed[-1], metric="val_loss", step_key="iter", loss_key="eval_loss")
+    assert by_iter["final_window"]["estimate"] == plain["final_window"]["estimate"]
+    assert by_iter["final_window"]["se_set"] is None  # eval_loss has no per-batch losses of its own
+    assert "no per-batch losses of the compared series" in by_iter["noise"]["note"]
+    for p, q in zip(paths, renamed):  # the same runs with only the step key renamed: the set's error is read
+        q.write_text(p.read_text().replace('"step":', '"iter":'))
+    iter_only = compare_paths(renamed[:-1], renamed[-1], metric="val_loss", step_key="iter")
+    assert iter_only["final_window"]["se_set"] == plain["final_window"]["se_set"]
+    assert iter_only["verdict"] == plain["verdict"]
 
 
 def _edit_line(path, step: int, **fields):

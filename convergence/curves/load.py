@@ -14,7 +14,8 @@ Formats
   csv                a header row, then rows; step and loss columns found by name (configurable); every
                      other numeric column becomes an extra series. A UTF-8 byte-order mark is ignored.
   torchtitan         console/log text; the metric lines ``step: N  loss: X  grad_norm: G ... tps: T`` are
-                     read after ANSI colour codes are stripped; all other lines are ignored.
+                     read after ANSI colour codes are stripped, the validator's ``validate step: N  loss: X``
+                     lines as the validation loss; all other lines are ignored.
   torchtitan_losses  torchtitan's golden loss files (``tests/assets/losses/*.txt`` in pytorch/torchtitan):
                      ``# key: value`` header lines (kept in ``CurveMeta.header``; a ``# step loss grad_norm``
                      line names the columns), then whitespace-separated ``step loss [grad_norm ...]`` rows.
@@ -60,6 +61,8 @@ VAL_KEYS = ("val_loss", "validation_loss", "validation_metrics/loss", "val/loss"
 ANSI_RE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 # torchtitan: f"{color.red}step: {step:2}  {color.green}loss: {loss:7.4f}  {color.orange}grad_norm: ..."
 TITAN_RE = re.compile(r"\bstep:\s*(\d+)\s+loss:\s*(\S+)")
+# and its validator (MetricsProcessor.log_validation): f"{color.yellow}validate step: {step:2}  {color.green}loss: ..."
+TITAN_VAL_RE = re.compile(r"\bvalidate step:\s*(\d+)\s+loss:\s*(\S+)")
 TITAN_EXTRA_RE = {
     "grad_norm": re.compile(r"\bgrad_norm:\s*(\S+)"),
     "tps": re.compile(r"\btps:\s*([0-9][0-9,]*(?:\.[0-9]+)?)"),
@@ -145,17 +148,23 @@ def load_csv(path, *, loss_key: str | None = None, step_key: str | None = None, 
     return finish(path, "csv", loss_col, steps, values, lines, extras, warnings)
 
 
-def load_torchtitan_log(path) -> Curve:
+def load_torchtitan_log(path, *, validation: bool = False) -> Curve:
+    """torchtitan's console log. Its validator prints ``validate step: N  loss: X ...`` (``TITAN_VAL_RE``): those
+    lines are the validation loss, the curve itself with ``validation`` and else its ``val_loss`` extra series,
+    never training points (they were, as restarts, before 2026-12-02)."""
     path = Path(path)
     text = ANSI_RE.sub("", read_text(path))
     if not text.strip():
         raise CurveError(f"{path}: file is empty")
     raw = text.split("\n")
     last = max(i for i, line in enumerate(raw) if line.strip())
-    steps, values, lines, warnings = [], [], [], []
+    train: tuple[list, list, list] = ([], [], [])  # steps, values, line numbers
+    val: tuple[list, list, list] = ([], [], [])
+    warnings: list[str] = []
     extras: dict[str, tuple[list, list]] = {k: ([], []) for k in TITAN_EXTRA_RE}
     for i, line in enumerate(raw):
-        m = TITAN_RE.search(line)
+        is_val = TITAN_VAL_RE.search(line)
+        m = is_val or TITAN_RE.search(line)
         if not m:
             continue
         try:
@@ -166,9 +175,10 @@ def load_torchtitan_log(path) -> Curve:
                 continue
             raise CurveError(f"{path}:{i + 1}: non-numeric loss {m.group(2)!r}") from None
         step = _step(m.group(1), f"{path}:{i + 1}", "step")
-        steps.append(step)
-        values.append(loss)
-        lines.append(i + 1)
+        for column, x in zip(val if is_val else train, (step, loss, i + 1)):
+            column.append(x)
+        if is_val:
+            continue
         for key, rx in TITAN_EXTRA_RE.items():
             e = rx.search(line)
             if e:
@@ -177,9 +187,13 @@ def load_torchtitan_log(path) -> Curve:
                     extras[key][0].append(step)
                 except ValueError:
                     pass  # a truncated extra on the last line; the loss was read
-    if not steps:
+    if validation:
+        if not val[0]:
+            raise CurveError(f"{path}: no torchtitan validation lines ('validate step: N  loss: X')")
+        return finish(path, "torchtitan", "val_loss", *val, {}, warnings)
+    if not train[0]:
         raise CurveError(f"{path}: no torchtitan metric lines ('step: N  loss: X')")
-    return finish(path, "torchtitan", "loss", steps, values, lines, extras, warnings)
+    return finish(path, "torchtitan", "loss", *train, extras | {"val_loss": val[:2]}, warnings)
 
 
 def _header_line(body: str, header: dict[str, str], columns: list[str], seen_rows: bool) -> None:
@@ -291,8 +305,9 @@ def load_curve(path, *, format: str | None = None, loss_key: str | None = None, 
     """Load one run. ``loss_key``/``step_key`` name the JSONL keys or CSV columns; ``tag`` the TB tag.
 
     ``validation``: the held-out validation loss, not the training loss, where no key or tag names it (JSONL
-    ``val_loss``, a CSV column of ``VAL_KEYS``, a TensorBoard tag of ``VAL_TAGS``). torchtitan's text logs are
-    read for their training loss only: asked for validation, they are refused, never read as the training loss."""
+    ``val_loss``, a CSV column of ``VAL_KEYS``, a TensorBoard tag of ``VAL_TAGS``, torchtitan's ``validate step``
+    lines). torchtitan's loss files hold none: asked for validation, they are refused, never read as the training
+    loss."""
     path = Path(path)
     if not path.exists():
         raise CurveError(f"{path}: no such file or directory")
@@ -302,11 +317,13 @@ def load_curve(path, *, format: str | None = None, loss_key: str | None = None, 
                           step_key=step_key or "step")
     if fmt == "csv":
         return load_csv(path, loss_key=loss_key, step_key=step_key, validation=validation)
-    if fmt in ("torchtitan", "torchtitan_losses"):
+    if fmt == "torchtitan":
+        return load_torchtitan_log(path, validation=validation)
+    if fmt == "torchtitan_losses":
         if validation:
-            raise CurveError(f"{path}: a {fmt} file is read for its training loss only; for the validation loss "
-                             "give the run's TensorBoard folder (torchtitan's tag validation_metrics/loss)")
-        return load_torchtitan_log(path) if fmt == "torchtitan" else load_torchtitan_losses(path)
+            raise CurveError(f"{path}: torchtitan's loss files hold the training loss only; for the validation loss "
+                             "give the run's console log or TensorBoard folder")
+        return load_torchtitan_losses(path)
     if fmt == "tensorboard":
         from convergence.curves.tbevents import load_tensorboard
 

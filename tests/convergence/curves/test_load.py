@@ -432,8 +432,35 @@ def test_validation_loss_is_read_where_the_format_has_one_and_refused_where_not(
     train_csv.write_text("step,loss\n1,2.0\n2,1.5\n")
     with pytest.raises(CurveError, match="no validation loss column"):
         load_curve(train_csv, validation=True)
+    losses = tmp_path / "losses.txt"
+    losses.write_text("# step loss\n" + "".join(f"{s} {v!r}\n" for s, v in zip(STEPS.tolist(), LOSS.tolist())))
+    assert load_curve(losses).values.size == STEPS.size  # control: a torchtitan loss file loads
+    with pytest.raises(CurveError, match="loss files hold the training loss only"):
+        load_curve(losses, validation=True)
+
+
+def test_torchtitan_validation_lines_are_the_validation_loss_never_training_points(tmp_path):
+    """torchtitan's validator prints 'validate step: N  loss: X  memory: ...  tps: ...' in colour (its
+    MetricsProcessor.log_validation); those lines matched the training pattern and replaced the training loss at
+    every evaluation, reported as restarts."""
+    yellow, green, turquoise, blue, reset = "\x1b[33m", "\x1b[32m", "\x1b[36m", "\x1b[34m", "\x1b[39m"
+    lines = []
+    for s, v in zip(STEPS.tolist(), LOSS.tolist()):
+        lines.append(f"[titan] step: {s:2}  loss: {v:7.4f}  grad_norm: 1.2500  memory: 1.00GiB(1.00%)  tps: 1,000")
+        if s % 10 == 0:
+            lines.append(f"[titan] {yellow}validate step: {s:2}  {green}loss: {v + 1:7.4f}  {turquoise}memory: "
+                         f"1.00GiB(1.00%)  {blue}tps: 2,000{reset}")
     log = tmp_path / "train.log"
-    log.write_text("".join(f"step: {s}  loss: {v:.4f}\n" for s, v in zip(STEPS.tolist(), LOSS.tolist())))
-    assert load_curve(log).values.size == STEPS.size  # control: a torchtitan log loads
-    with pytest.raises(CurveError, match="training loss only; for the validation loss give the run's TensorBoard"):
-        load_curve(log, validation=True)
+    log.write_text("\n".join(lines) + "\n")
+    train = load_curve(log)
+    np.testing.assert_allclose(train.values, LOSS, atol=5e-5)  # the training loss at every step, no validation
+    assert not train.meta.restarts and not train.meta.warnings
+    np.testing.assert_allclose(train.extras["val_loss"].values, LOSS[STEPS % 10 == 0] + 1, atol=5e-5)
+    val = load_curve(log, validation=True)
+    np.testing.assert_array_equal(val.steps, STEPS[STEPS % 10 == 0])
+    np.testing.assert_allclose(val.values, LOSS[STEPS % 10 == 0] + 1, atol=5e-5)
+    without = tmp_path / "no_val.log"  # control: a log without validation lines has no validation loss
+    without.write_text("\n".join(x for x in lines if "validate" not in x) + "\n")
+    assert "val_loss" not in load_curve(without).extras
+    with pytest.raises(CurveError, match="no torchtitan validation lines"):
+        load_curve(without, validation=True)

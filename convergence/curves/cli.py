@@ -189,7 +189,10 @@ def power_main(argv: Sequence[str] | None = None) -> int:
             raise BadInput(str(exc) if isinstance(exc, ValueError) and str(f) in str(exc) else
                            f"{f}: not a compare --metric val_loss result ({type(exc).__name__}: {exc})") from None
     if args.larger_set is not None:
-        ms = [power.with_larger_set(m, args.larger_set) for m in ms]
+        try:
+            ms = [power.with_larger_set(m, args.larger_set) for m in ms]
+        except ValueError as exc:
+            raise BadInput(str(exc)) from None
     analysis = power.analyse(ms, margin=args.margin, confidence=args.confidence)
     print(power.report(analysis))
     if args.json:

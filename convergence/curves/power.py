@@ -139,10 +139,11 @@ class Measured:
     steps: int  # length of the runs
     replicates: int  # k baselines
     spread: float  # their spread (final window)
-    se_set: float  # the held-out set's standard error (0 when not measured)
+    se_set: float  # the held-out set's standard error (0 when not measured: see se_set_measured)
     estimate: float | None = None  # the candidate's relative difference, when the result is a verdict
     source: str = ""
     heldout_batches: int | None = None  # the batches se_set is over (results before it was recorded: None)
+    se_set_measured: bool = True  # False: the runs logged no per-batch losses, and the planned numbers leave it out
 
 
 def measured(result: dict, source: str = "") -> Measured:
@@ -172,7 +173,7 @@ def measured(result: dict, source: str = "") -> Measured:
                     spread=float(number("seed_spread", fw["seed_spread"])),
                     se_set=float(number("se_set", fw.get("se_set") or 0.0)),
                     estimate=number("estimate", fw.get("estimate"), low=-math.inf, none_ok=True), source=source,
-                    heldout_batches=batches)
+                    heldout_batches=batches, se_set_measured=fw.get("se_set") is not None)
 
 
 def with_larger_set(m: Measured, times: float) -> Measured:
@@ -180,6 +181,9 @@ def with_larger_set(m: Measured, times: float) -> Measured:
     the set's error divided by sqrt(times), everything else as measured."""
     if not times > 0:
         raise ValueError(f"a held-out set {times} times as large")
+    if not m.se_set_measured:  # it was taken as 0: dividing it would change nothing and say it had
+        raise ValueError(f"{m.source or 'measured'}: no held-out set error was measured (its runs logged no "
+                         "per-batch losses), so a larger set's effect cannot be planned")
     batches = None if m.heldout_batches is None else round(m.heldout_batches * times)
     return dataclasses.replace(m, se_set=m.se_set / math.sqrt(times), heldout_batches=batches,
                                source=f"{m.source or 'measured'} with a held-out set {times:g}x as large (its error "
@@ -223,8 +227,11 @@ def report(a: dict) -> str:
         est = "" if x["estimate"] is None else f", candidate estimate {x['estimate']:+.3%}"
         lo, hi = spread_interval(x["spread"], x["replicates"] - 1)
         out.append(f"{x['source'] or 'measured'}: {x['replicates']} replicates at {x['steps']} steps, spread "
-                   f"{x['spread']:.3%} (95 % interval {lo:.3%} to {hi:.3%}), held-out set s.e. {x['se_set']:.3%}"
-                   + (f" over {x['heldout_batches']} batches" if x.get("heldout_batches") else "") + est)
+                   f"{x['spread']:.3%} (95 % interval {lo:.3%} to {hi:.3%}), held-out set s.e. "
+                   + (f"{x['se_set']:.3%}" + (f" over {x['heldout_batches']} batches" if x.get("heldout_batches")
+                                              else "") if x.get("se_set_measured", True) else
+                      "not measured (no per-batch losses; left out, so the runs asked for below may be too few)")
+                   + est)
         out.append("  half-width with k replicates: " + ", ".join(f"k={k} {v:.3%}" for k, v in r["half_width"].items()))
         need = {t: r[f"replicates_for_{t}"] for t in ("margin", "half_margin")}
         out.append(f"  replicates for a half-width <= {m:.3%}: {need['margin'] or f'more than {K_MAX}'}; "

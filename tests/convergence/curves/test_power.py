@@ -141,3 +141,25 @@ def test_a_gzip_compressed_result_reads_as_the_plain_one(tmp_path, capsys):
     assert convergence_main(["power", str(packed)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "damaged gzip" in err
+
+
+def test_a_result_without_a_measured_set_error_says_so_and_refuses_a_larger_set(tmp_path, capsys):
+    """Runs that logged no per-batch losses have no set error: it was read as 0 and --larger-set then divided
+    that 0, printing an unchanged plan as if a larger set had been planned (audit, 2026-12-02)."""
+    from convergence.__main__ import main as convergence_main
+
+    result = json.loads((GOLDEN / "proxy_long_lr3e-4_positive_control_mxfp8-e2m1__h200.json").read_text())
+    assert result["final_window"]["se_set"] is not None  # control: the committed result has one
+    result["final_window"]["se_set"] = None
+    path = tmp_path / "no_set_error.json"
+    path.write_text(json.dumps(result))
+    m = power.measured(result, source="no set")
+    assert not m.se_set_measured and m.se_set == 0.0
+    assert "held-out set s.e. not measured" in power.report(power.analyse([m]))
+    with pytest.raises(ValueError, match="no held-out set error was measured"):
+        power.with_larger_set(m, 4)
+    assert convergence_main(["power", str(path)]) == 0
+    assert "held-out set s.e. not measured" in capsys.readouterr().out
+    assert convergence_main(["power", str(path), "--larger-set", "4"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no held-out set error was measured" in err

@@ -140,6 +140,10 @@ CASES = [
                                                    "--steps", "20", "--margin", "0.01"], "margin=0.0025"),
     ("protocol-status-bad-margin", "convergence", ["protocol", "--status", "--out", "{protocol}", "--model", "tiny",
                                                    "--steps", "20", "--margin", "nan"], "--margin must be in"),
+    # a field a run may change (replicates, control): --status had printed the runs left of the folder's plan
+    ("protocol-status-other-replicates", "convergence", ["protocol", "--status", "--out", "{protocol}", "--model",
+                                                         "tiny", "--steps", "20", "--replicates", "6"],
+     "the command: 6): run the command without --status to change the plan"),
     ("protocol-steps-type", "convergence", ["protocol", "--model", "tiny", "--steps", "x", "--out", "{tmp}/p"],
      "steps"),
     ("protocol-replicates", "convergence", ["protocol", "--model", "tiny", "--steps", "20", "--replicates", "1",

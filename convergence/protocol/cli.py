@@ -145,7 +145,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise CLIError(f"--{given[0].replace('_', '-')} with --status: --status reads the plan from "
                            f"{args.out / 'protocol.json'}; give only --out, or the plan's whole command")
         if given:
-            pr.check_same_plan(_plan_of(args), args.out)
+            want = _plan_of(args)
+            have = pr.check_same_plan(want, args.out)
+            changed = [f"{key} {have[key]} (the command: {getattr(want, key)})" for key in pr.CHANGEABLE
+                       if have[key] != getattr(want, key)]
+            if changed:  # --status reports the folder's plan: runs left and time for another plan were printed
+                raise CLIError(f"--status reports {args.out}'s plan, which has {'; '.join(changed)}: run the command "
+                               "without --status to change the plan (the runs made stay), or give only --out")
             if args.hardware is not None:
                 check_hardware_tag(args.hardware)
         check_distinct(plot=args.plot, plot_parting=args.plot_parting)

@@ -247,6 +247,10 @@ CASES = [
       for flag, value in (("--lr", "nan"), ("--lr", "inf"), ("--threads", "-1"), ("--threads", "0"),
                           ("--stop-after-minutes", "-1"), ("--stop-after-minutes", "nan"), ("--dist-timeout", "nan"),
                           ("--warmup", "-1"), ("--probe-every", "-2"), ("--ckpt-every", "-1"))],
+    # a run stopped by its deadline without a checkpoint: it said "continue with --resume", which then failed
+    ("train-stop-without-checkpoints", "convergence", ["train", "--model", "tiny", "--steps", "2", "--ckpt-every",
+                                                       "0", "--stop-after-minutes", "1", "--out", "{tmp}/r"],
+     "--ckpt-every 0 writes none"),
 ]
 MAINS = {"convergence": convergence_main, "numerics": numerics_main, "mxval": mxval_main}
 

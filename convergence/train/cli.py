@@ -163,6 +163,8 @@ def check_run_flags(args) -> None:
         raise CLIError(f"--stop-after-minutes must be a number >= 0, got {args.stop_after_minutes}")
     if not 0 < args.dist_timeout < math.inf:
         raise CLIError(f"--dist-timeout must be a number of seconds > 0, got {args.dist_timeout}")
+    if args.stop_after_minutes is not None and args.ckpt_every == 0:  # it stopped, then --resume had nothing to load
+        raise CLIError("--stop-after-minutes stops at a checkpoint to continue from, and --ckpt-every 0 writes none")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -106,7 +106,7 @@ def compare_runs(a: Path, b: Path, recipes: Sequence[str] | None = None) -> dict
     runs_a, runs_b = _runs(Path(a), recipes), _runs(Path(b), recipes)
     if set(runs_a) == set(runs_b):
         pairs = [(r, runs_a[r], runs_b[r]) for r in runs_a]
-    elif len(runs_a) == len(runs_b) == 1:  # a metrics.jsonl on one side at least
+    elif len(runs_a) == len(runs_b) == 1 and "run" in {*runs_a, *runs_b}:  # a metrics.jsonl on one side
         (na, pa), (nb, pb) = next(iter(runs_a.items())), next(iter(runs_b.items()))
         pairs = [(na if na != "run" else nb, pa, pb)]
     else:

@@ -131,3 +131,16 @@ def test_recipe_picks_inside_a_folder_and_is_refused_for_two_files(tmp_path, cap
     assert convergence_main(["ep-identity", str(a / "bf16" / "metrics.jsonl"), file_b, "--recipe", "bf16"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--recipe picks recipes inside run folders" in err
+
+
+def test_two_folders_of_different_recipes_are_refused_a_file_against_a_folder_is_compared(tmp_path, capsys):
+    """Two folders holding one recipe each, bf16 and mxfp8, were compared as one recipe under the first's name and
+    came out IDENTICAL (audit, 2026-12-02); a metrics file against a folder of one recipe still is (the control)."""
+    a = _run(tmp_path, "reference", [5.5, 5.25, 5.0], tps=1.0)
+    b = _run(tmp_path, "deepep", [5.5, 5.25, 5.0], tps=1.0)
+    (b / "bf16").rename(b / "mxfp8")
+    assert convergence_main(["ep-identity", str(a), str(b)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "the runs hold different recipes: bf16 vs mxfp8" in err
+    assert convergence_main(["ep-identity", str(a), str(b / "mxfp8" / "metrics.jsonl")]) == 0
+    assert "IDENTICAL" in capsys.readouterr().out

@@ -345,6 +345,11 @@ def _csv(text: str, allowed: Sequence[Any], cast=str) -> tuple:
     return vals
 
 
+# the options that shape the sampled case space, which a --spec (a case given whole) leaves unused (--no-edge and
+# --no-bad-input say what a --spec does anyway: taken)
+SPACE_OPTIONS = ("cases", "seed", "max_tokens", "max_elements", "payload", "hidden")
+
+
 def build_parser() -> ArgumentParser:
     p = ArgumentParser(prog="python -m numerics.ep check", description=__doc__.splitlines()[0])
     p.add_argument("--backend", default="reference",
@@ -414,6 +419,12 @@ def check_args(args) -> None:
     _csv(args.payload, PAYLOADS)
     _csv(args.hidden, HIDDENS, int)
     _parse_specs(args)
+    if args.spec:  # a --spec is the whole case: the case-space options had been ignored beside it
+        parser = build_parser()
+        given = [f"--{key.replace('_', '-')}" for key in SPACE_OPTIONS if getattr(args, key) != parser.get_default(key)]
+        if given:
+            raise CLIError(f"{', '.join(given)}: --spec replays the cases as given; these options shape sampled "
+                           "cases only")
 
 
 def _specs(args, world: int, on_gpu: bool) -> list[Any]:

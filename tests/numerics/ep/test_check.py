@@ -57,6 +57,10 @@ def test_check_cli_passes_reference_against_simulate_and_writes_json(tmp_path, c
      "num_experts 8 is not a positive multiple of the world size 3"),
     (["check", "--world", "4", "--spec", '{"world":2,"seed":1,"tokens":[4,4],"hidden":128,"topk":2,"num_experts":8}'],
      "--spec was recorded for 2 ranks, not 4"),
+    # the sampled case space's options beside a --spec (the case given whole) had been ignored: a bf16 case ran
+    (["check", "--payload", "fp8", "--cases", "5", "--spec",
+      '{"world":2,"seed":1,"tokens":[4,4],"hidden":128,"topk":2,"num_experts":8}'],
+     "--cases, --payload: --spec replays the cases as given"),
     (["bench", "--shapes", "v4"], "choose from v3, 16b"),
     (["bench", "--backends", "deepep"], "deep_ep is not importable"),
     (["bench", "--backends", "nccl,deepep-v2"], "deep_ep is not importable"),

@@ -251,6 +251,13 @@ CASES = [
     ("train-stop-without-checkpoints", "convergence", ["train", "--model", "tiny", "--steps", "2", "--ckpt-every",
                                                        "0", "--stop-after-minutes", "1", "--out", "{tmp}/r"],
      "--ckpt-every 0 writes none"),
+    # recorded in config.json though nothing used them (audit, 2026-12-02)
+    ("train-ep-backend-without-ep", "convergence", ["train", "--model", "tiny", "--steps", "2", "--ep-backend",
+                                                    "deepep", "--out", "{tmp}/r"], "goes with --ep"),
+    ("train-ep-backend-unknown", "convergence", ["train", "--model", "tiny", "--steps", "2", "--ep", "2",
+                                                 "--ep-backend", "bogus", "--out", "{tmp}/r"], "must be one of"),
+    ("train-data-dtype-without-bin", "convergence", ["train", "--model", "tiny", "--steps", "2", "--data-dtype",
+                                                     "uint32", "--out", "{tmp}/r"], "pre-tokenized .bin"),
 ]
 MAINS = {"convergence": convergence_main, "numerics": numerics_main, "mxval": mxval_main}
 

@@ -77,6 +77,14 @@ def config_from_args(args) -> TrainConfig:
         v = getattr(args, flag)
         if v is not None and v < 0:
             raise CLIError(f"--{flag.replace('_', '-')} must be >= 0, got {v}")
+    from numerics.ep.backends import BACKENDS
+
+    if args.ep_backend not in BACKENDS:
+        raise CLIError(f"--ep-backend must be one of {', '.join(BACKENDS)}, got {args.ep_backend!r}")
+    if args.ep is None and args.ep_backend != "reference":  # recorded in config.json, though nothing dispatched
+        raise CLIError(f"--ep-backend {args.ep_backend} goes with --ep (without it no tokens are dispatched)")
+    if args.data_dtype != "uint16" and (args.data is None or Path(args.data).suffix.lower() != ".bin"):
+        raise CLIError(f"--data-dtype {args.data_dtype} is the token type of a pre-tokenized .bin (--data X.bin)")
     tokenizer = args.tokenizer or ("bpe" if args.model in REAL_VOCAB_MODELS else "byte")
     bpe_vocab = base.vocab_size if args.model in REAL_VOCAB_MODELS else data_mod.DataSpec.bpe_vocab
     data_mod.check_val_percent(args.val_percent)

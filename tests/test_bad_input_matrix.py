@@ -256,6 +256,10 @@ CASES = [
                                                     "deepep", "--out", "{tmp}/r"], "goes with --ep"),
     ("train-ep-backend-unknown", "convergence", ["train", "--model", "tiny", "--steps", "2", "--ep", "2",
                                                  "--ep-backend", "bogus", "--out", "{tmp}/r"], "must be one of"),
+    ("validate-steps-without-training", "mxval", ["validate", "--out", "{tmp}/v", "--levels", "tensor", "--steps",
+                                                  "50"], "runs neither"),
+    ("bench-compile-emulated-no-compile", "convergence", ["bench", "--model", "tiny", "--device", "cpu",
+                                                          "--no-compile", "--compile-emulated"], "--no-compile asks"),
     ("train-data-dtype-without-bin", "convergence", ["train", "--model", "tiny", "--steps", "2", "--data-dtype",
                                                      "uint32", "--out", "{tmp}/r"], "pre-tokenized .bin"),
 ]

@@ -289,6 +289,8 @@ def bench_main(argv: Sequence[str] | None = None) -> int:
         raise CLIError(f"unknown model {args.model!r}; choose from {', '.join(CONFIGS)}")
     if min(args.batch, args.seq, args.steps) <= 0 or args.warmup < 0:
         raise CLIError("--batch, --seq and --steps must be > 0 and --warmup >= 0")
+    if args.compile_emulated and args.no_compile:  # it printed eager rows only
+        raise CLIError("--compile-emulated adds compiled rows, and --no-compile asks for eager ones only")
     if args.device == "cuda" and not torch.cuda.is_available():
         raise CLIError("--device cuda: no CUDA device is visible")
     device = torch.device(args.device)

@@ -228,6 +228,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise CLIError(f"--levels {given!r}: choose from {', '.join(LEVELS)}")
     if args.steps is not None and args.steps < 10:
         raise CLIError(f"--steps {args.steps}: at least 10 (a curve needs points to compare)")
+    if args.steps is not None and not {"training", "curves"} & set(levels):  # summary.json had recorded them
+        raise CLIError(f"--steps sizes the training and curves levels, and --levels {given} runs neither")
     out = prepare_out(args.out, force=args.force)
     gpus, deep_ep = _gpus_and_deep_ep()
     plan = make_plan(gpus=gpus, deep_ep=deep_ep, quick=args.quick, steps=args.steps, seed=args.seed,

@@ -98,6 +98,8 @@ def report(r: dict) -> str:
     elif n:
         lines.append(f"noise ({n['model']}): step noise {n['step_noise']:.3%}, lag-1 autocorrelation "
                      f"{n['autocorr_lag1']:.2f}, correlation time {n['correlation_time']:.1f} points; {n['note']}")
+    if r.get("divergence_judged_on", "training loss") != "training loss":
+        lines.append(f"divergence judged on the {r['divergence_judged_on']}")
     if r["divergence"]:
         d = r["divergence"]
         lines.append(f"divergence: step {d['step']} ({d['kind']}): "

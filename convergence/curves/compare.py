@@ -61,7 +61,8 @@ from scipy import stats
 from convergence.curves.align import align, block_means, windowed_mean
 from convergence.curves.divergence import detect_divergence, first_non_finite
 from convergence.curves.jsonl import load_field
-from convergence.curves.load import Curve, load_curves
+from convergence.curves.load import VAL_KEYS, Curve, load_curves
+from convergence.curves.tbevents import VAL_TAGS
 from numerics.errors import BadInput
 from numerics.files import check_once
 from numerics.tolerances import floor
@@ -425,9 +426,9 @@ def compare_paths(baselines, candidate, *, margin: float = CompareOptions.margin
             check_once(paths, counts=EACH_RUN_ONCE)
         try:  # the training loss: the keys and tag named the validation loss
             train = load_curves(paths, **{k: v for k, v in load_keys.items() if k not in ("loss_key", "tag")})
-            div_runs = (train[:k], train[k:])
-        except BadInput:  # no training loss in these files: divergence is judged on the validation curves
-            div_runs = None
+            div_runs, div_note = (train[:k], train[k:]), "training loss"
+        except BadInput as exc:  # no training loss in a file: divergence is judged on the validation curves
+            div_runs, div_note = None, f"validation loss (no training loss to judge it on: {exc})"
         # the per-batch losses belong to val_loss (a --loss-key naming another series has none), found by the step
         # key the curves were read with
         own = (load_keys.get("loss_key") or "val_loss") == "val_loss"
@@ -435,7 +436,12 @@ def compare_paths(baselines, candidate, *, margin: float = CompareOptions.margin
                    if own and c.meta.format == "jsonl" else None for p, c in zip(paths, curves)]
         result = compare_curves(curves[:k], curves[k], options, candidate_replicates=curves[k + 1:],
                                 divergence_runs=div_runs, batches=batches)
+        result["divergence_judged_on"] = div_note
     else:
+        named = [flag for flag, v, names in (("--loss-key", load_keys.get("loss_key"), VAL_KEYS),
+                                             ("--tag", load_keys.get("tag"), VAL_TAGS)) if v in names]
+        if named:  # the training-loss statistics (a point every step, step noise) on evaluations every N steps
+            raise BadInput(f"{named[0]} names a validation loss: compare it with --metric val_loss")
         *base, cand = load_curves(paths, **load_keys)
         _check_keys_read(load_keys, [*base, cand])
         if each_once:

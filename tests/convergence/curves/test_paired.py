@@ -231,6 +231,22 @@ def test_per_batch_losses_follow_the_step_key_and_belong_to_val_loss_only(tmp_pa
     assert iter_only["verdict"] == plain["verdict"]
 
 
+def test_the_validation_loss_is_compared_as_one_and_divergence_says_what_it_was_judged_on(tmp_path):
+    """--loss-key val_loss under the training-loss metric put evaluations every N steps through statistics made for
+    a point every step: refused, pointing at --metric val_loss. Runs without a training loss have divergence
+    judged on the validation curves, and the result now says so (it did not)."""
+    curves, per_batch = _runs(np.random.default_rng(5), k=3, spread=1e-4, offset=0.0, batch_sd=0.002)
+    paths = _write_runs(tmp_path, curves, per_batch)
+    with pytest.raises(BadInput, match="--loss-key names a validation loss: compare it with --metric val_loss"):
+        compare_paths(paths[:-1], paths[-1], loss_key="val_loss")
+    assert compare_paths(paths[:-1], paths[-1], metric="val_loss")["divergence_judged_on"] == "training loss"
+    for p in paths:  # the same runs without their training loss
+        p.write_text("".join(json.dumps({k: v for k, v in json.loads(line).items() if k != "loss"}) + "\n"
+                             for line in p.read_text().splitlines() if "val_loss" in line))
+    r = compare_paths(paths[:-1], paths[-1], metric="val_loss")
+    assert r["divergence_judged_on"].startswith("validation loss (no training loss to judge it on: ")
+
+
 def _edit_line(path, step: int, **fields):
     """Set ``fields`` on the record of ``step`` (None writes JSON null: how a NaN is logged)."""
     lines = [json.loads(x) for x in path.read_text().splitlines()]

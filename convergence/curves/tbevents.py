@@ -46,6 +46,8 @@ from convergence.curves.tbwire import Scalars, decode_scalars, frame, masker, ta
 
 DEFAULT_TAGS = ("loss_metrics/global_avg_loss", "loss", "train/loss", "train_loss", "Loss/train", "loss/train")
 VAL_TAGS = ("validation_metrics/loss", "val_loss")
+# folders that hold one split's writer: a tag found in two of them is two series, not one run with restarts
+SPLIT_FOLDERS = {"train", "training", "val", "valid", "validation", "eval", "evaluation", "test"}
 EXTRA_TAGS = {"grad_norm": "grad_norm", "throughput(tps)": "tps", "lr": "lr", "val_loss": "val_loss",
               "validation_metrics/loss": "val_loss"}  # torchtitan's name wins when a run logs both
 
@@ -156,6 +158,7 @@ def load_tensorboard(path, *, tag: str | None = None, validation: bool = False, 
     wanted = (tag,) if tag else VAL_TAGS if validation else DEFAULT_TAGS
     tags = tuple(dict.fromkeys((*wanted, *EXTRA_TAGS)))
     collect: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {t: [] for t in tags}
+    where: dict[str, set[Path]] = {t: set() for t in tags}  # the folders each tag was found in
     warnings: list[str] = []
     records = 0
     for k, p in enumerate(files):
@@ -163,7 +166,13 @@ def load_tensorboard(path, *, tag: str | None = None, validation: bool = False, 
         records += n
         for t, series in got.items():
             collect[t].append(series)
+            where[t].add(p.parent)
     found = next((t for t in wanted if collect[t]), None)
+    folders = where.get(found, set())
+    splits = sorted(d.name for d in folders if d.name.lower() in SPLIT_FOLDERS)
+    if len(folders) > 1 and splits:  # a writer per split (Keras, Lightning): train/ and validation/ log one tag
+        raise CurveError(f"{path}: the tag {found!r} is logged in the split folders {', '.join(splits)}; give the "
+                         "one to compare (e.g. its train folder)")
     if found is None:
         if not records:
             raise CurveError(f"{path}: no complete event records ({'; '.join(warnings) or 'empty file'})")

@@ -464,3 +464,23 @@ def test_torchtitan_validation_lines_are_the_validation_loss_never_training_poin
     assert "val_loss" not in load_curve(without).extras
     with pytest.raises(CurveError, match="no torchtitan validation lines"):
         load_curve(without, validation=True)
+
+
+def test_a_tag_logged_in_two_split_folders_is_refused_one_split_or_restart_folders_are_read(tmp_path):
+    """One writer per split (train/, validation/, as Keras and Lightning lay them out) logging the same tag were
+    merged as one run whose validation points were restarts (audit, 2026-12-02); restart folders (torchtitan's
+    timestamped ones) and one split's folder given alone are read as before (the controls)."""
+    run = tmp_path / "run"
+    for split, off in (("train", 0.0), ("validation", 0.5)):
+        (run / split).mkdir(parents=True)
+        write_scalars(run / split / "events.out.tfevents.1.host", {"epoch_loss": (STEPS, LOSS + off)})
+    with pytest.raises(CurveError, match="logged in the split folders train, validation; give the one to compare"):
+        load_curve(run, tag="epoch_loss")
+    np.testing.assert_allclose(load_curve(run / "train", tag="epoch_loss").values, LOSS, rtol=1e-6)
+    restarts = tmp_path / "tb"
+    for stamp, steps in (("20260101-0000", STEPS[:30]), ("20260101-0100", STEPS[20:])):
+        (restarts / stamp).mkdir(parents=True)
+        write_scalars(restarts / stamp / f"events.out.tfevents.{stamp[-4:]}.host", {"loss": (steps, 10.0 / steps)})
+    c = load_curve(restarts)
+    np.testing.assert_array_equal(c.steps, STEPS)
+    assert len(c.meta.restarts) == 1  # the second folder takes over at step 21

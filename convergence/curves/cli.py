@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from convergence.curves.compare import EXIT_CODES, resolution
+from convergence.curves.jsonl import is_number
 from numerics.cli import ArgumentParser, CLIError
 from numerics.files import atomic_write, check_distinct, check_once, check_writable, read_json_object
 
@@ -155,15 +156,18 @@ def power_main(argv: Sequence[str] | None = None) -> int:
     p = ArgumentParser(prog="python -m convergence power", description=power_main.__doc__.split(": ", 1)[1])
     p.add_argument("results", nargs="+", type=Path,
                    help="compare --metric val_loss JSON files, or protocol folders (their results/*_verdict__*.json)")
-    p.add_argument("--margin", type=float, default=0.0025)
-    p.add_argument("--confidence", type=float, default=0.95)
+    p.add_argument("--margin", type=float, default=None,
+                   help="relative margin to plan for (default: the one the results were judged at)")
+    p.add_argument("--confidence", type=float, default=None,
+                   help="family confidence (default: the one the results were judged at)")
     p.add_argument("--larger-set", type=float, default=None, metavar="TIMES",
                    help="plan for a held-out set TIMES as many batches (its error / sqrt(TIMES); --val-batches, "
                         "--val-percent)")
     p.add_argument("--json", type=Path, metavar="OUT", help="write the analysis as JSON")
     p.add_argument("--force", action="store_true", help="overwrite an existing --json file")
     args = p.parse_args(argv)
-    if not 0 < args.margin < 1 or not 0.5 < args.confidence < 1:
+    if (args.margin is not None and not 0 < args.margin < 1) or (args.confidence is not None
+                                                                 and not 0.5 < args.confidence < 1):
         raise CLIError("--margin must be in (0, 1) and --confidence in (0.5, 1)")
     # a thousandth to a million times the set: the set's error divides by up to 1,000 or grows up to 32x; beyond,
     # no split holds it and the planning arithmetic overflows (inf raised OverflowError, 1e-320 too)
@@ -182,9 +186,12 @@ def power_main(argv: Sequence[str] | None = None) -> int:
             raise CLIError(f"{path}: a folder without results/*_verdict__*.json ({hint})")
         files += found
     check_once(files, counts="each measurement counts once in the spread's fit")
-    ms = []
+    ms, judged = [], {"margin": set(), "confidence": set()}
     for f in files:
         result = read_json_object(f, what="a compare --metric val_loss result")
+        for key, seen in judged.items():
+            if is_number(result.get(key)):
+                seen.add(result[key])
         try:  # measured names the file in its messages
             ms.append(power.measured(result, source=str(f)))
         except (ValueError, TypeError, KeyError, AttributeError, IndexError) as exc:
@@ -195,7 +202,17 @@ def power_main(argv: Sequence[str] | None = None) -> int:
             ms = [power.with_larger_set(m, args.larger_set) for m in ms]
         except ValueError as exc:
             raise BadInput(str(exc)) from None
-    analysis = power.analyse(ms, margin=args.margin, confidence=args.confidence)
+    plan_at = {}  # the margin and confidence the results were judged at, unless told (0.25 %, 95 % had been fixed)
+    for key, default in (("margin", 0.0025), ("confidence", 0.95)):
+        given, seen = getattr(args, key), judged[key]
+        if given is None and len(seen) > 1:
+            raise BadInput(f"the results were judged at different {key}s ({', '.join(f'{v:g}' for v in sorted(seen))})"
+                           f": pass --{key}")
+        plan_at[key] = given if given is not None else next(iter(seen), default)
+        low = 0.0 if key == "margin" else 0.5
+        if not low < plan_at[key] < 1:  # a damaged result's; a given one was checked above
+            raise BadInput(f"the results were judged at {key} {plan_at[key]:g}, not in ({low:g}, 1): pass --{key}")
+    analysis = power.analyse(ms, **plan_at)
     print(power.report(analysis))
     if args.json:
         atomic_write(args.json, json.dumps(analysis, indent=1) + "\n", force=args.force)

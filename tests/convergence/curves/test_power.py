@@ -163,3 +163,26 @@ def test_a_result_without_a_measured_set_error_says_so_and_refuses_a_larger_set(
     assert convergence_main(["power", str(path), "--larger-set", "4"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "no held-out set error was measured" in err
+
+
+def test_power_plans_for_the_margin_the_results_were_judged_at_unless_told(tmp_path, capsys):
+    """--margin and --confidence had defaulted to 0.25 % and 95 % whatever the results were judged at (audit,
+    2026-12-02): they now default to the results' own; results judged at different ones need them given."""
+    from convergence.__main__ import main as convergence_main
+
+    result = json.loads((GOLDEN / "proxy_long_lr3e-4_positive_control_mxfp8-e2m1__h200.json").read_text())
+    assert result["margin"] == 0.0025  # control: the committed result is planned at 0.25 % as before
+    assert convergence_main(["power", str(GOLDEN / "proxy_long_lr3e-4_positive_control_mxfp8-e2m1__h200.json")]) == 0
+    assert capsys.readouterr().out.startswith("margin +-0.250%, family confidence 95%")
+    wide = tmp_path / "judged_at_1pct.json"
+    wide.write_text(json.dumps(result | {"margin": 0.01, "confidence": 0.9}))
+    assert convergence_main(["power", str(wide)]) == 0
+    assert capsys.readouterr().out.startswith("margin +-1.000%, family confidence 90%")
+    assert convergence_main(["power", str(wide), "--margin", "0.0025"]) == 0
+    assert capsys.readouterr().out.startswith("margin +-0.250%, family confidence 90%")
+    other = tmp_path / "judged_at_quarter_pct.json"
+    other.write_text(json.dumps(result | {"coverage": result["coverage"] | {"compared_steps": [1, 750]}}))
+    assert convergence_main(["power", str(wide), str(other)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "judged at different margins (0.0025, 0.01): pass --margin" in err
+    assert convergence_main(["power", str(wide), str(other), "--margin", "0.005", "--confidence", "0.95"]) == 0

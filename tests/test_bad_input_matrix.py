@@ -260,6 +260,8 @@ CASES = [
                                                   "50"], "runs neither"),
     ("bench-compile-emulated-no-compile", "convergence", ["bench", "--model", "tiny", "--device", "cpu",
                                                           "--no-compile", "--compile-emulated"], "--no-compile asks"),
+    ("train-tokenizer-with-bin", "convergence", ["train", "--model", "tiny", "--steps", "2", "--tokenizer", "bpe",
+                                                 "--data", "{tmp}/ids.bin", "--out", "{tmp}/r"], "is pre-tokenized"),
     ("train-data-dtype-without-bin", "convergence", ["train", "--model", "tiny", "--steps", "2", "--data-dtype",
                                                      "uint32", "--out", "{tmp}/r"], "pre-tokenized .bin"),
 ]

@@ -83,8 +83,11 @@ def config_from_args(args) -> TrainConfig:
         raise CLIError(f"--ep-backend must be one of {', '.join(BACKENDS)}, got {args.ep_backend!r}")
     if args.ep is None and args.ep_backend != "reference":  # recorded in config.json, though nothing dispatched
         raise CLIError(f"--ep-backend {args.ep_backend} goes with --ep (without it no tokens are dispatched)")
-    if args.data_dtype != "uint16" and (args.data is None or Path(args.data).suffix.lower() != ".bin"):
+    is_bin = args.data is not None and Path(args.data).suffix.lower() == ".bin"
+    if args.data_dtype != "uint16" and not is_bin:
         raise CLIError(f"--data-dtype {args.data_dtype} is the token type of a pre-tokenized .bin (--data X.bin)")
+    if args.tokenizer is not None and is_bin:  # its ids are read as they are
+        raise CLIError(f"--tokenizer {args.tokenizer}: {args.data} is pre-tokenized (a .bin is read as ids)")
     tokenizer = args.tokenizer or ("bpe" if args.model in REAL_VOCAB_MODELS else "byte")
     bpe_vocab = base.vocab_size if args.model in REAL_VOCAB_MODELS else data_mod.DataSpec.bpe_vocab
     data_mod.check_val_percent(args.val_percent)

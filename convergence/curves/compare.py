@@ -387,20 +387,6 @@ def _statistics_verdict(r: dict) -> tuple[str, str]:
 EACH_RUN_ONCE = "each run counts once (as a baseline, the candidate or a replicate)"
 
 
-# the formats that read each loader key: a run of another format would ignore it in silence and be compared on
-# its default series while the others are compared on the named one
-KEY_READERS = {"loss_key": ("jsonl", "csv"), "step_key": ("jsonl", "csv"), "tag": ("tensorboard",)}
-
-
-def _check_keys_read(load_keys: dict, curves) -> None:
-    for key, readers in KEY_READERS.items():
-        deaf = [c for c in curves if load_keys.get(key) and c.meta.format not in readers]
-        if deaf:
-            raise BadInput(f"--{key.replace('_', '-')} {load_keys[key]!r} is read from {' and '.join(readers)} runs "
-                           f"only: {deaf[0].meta.source} is {deaf[0].meta.format} and would be compared on its "
-                           "default series")
-
-
 def compare_paths(baselines, candidate, *, margin: float = CompareOptions.margin, candidate_replicates=(),
                   each_once: bool = True, **opts) -> dict:
     """Load and compare; ``opts``: CompareOptions fields and loader keys (format, loss_key, step_key, tag).
@@ -421,7 +407,6 @@ def compare_paths(baselines, candidate, *, margin: float = CompareOptions.margin
         raise BadInput("candidate replicates are judged on validation loss only (--metric val_loss)")
     if options.metric == "val_loss":
         curves = load_curves(paths, **load_keys, validation=True)
-        _check_keys_read(load_keys, curves)
         if each_once:  # after loading: what is wrong inside a file is said first
             check_once(paths, counts=EACH_RUN_ONCE)
         try:  # the training loss: the keys and tag named the validation loss
@@ -443,7 +428,6 @@ def compare_paths(baselines, candidate, *, margin: float = CompareOptions.margin
         if named:  # the training-loss statistics (a point every step, step noise) on evaluations every N steps
             raise BadInput(f"{named[0]} names a validation loss: compare it with --metric val_loss")
         *base, cand = load_curves(paths, **load_keys)
-        _check_keys_read(load_keys, [*base, cand])
         if each_once:
             check_once(paths, counts=EACH_RUN_ONCE)
         result = compare_curves(base, cand, options)

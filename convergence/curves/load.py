@@ -58,6 +58,9 @@ FORMATS = ("jsonl", "csv", "torchtitan", "torchtitan_losses", "tensorboard")
 STEP_KEYS = ("step", "global_step", "iteration", "iter", "Step")
 LOSS_KEYS = ("loss", "train_loss", "loss_metrics/global_avg_loss", "train/loss", "Value")
 VAL_KEYS = ("val_loss", "validation_loss", "validation_metrics/loss", "val/loss")
+# the formats that read each key: a run of another format would be read for its default series in silence (a mixed
+# comparison then set one run's named series against another's default)
+KEY_READERS = {"loss_key": ("jsonl", "csv"), "step_key": ("jsonl", "csv"), "tag": ("tensorboard",)}
 ANSI_RE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 # torchtitan: f"{color.red}step: {step:2}  {color.green}loss: {loss:7.4f}  {color.orange}grad_norm: ..."
 TITAN_RE = re.compile(r"\bstep:\s*(\d+)\s+loss:\s*(\S+)")
@@ -302,7 +305,8 @@ def load_curves(paths, **options) -> list[Curve]:
 
 def load_curve(path, *, format: str | None = None, loss_key: str | None = None, step_key: str | None = None,
                tag: str | None = None, validation: bool = False) -> Curve:
-    """Load one run. ``loss_key``/``step_key`` name the JSONL keys or CSV columns; ``tag`` the TB tag.
+    """Load one run. ``loss_key``/``step_key`` name the JSONL keys or CSV columns; ``tag`` the TB tag; a key the
+    run's format does not read is refused (``KEY_READERS``).
 
     ``validation``: the held-out validation loss, not the training loss, where no key or tag names it (JSONL
     ``val_loss``, a CSV column of ``VAL_KEYS``, a TensorBoard tag of ``VAL_TAGS``, torchtitan's ``validate step``
@@ -312,6 +316,10 @@ def load_curve(path, *, format: str | None = None, loss_key: str | None = None, 
     if not path.exists():
         raise CurveError(f"{path}: no such file or directory")
     fmt = format or detect_format(path)
+    for key, given in (("loss_key", loss_key), ("step_key", step_key), ("tag", tag)):
+        if given and fmt not in KEY_READERS[key]:
+            raise CurveError(f"--{key.replace('_', '-')} {given!r} is read from {' and '.join(KEY_READERS[key])} runs "
+                             f"only: {path} is {fmt} and would be compared on its default series")
     if fmt == "jsonl":
         return load_jsonl(path, loss_key=loss_key or ("val_loss" if validation else "loss"),
                           step_key=step_key or "step")

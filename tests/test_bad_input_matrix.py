@@ -68,6 +68,8 @@ def files(tmp_path) -> dict[str, Path]:
     (f["gpus_text"] / "protocol.json").write_bytes((f["protocol"] / "protocol.json").read_bytes())
     (f["gpus_text"] / "runs" / "bf16" / "bf16" / "config.json").write_text(
         json.dumps({"environment": {"torch": "2.13.0", "gpus": "NVIDIA H200"}}))
+    f["ids_u32"] = tmp_path / "ids_u32.bin"  # token ids written as uint32, read with the default --data-dtype uint16
+    f["ids_u32"].write_bytes(b"".join(i.to_bytes(4, "little") for i in range(1, 201)))
     verdict = json.loads(f["verdict"].read_text())  # the golden verdict with one final-window field damaged
     for name, key, value in (("spread_negative", "seed_spread", -0.01), ("spread_nan", "seed_spread", float("nan")),
                              ("se_negative", "se_set", -0.001), ("estimate_text", "estimate", "big"),
@@ -262,6 +264,8 @@ CASES = [
                                                           "--no-compile", "--compile-emulated"], "--no-compile asks"),
     ("train-tokenizer-with-bin", "convergence", ["train", "--model", "tiny", "--steps", "2", "--tokenizer", "bpe",
                                                  "--data", "{tmp}/ids.bin", "--out", "{tmp}/r"], "is pre-tokenized"),
+    ("train-bin-other-dtype", "convergence", ["train", "--model", "tiny", "--steps", "2", "--data", "{ids_u32}",
+                                              "--out", "{tmp}/r"], "--data-dtype uint32"),
     ("train-data-dtype-without-bin", "convergence", ["train", "--model", "tiny", "--steps", "2", "--data-dtype",
                                                      "uint32", "--out", "{tmp}/r"], "pre-tokenized .bin"),
 ]

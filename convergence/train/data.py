@@ -11,7 +11,8 @@ Public: ``load_tokens(spec) -> TokenData``, ``DataSpec``, ``Batches``, ``ByteTok
   8 hex digits of the SHA-256 of its relative path, mod 100, are below 2 (2 %), else to train. The
   corpus therefore depends only on the Python version (recorded with a digest in config.json).
 * User data: text files (one document each), JSONL (field ``text``, one document per line), Parquet
-  (column ``text``; needs pyarrow), split by the same hash of the document's index; or a pre-tokenized
+  (column ``text``; needs pyarrow), split by the same hash of the document's index (a file of one document: its
+  last percent of characters, from a line start, is validation); or a pre-tokenized
   ``.bin`` of uint16/uint32 token ids, whose last 1 % is validation.
 * Tokenizers: bytes by default (vocabulary 256; documents joined by a 0 byte, which clean text never
   holds); or a byte-level BPE trained with the ``tokenizers`` package on the train split once and cached.
@@ -109,6 +110,43 @@ def _user_documents(path: Path) -> Iterator[str]:
             raise BadInput(f"{path} is not UTF-8 text (pre-tokenized data must end in .bin)") from None
 
 
+# the largest vocabulary a .bin's ids may ask for: above every tokenizer in use (the largest, ~262k ids), far
+# below what uint16 ids read as uint32 give (two ids joined: ~65,536 x the first; an embedding of billions of rows)
+MAX_BIN_VOCAB = 1 << 21
+
+
+def _read_bin(path: Path, dtype: str) -> np.ndarray:
+    """A pre-tokenized file's ids, refused when they were evidently written as the other --data-dtype (read
+    as it, a run trains on halves or pairs of ids, in silence)."""
+    size, width = path.stat().st_size, np.dtype(dtype).itemsize
+    if size % width:
+        raise BadInput(f"data {path} holds {size} bytes, not a whole number of {dtype} ids ({width} bytes each): "
+                       "is --data-dtype right?")
+    ids = np.fromfile(path, dtype=np.dtype(dtype))
+    # uint32 ids below 65,536 read as uint16: every second id is a zero high half (little-endian). 64 ids or more:
+    # a real uint16 stream with 32 zero ids in every other place is not text
+    if dtype == "uint16" and len(ids) >= 64 and not ids[1::2].any() and ids[0::2].any():
+        raise BadInput(f"data {path} reads as uint32 ids (every second uint16 is 0): pass --data-dtype uint32")
+    if len(ids) and int(ids.max()) >= MAX_BIN_VOCAB:
+        raise BadInput(f"data {path} holds ids up to {int(ids.max()):,}, more than any tokenizer's vocabulary "
+                       f"({MAX_BIN_VOCAB:,} at most here): is it uint16 ids read as {dtype}? (--data-dtype)")
+    return ids
+
+
+def _split_tail(text: str, percent: int, path: Path) -> tuple[list[str], list[str]]:
+    """One document split in two: its last ``percent`` % of characters (from the line start nearest the cut)
+    held out. A document is held out whole or not at all by ``_split_docs``, so a file of one document would
+    otherwise validate on its own training text."""
+    cut = len(text) * (100 - percent) // 100
+    line = text.rfind("\n", 0, cut) + 1
+    if line > len(text) // 2:  # the nearest line start, unless the lines are so long it would hold out half
+        cut = line
+    if not 0 < cut < len(text):
+        raise BadInput(f"data {path} is one document of {len(text)} characters: too short to hold out {percent} % "
+                       "for validation")
+    return [text[:cut]], [text[cut:]]
+
+
 def _split_docs(docs: Iterable[tuple[str, str]], percent: int | None) -> tuple[list[str], list[str]]:
     train, val = [], []
     for key, text in docs:
@@ -183,13 +221,18 @@ def load_tokens(spec: DataSpec) -> TokenData:
         if path.suffix.lower() == ".bin":
             if spec.bin_dtype not in ("uint16", "uint32"):
                 raise BadInput(f"--data-dtype must be uint16 or uint32, got {spec.bin_dtype!r}")
-            ids = np.fromfile(path, dtype=np.dtype(spec.bin_dtype))
+            ids = _read_bin(path, spec.bin_dtype)
             n_val = len(ids) * (spec.val_percent or 1) // 100
             train, val = ids[: len(ids) - n_val], ids[len(ids) - n_val:]
             vocab = int(ids.max()) + 1 if len(ids) else 0
             meta.update(tokenizer="pre-tokenized", bin_dtype=spec.bin_dtype)
             return _finish(train, val, vocab, meta)
-        train_docs, val_docs = _split_docs(((str(i), d) for i, d in enumerate(_user_documents(path))), spec.val_percent)
+        docs = list(enumerate(_user_documents(path)))
+        if len(docs) == 1:  # a single text file: hold out its tail, never the text it trains on (nor all of it)
+            train_docs, val_docs = _split_tail(docs[0][1], spec.val_percent or VAL_PERCENT, path)
+            meta["held_out"] = f"the last {spec.val_percent or VAL_PERCENT} % of its one document"
+        else:
+            train_docs, val_docs = _split_docs(((str(i), d) for i, d in docs), spec.val_percent)
     else:
         import sys
 

@@ -128,3 +128,44 @@ def test_the_16b_tokenizes_with_bpe_by_default_and_says_how_to_do_without(monkey
     err = capsys.readouterr().err
     assert rc == 2 and err.count("\n") == 1 and "mxval[bpe]" in err and "--tokenizer byte" in err
     assert not (tmp_path / "run").exists() or not any((tmp_path / "run").iterdir())  # nothing written
+
+
+def test_a_single_text_file_holds_out_its_tail_not_its_training_text(tmp_path):
+    """A text file is one document, and documents are held out whole: a single file once validated on its
+    own training text (train and val the same tokens, --val-percent without effect). Its tail is held out now,
+    from a line start; a file of several documents is split by document as before (the control)."""
+    lines = [f"line {i} of the only document\n" for i in range(1000)]
+    (tmp_path / "one.txt").write_text("".join(lines))
+    for percent, share in ((None, 2), (20, 20)):
+        t = load_tokens(DataSpec(path=str(tmp_path / "one.txt"), val_percent=percent))
+        train, val = (bytes(x.astype(np.uint8)).decode() for x in (t.train, t.val))
+        assert train + val == "".join(lines) and val.startswith("line ")  # cut at a line start, nothing lost
+        assert abs(len(val) / (len(train) + len(val)) - share / 100) < 0.01  # the asked share, to a line
+        assert t.meta["digest"]["train"] != t.meta["digest"]["val"] and "held_out" in t.meta
+    (tmp_path / "one.jsonl").write_text(json.dumps({"text": "".join(lines)}) + "\n")
+    j = load_tokens(DataSpec(path=str(tmp_path / "one.jsonl")))
+    assert len(j.val) and not np.array_equal(j.train[: len(j.val)], j.val)
+    (tmp_path / "two.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in ("a" * 300, "b" * 300)))
+    two = load_tokens(DataSpec(path=str(tmp_path / "two.jsonl")))
+    assert "held_out" not in two.meta and two.meta["documents"] == {"train": 1, "val": 1}
+    (tmp_path / "short.txt").write_text("x")
+    with pytest.raises(BadInput, match="too short to hold out"):
+        load_tokens(DataSpec(path=str(tmp_path / "short.txt")))
+
+
+def test_a_bin_of_the_other_dtype_is_refused_not_read_as_halves_or_pairs_of_ids(tmp_path):
+    """A .bin read as the wrong --data-dtype trained in silence: uint32 ids as uint16 on their halves (every
+    second id 0), uint16 ids as uint32 on pairs (ids in the billions), a stray byte dropped. Each is refused
+    with one line naming --data-dtype; the right dtype reads as before (the control)."""
+    ids = (np.arange(5000) % 1000).astype(np.uint32)
+    ids.tofile(tmp_path / "u32.bin")
+    with pytest.raises(BadInput, match="--data-dtype uint32"):
+        load_tokens(DataSpec(path=str(tmp_path / "u32.bin")))
+    (ids.astype(np.uint16) + 1).tofile(tmp_path / "u16.bin")
+    with pytest.raises(BadInput, match="more than any tokenizer's"):
+        load_tokens(DataSpec(path=str(tmp_path / "u16.bin"), bin_dtype="uint32"))
+    (tmp_path / "odd.bin").write_bytes(bytes(range(1, 100)) * 3)
+    with pytest.raises(BadInput, match="not a whole number of uint16 ids"):
+        load_tokens(DataSpec(path=str(tmp_path / "odd.bin")))
+    assert load_tokens(DataSpec(path=str(tmp_path / "u16.bin"))).vocab_size == 1001  # ids 1..1000
+    assert load_tokens(DataSpec(path=str(tmp_path / "u32.bin"), bin_dtype="uint32")).vocab_size == 1000

@@ -3,8 +3,9 @@ command line, on one process or under ``torchrun --nproc-per-node N ... --ep N``
 
 Bad input is one line on stderr and exit code 2 (on rank 0 only, under torchrun); the verdict line says
 what the comparison of the recipes' curves concluded, and on one process the exit code is ``compare``'s.
-Under torchrun a finished run exits 0 whatever the verdict: torchrun reports any other exit as a failed
-rank, with a traceback that would read as a crash.
+A run stopped by --stop-after-minutes exits 4 (incomplete). Under torchrun a finished or stopped run exits 0
+whatever the verdict: torchrun reports any other exit as a failed rank, with a traceback that would read as a
+crash.
 """
 
 from __future__ import annotations
@@ -223,9 +224,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         cfg = config_from_args(args)
         result = run(cfg, args.out, resume=args.resume, force=args.force, stop_after_s=stop)
-    if result is None:
+    if result is None:  # exit 4 on one process, as compare's incomplete and protocol's stopped; 0 under torchrun
         print(f"stopped before the end; continue with the same command and --resume (out: {args.out})")
-        return 0
+        return 0 if args.ep is not None else EXIT_CODES["incomplete"]
     report_cost(args.out, cfg.recipes)
     return report_verdict(result, args.out)
 

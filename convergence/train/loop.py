@@ -393,7 +393,10 @@ def train_recipe(cfg: TrainConfig, recipe_name: str, run_dir: Path, tokens: data
     return True
 
 
-VERDICT_FILES = ("verdict.json", "curves.png")
+def _verdict_files(out: Path) -> list[Path]:
+    """verdict.json and its figures (curves.png, or curves_<candidate>.png for several candidates) in ``out``:
+    written, and replaced, together."""
+    return [p for p in (out / "verdict.json", out / "curves.png", *sorted(out.glob("curves_*.png"))) if p.is_file()]
 
 
 def _verdict_recipes(out: Path) -> list[str] | None:
@@ -415,16 +418,17 @@ def check_run_dir(cfg: TrainConfig, out: Path, resume: bool, force: bool) -> Non
     if force:
         for d in existing:
             shutil.rmtree(d)
-        for f in VERDICT_FILES:
-            (out / f).unlink(missing_ok=True)
+        for f in _verdict_files(out):
+            f.unlink()
         return
     if existing and not resume:
         raise BadInput(f"{existing[0]} already holds a run; pass --resume to continue it or --force to "
                        "overwrite it")
-    if len(cfg.recipes) > 1 and (out / "verdict.json").exists():
+    if len(cfg.recipes) > 1 and _verdict_files(out):  # the verdict and its figures are replaced together
         before = _verdict_recipes(out)
         if before is None or sorted(before) != sorted(cfg.recipes):
-            raise BadInput(f"{out / 'verdict.json'} compares {', '.join(before) if before else 'other runs'}; this "
+            first = out / "verdict.json" if before else _verdict_files(out)[0]
+            raise BadInput(f"{first} compares {', '.join(before) if before else 'other runs'}; this "
                            f"command would replace it with {', '.join(cfg.recipes)}: choose another --out, or pass "
                            "--force to replace it")
     for d in existing if resume else ():
@@ -474,7 +478,9 @@ def compare_and_plot(out: Path, recipes: Sequence[str]) -> dict:
         for c in candidates:
             r = compare_paths([out / baseline / "metrics.jsonl"], out / c / "metrics.jsonl")
             result["candidates"][c] = r
-            plot_comparison(r, out / ("curves.png" if len(candidates) == 1 else f"curves_{c}.png"))
+            # force: check_run_dir let this command replace the folder's verdict and figures (--force, or the same
+            # recipes continued with --resume), and refused before any step otherwise
+            plot_comparison(r, out / ("curves.png" if len(candidates) == 1 else f"curves_{c}.png"), force=True)
         result["verdict"] = result["candidates"][candidates[0]]["verdict"] if len(candidates) == 1 \
             else {c: r["verdict"] for c, r in result["candidates"].items()}
     atomic_write(out / "verdict.json", json.dumps(result, indent=2, default=str) + "\n", force=True)

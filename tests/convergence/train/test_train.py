@@ -19,6 +19,7 @@ from filelock import FileLock
 from convergence.__main__ import main as convergence_main
 from convergence.train.checkpoint import load_checkpoint
 from convergence.train.loop import TrainConfig, computed, defaults_for, lr_at, run
+from numerics.errors import BadInput
 from numerics.tolerances import floor
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -304,6 +305,50 @@ def test_resume_of_a_finished_run_changes_nothing(tmp_path, paired):
     cfg = dataclasses.replace(TrainConfig(model="tiny", recipes=("bf16",), steps=30, **defaults_for("tiny")))
     run(cfg, out, resume=True, progress=False)
     assert (out / "bf16" / "metrics.jsonl").read_bytes() == before
+
+
+def test_a_stopped_run_exits_4_and_a_finished_one_resumed_again_exits_with_its_verdict(capsys, tmp_path, paired):
+    """A run stopped by --stop-after-minutes exited 0, as a finished one does (README: 4 is incomplete, and
+    protocol exits 4 there); and --resume on a finished paired run trained nothing, then failed on its own
+    curves.png ("exists; pass --force", which would retrain). Now: 4, and the verdict's code."""
+    stopped = tmp_path / "stopped"
+    argv = ["train", "--model", "tiny", "--recipe", "bf16", "--steps", "30", "--out", str(stopped)]
+    assert convergence_main([*argv, "--stop-after-minutes", "0"]) == 4
+    assert "stopped before the end" in capsys.readouterr().out
+    out = tmp_path / "copy"
+    shutil.copytree(paired, out)
+    before = {f: (out / f).read_bytes() for f in ("bf16/metrics.jsonl", "mxfp8/metrics.jsonl")}
+    code = convergence_main(["train", "--model", "tiny", "--recipe", "bf16", "--recipe", "mxfp8", "--steps", "30",
+                             "--out", str(out), "--resume"])
+    compare_code = convergence_main(["compare", str(out / "bf16" / "metrics.jsonl"),
+                                     str(out / "mxfp8" / "metrics.jsonl")])
+    assert code == compare_code and (out / "curves.png").is_file()  # the finished run's verdict, not an error
+    assert {f: (out / f).read_bytes() for f in before} == before  # nothing trained again
+
+
+def test_a_verdicts_figures_are_replaced_with_it_and_guarded_with_it(tmp_path, paired):
+    """Several candidates draw curves_<candidate>.png, which --force did not remove: a forced run trained to its
+    end, then failed on its own old figure. They are the verdict's files now: removed by --force, replaced by a
+    run that may replace its verdict, and they guard a folder as verdict.json does (the control)."""
+    from convergence.train.loop import check_run_dir, compare_and_plot
+
+    out = tmp_path / "three"
+    shutil.copytree(paired, out)
+    shutil.copytree(paired / "mxfp8", out / "mxfp8-e2m1")  # a second candidate, its logs borrowed
+    (out / "verdict.json").unlink()
+    (out / "curves.png").unlink()
+    recipes = ("bf16", "mxfp8", "mxfp8-e2m1")
+    for _ in range(2):  # the second time over the first's figures
+        compare_and_plot(out, recipes)
+    assert sorted(p.name for p in out.glob("curves*.png")) == ["curves_mxfp8-e2m1.png", "curves_mxfp8.png"]
+    cfg = TrainConfig(model="tiny", recipes=recipes, steps=30, **defaults_for("tiny"))
+    with pytest.raises(BadInput, match="compares bf16, mxfp8, mxfp8-e2m1"):  # other recipes would replace them
+        check_run_dir(dataclasses.replace(cfg, recipes=("bf16", "mxfp8-e2m1")), out, resume=True, force=False)
+    (out / "verdict.json").unlink()
+    with pytest.raises(BadInput, match="curves_mxfp8-e2m1.png compares other runs"):  # a figure alone guards too
+        check_run_dir(dataclasses.replace(cfg, recipes=("bf16", "mxfp8-e5m2")), out, resume=True, force=False)
+    check_run_dir(cfg, out, resume=False, force=True)
+    assert not list(out.glob("curves*.png")) and not (out / "bf16").exists()
 
 
 def test_resume_on_other_tokens_is_refused_in_one_line_and_changes_nothing(capsys, tmp_path, paired):

@@ -191,7 +191,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     problem = None if judge_only or plan.mxfp8_kernel == "auto" else mxfp8_problem(plan.mxfp8_kernel, args.device)
     if problem:
         raise CLIError(f"--mxfp8-kernel: {problem}")
-    check_recipe_kernels((plan.candidate, plan.control), plan.mxfp8_kernel)
+    check_recipe_kernels((plan.candidate, plan.control), plan.mxfp8_kernel, None if judge_only else args.device)
     if plan.data is not None and not judge_only:  # before protocol.json records it: a mistyped path then leaves
         data_mod.check_data_path(plan.data)        # no plan that the corrected command would have to --force
     slots = gpus * args.parallel if args.device == "cuda" else args.parallel

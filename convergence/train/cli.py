@@ -27,18 +27,29 @@ from numerics.cli import EXIT_BAD_INPUT, ArgumentParser, CLIError, seed_arg
 from numerics.errors import BadInput
 from numerics.files import atomic_write, check_writable
 from numerics.layer.configs import CONFIGS
+from numerics.layer.mxfp8 import FAST_ONLY
 from numerics.layer.mxfp8 import KERNELS as MXFP8_KERNELS
 from numerics.layer.mxfp8 import kernel_problem as mxfp8_problem
 from numerics.layer.mxfp8 import recipe_kernel_problem
 from numerics.layer.recipes import RECIPES
 
 
-def check_recipe_kernels(recipes: Sequence[str], kernel: str) -> None:
-    """One line when a recipe cannot run on the chosen kernel (``auto`` picks one that can)."""
-    if kernel == "auto":
-        return
-    for recipe in (RECIPES[r]() for r in recipes):
-        problem = recipe_kernel_problem(recipe.op_recipe, kernel) if recipe.mxfp8 else None
+def check_recipe_kernels(recipes: Sequence[str], kernel: str, device: str | None = None) -> None:
+    """One line when a recipe cannot run on the chosen kernel. ``auto`` picks the fast kernel for a recipe only it
+    computes (``FAST_ONLY``): whether that runs on ``device`` is checked here too, before any run starts (it was
+    found at the recipe's first step, a traceback, after the other recipes had trained); None: not checked (a
+    folder only judged)."""
+    for name in recipes:
+        recipe = RECIPES[name]()
+        if not recipe.mxfp8:
+            continue
+        if kernel != "auto":
+            problem = recipe_kernel_problem(recipe.op_recipe, kernel)
+        elif recipe.op_recipe in FAST_ONLY and device is not None:
+            problem = mxfp8_problem("fast", device)  # its advice after ';' names the other kernels: not for this one
+            problem = problem and f"{name} runs on kernel 'fast' only, and {problem.partition(';')[0]}"
+        else:
+            problem = None
         if problem:
             raise CLIError(f"--mxfp8-kernel {kernel}: {problem}")
 
@@ -58,7 +69,7 @@ def config_from_args(args) -> TrainConfig:
         problem = mxfp8_problem(args.mxfp8_kernel, args.device)
         if problem:
             raise CLIError(f"--mxfp8-kernel: {problem}")
-    check_recipe_kernels(recipes, args.mxfp8_kernel)
+    check_recipe_kernels(recipes, args.mxfp8_kernel, args.device)
     base = CONFIGS[args.model]()
     if args.layers is not None and not base.n_dense_layers < args.layers <= base.n_layers:
         raise CLIError(f"--layers must be from {base.n_dense_layers + 1} (the dense layers and one MoE layer) to "

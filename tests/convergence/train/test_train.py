@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import shutil
@@ -349,6 +350,27 @@ def test_a_verdicts_figures_are_replaced_with_it_and_guarded_with_it(tmp_path, p
         check_run_dir(dataclasses.replace(cfg, recipes=("bf16", "mxfp8-e5m2")), out, resume=True, force=False)
     check_run_dir(cfg, out, resume=False, force=True)
     assert not list(out.glob("curves*.png")) and not (out / "bf16").exists()
+
+
+def test_a_fast_only_recipe_without_the_fast_kernel_is_refused_before_any_run(capsys, tmp_path, monkeypatch):
+    """E5M2/E2M1 run on the fast kernel only, which --mxfp8-kernel auto picks for them; without Triton that was
+    found at the recipe's first step, a traceback (in protocol after the BF16 and MXFP8 runs had trained). Now one
+    line, exit 2, nothing trained; recipes the emulated kernel computes pass (the control)."""
+    from convergence.train.cli import check_recipe_kernels
+    from numerics.layer.fast import cast
+
+    monkeypatch.setitem(sys.modules, "triton", None)  # import fails as if it were not installed
+    monkeypatch.setattr(cast, "_available", functools.cache(cast._available.__wrapped__))  # a cache of its own
+    check_recipe_kernels(("bf16", "mxfp8"), "auto", "cpu")
+    check_recipe_kernels(("mxfp8-e5m2",), "auto", None)  # a folder only judged: no kernel runs
+    for argv in (["train", "--model", "tiny", "--recipe", "mxfp8-e5m2", "--steps", "2", "--out", str(tmp_path / "t")],
+                 ["protocol", "--model", "tiny", "--steps", "20", "--replicates", "2", "--control", "mxfp8-e2m1",
+                  "--device", "cpu", "--out", str(tmp_path / "p")]):
+        assert convergence_main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "runs on kernel 'fast' only, and kernel 'fast' needs Triton" in err, err
+        assert "emulated" not in err  # the fast kernel's usual advice does not hold for these recipes
+    assert not (tmp_path / "t").exists() and not (tmp_path / "p").exists()
 
 
 def test_resume_on_other_tokens_is_refused_in_one_line_and_changes_nothing(capsys, tmp_path, paired):

@@ -30,7 +30,7 @@ Public functions
       it should be.
   ``read_json_lines(path, *, what, hint, need, inside=None) -> list[dict]``  every JSON object of a
       JSON-lines file, gzip or not (``inside`` it when ``path`` is a folder, through ``gzip_or_plain``), blank
-      lines skipped; a missing or unreadable file, a line that is not a JSON object with the keys ``need`` (of
+      lines and a torn last line (no newline, not JSON: a kill's) skipped; a missing or unreadable file, a line that is not a JSON object with the keys ``need`` (of
       their types), or no record at all is ``BadInput`` naming the file and line.
 
 Every failure to write (``OSError``: read-only file system, disk full, permission) is raised as
@@ -221,12 +221,15 @@ def read_json_lines(path, *, what: str, hint: str, need: dict[str, type], inside
     except OSError as exc:
         raise BadInput(f"{path}: cannot read it ({exc.strerror or exc})") from None
     records = []
-    for n, line in enumerate(text.splitlines(), 1):
+    lines = text.splitlines(keepends=True)
+    for n, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
             rec = json.loads(line)
         except json.JSONDecodeError:
+            if n == len(lines) and not line.endswith("\n"):
+                break  # a last line without its newline: torn by a kill while it was written (JsonlLog.records)
             raise BadInput(f"{path}:{n}: not a JSON line") from None
         if not isinstance(rec, dict) or not all(isinstance(rec.get(k), t) for k, t in need.items()):
             keys = " and ".join(f'"{k}"' for k in need)

@@ -41,3 +41,21 @@ def test_refusals_are_bad_input_and_change_nothing(tmp_path, where, match):
         with pytest.raises(BadInput, match=match):
             call()
     assert (tmp_path / "f").read_text() == "keep" and sorted(os.listdir(tmp_path)) == ["f"]
+
+
+def test_json_lines_skip_a_torn_last_line_and_refuse_a_torn_one_inside(tmp_path):
+    """A killed run's metrics.jsonl ends in a line without its newline: resume read it as the kill's, but
+    profile, ep-identity and probes (this reader) refused the run ("not a JSON line"). The torn last line is
+    skipped now; the same bytes inside the file, or a whole last line that is not JSON, stay damage (controls)."""
+    from numerics.files import read_json_lines
+
+    good = '{"step": 1, "loss": 2.0}\n{"step": 2, "loss": 1.5}\n'
+    kwargs = {"what": "metrics", "hint": "a run's metrics.jsonl", "need": {"step": int}}
+    (tmp_path / "torn.jsonl").write_text(good + '{"step": 3, "lo')
+    assert [r["step"] for r in read_json_lines(tmp_path / "torn.jsonl", **kwargs)] == [1, 2]
+    (tmp_path / "inside.jsonl").write_text('{"step": 1, "lo\n' + good)
+    with pytest.raises(BadInput, match="inside.jsonl:1: not a JSON line"):
+        read_json_lines(tmp_path / "inside.jsonl", **kwargs)
+    (tmp_path / "whole.jsonl").write_text(good + '{"step": 3, "lo\n')
+    with pytest.raises(BadInput, match="whole.jsonl:3: not a JSON line"):
+        read_json_lines(tmp_path / "whole.jsonl", **kwargs)

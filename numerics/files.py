@@ -30,8 +30,9 @@ Public functions
       it should be.
   ``read_json_lines(path, *, what, hint, need, inside=None) -> list[dict]``  every JSON object of a
       JSON-lines file, gzip or not (``inside`` it when ``path`` is a folder, through ``gzip_or_plain``), blank
-      lines and a torn last line (no newline, not JSON: a kill's) skipped; a missing or unreadable file, a line that is not a JSON object with the keys ``need`` (of
-      their types), or no record at all is ``BadInput`` naming the file and line.
+      lines and a torn last line (no newline, not JSON: a kill's) skipped; a missing or unreadable file, a line
+      that is not a JSON object with the keys ``need`` (of their types), or no record at all is ``BadInput``
+      naming the file and line.
 
 Every failure to write (``OSError``: read-only file system, disk full, permission) is raised as
 ``BadInput`` naming the path, so a command line prints one line and exits 2.

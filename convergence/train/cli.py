@@ -27,10 +27,9 @@ from numerics.cli import EXIT_BAD_INPUT, ArgumentParser, CLIError, seed_arg
 from numerics.errors import BadInput
 from numerics.files import atomic_write, check_writable
 from numerics.layer.configs import CONFIGS
-from numerics.layer.mxfp8 import FAST_ONLY
+from numerics.layer.mxfp8 import FAST_ONLY, recipe_kernel_problem
 from numerics.layer.mxfp8 import KERNELS as MXFP8_KERNELS
 from numerics.layer.mxfp8 import kernel_problem as mxfp8_problem
-from numerics.layer.mxfp8 import recipe_kernel_problem
 from numerics.layer.recipes import RECIPES
 
 

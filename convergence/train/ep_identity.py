@@ -37,6 +37,10 @@ def _runs(path: Path, recipes: Sequence[str] | None) -> dict[str, Path]:
         raise BadInput(f"{path} does not exist")
     if path.is_file():
         return {"run": path}
+    if (own := gzip_or_plain(path / "metrics.jsonl")).exists():  # one recipe's folder, OUT/<recipe>
+        if recipes and list(recipes) != [path.name]:
+            raise BadInput(f"{path} is one run's folder ({path.name}): --recipe picks recipes inside OUT; leave it out")
+        return {path.name: own}
     found = {d.name: m for d in sorted(path.iterdir()) if (m := gzip_or_plain(d / "metrics.jsonl")).exists()}
     if recipes:
         missing = [r for r in recipes if r not in found]

@@ -144,3 +144,18 @@ def test_two_folders_of_different_recipes_are_refused_a_file_against_a_folder_is
     assert err.count("\n") == 1 and "the runs hold different recipes: bf16 vs mxfp8" in err
     assert convergence_main(["ep-identity", str(a), str(b / "mxfp8" / "metrics.jsonl")]) == 0
     assert "IDENTICAL" in capsys.readouterr().out
+
+
+def test_a_recipe_folder_is_a_run_as_its_help_says(tmp_path, capsys):
+    """--help says "run directory", and a run's recipe folder (OUT/<recipe>, where its metrics.jsonl lies) was
+    refused as holding no <recipe>/metrics.jsonl (audit, 2026-12-02). It is read as that recipe's run now, against
+    another recipe folder or an OUT folder; --recipe naming another recipe is refused (the control)."""
+    a = _run(tmp_path, "reference", [5.5, 5.25, 5.0], tps=1.0)
+    b = _run(tmp_path, "deepep", [5.5, 5.25, 5.0], tps=1.0)
+    assert convergence_main(["ep-identity", str(a / "bf16"), str(b / "bf16")]) == 0
+    assert "IDENTICAL" in capsys.readouterr().out
+    assert convergence_main(["ep-identity", str(a / "bf16"), str(b)]) == 0
+    assert "IDENTICAL" in capsys.readouterr().out
+    assert convergence_main(["ep-identity", str(a / "bf16"), str(b), "--recipe", "mxfp8"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "is one run's folder (bf16)" in err

@@ -28,6 +28,7 @@ import torch
 from hypothesis import strategies as st
 
 from numerics.ep.backend import FP8_BLOCK, MAX_TOKENS
+from numerics.errors import SEED_MAX
 
 ROUTINGS = ("uniform", "zipf", "one_expert", "starve_rank", "masked")
 PAYLOADS = ("bf16", "fp8")
@@ -69,7 +70,21 @@ class CaseSpec:
         return json.dumps(dataclasses.asdict(self), separators=(",", ":"))
 
     def problem(self) -> str | None:
-        """Why this case cannot run (None if it can): checked before any process starts."""
+        """Why this case cannot run (None if it can): checked before any process starts. Types come first: a
+        ``--spec`` is JSON typed by hand, and a string or a bool where a number belongs crashed the comparisons below
+        with a traceback (exit 1, read as a FAIL)."""
+        for name in ("world", "seed", "hidden", "topk", "num_experts", "starved"):
+            if not _is_int(getattr(self, name)):
+                return f"{name} must be an integer, got {getattr(self, name)!r}"
+        if not isinstance(self.tokens, tuple) or not all(_is_int(t) for t in self.tokens):
+            return f"tokens must be a list of integers, one per rank, got {self.tokens!r}"
+        for name in ("specials", "mask"):
+            value = getattr(self, name)
+            # NaN compares False, so it fails the range; a bool is an int to Python but no fraction
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+                return f"{name} must be a fraction in [0, 1], got {value!r}"
+        if not 0 <= self.seed <= SEED_MAX:  # --seed's bound; a far larger one overflowed torch's generator seeding
+            return f"seed {self.seed} must be from 0 to {SEED_MAX}"
         if self.world < 2 or len(self.tokens) != self.world:
             return f"world {self.world} needs >= 2 ranks and one token count per rank (got {len(self.tokens)})"
         if any(not 0 <= t <= MAX_TOKENS for t in self.tokens):
@@ -89,9 +104,19 @@ class CaseSpec:
 
     @staticmethod
     def from_json(text: str) -> CaseSpec:
+        """The case ``to_json`` printed; ValueError or TypeError if ``text`` is not JSON of one with every field
+        (a missing or extra key, or not an object); ``problem`` then judges the values."""
         d = json.loads(text)
-        d["tokens"] = tuple(d["tokens"])
+        if not isinstance(d, dict):
+            raise ValueError(f"not a JSON object: {text}")
+        if isinstance(d.get("tokens"), list):  # JSON has no tuples; anything else is left for problem() to name
+            d["tokens"] = tuple(d["tokens"])
         return CaseSpec(**d)
+
+
+def _is_int(value) -> bool:
+    """An int that is not a bool (JSON's true is a Python int)."""
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _generator(device: torch.device, seed: int) -> torch.Generator:

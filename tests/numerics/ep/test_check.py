@@ -10,7 +10,7 @@ import pytest
 from numerics.ep.__main__ import main as ep_main
 from numerics.ep.check import CheckRow, drive, format_table, verdict
 from numerics.ep.launch import Session
-from numerics.ep.strategies import CaseSpec
+from numerics.ep.strategies import CaseSpec, edge_specs, sample_specs
 
 # E1's minimal input with 33 instead of 129 tokens (CPU time): every token of rank 1 goes to rank 0
 # alone and 5% of combine values are specials (-0.0 among them), so many sums hold one row of -0.0
@@ -57,6 +57,28 @@ def test_check_cli_passes_reference_against_simulate_and_writes_json(tmp_path, c
      "num_experts 8 is not a positive multiple of the world size 3"),
     (["check", "--world", "4", "--spec", '{"world":2,"seed":1,"tokens":[4,4],"hidden":128,"topk":2,"num_experts":8}'],
      "--spec was recorded for 2 ranks, not 4"),
+    # a --spec missing a field, or with a value of the wrong type or outside its range, had raised a traceback
+    # (KeyError, TypeError: exit 1, read as a FAIL) instead of this one line (found by an audit)
+    (["check", "--spec", "{}"], "missing 6 required positional arguments"),
+    (["check", "--spec", "[4, 4]"], "not a JSON object"),
+    (["check", "--spec", '{"world":"2","seed":0,"tokens":[4,4],"hidden":2048,"topk":2,"num_experts":64}'],
+     "world must be an integer, got '2'"),
+    (["check", "--spec", '{"world":2,"seed":0,"tokens":[4,4],"hidden":2048,"topk":true,"num_experts":64}'],
+     "topk must be an integer, got True"),
+    (["check", "--spec", '{"world":2,"seed":0,"tokens":[4,4],"hidden":2048.0,"topk":2,"num_experts":64}'],
+     "hidden must be an integer, got 2048.0"),
+    (["check", "--spec", '{"world":2,"seed":0,"tokens":[4,"4"],"hidden":2048,"topk":2,"num_experts":64}'],
+     "tokens must be a list of integers"),
+    (["check", "--spec", '{"world":2,"seed":0,"tokens":8,"hidden":2048,"topk":2,"num_experts":64}'],
+     "tokens must be a list of integers"),
+    (["check", "--spec", '{"world":2,"seed":0,"tokens":[4,4],"hidden":2048,"topk":2,"num_experts":64,"specials":NaN}'],
+     "specials must be a fraction in [0, 1], got nan"),
+    (["check", "--spec", '{"world":2,"seed":0,"tokens":[4,4],"hidden":2048,"topk":2,"num_experts":64,"mask":"0.1"}'],
+     "mask must be a fraction in [0, 1]"),
+    (["check", "--spec", '{"world":2,"seed":100000000000000000000,"tokens":[4,4],"hidden":2048,"topk":2,'
+                         '"num_experts":64}'], "seed 100000000000000000000 must be from 0 to 4294967295"),
+    (["check", "--spec", '{"world":2,"seed":0,"tokens":[4,4],"hidden":2048,"topk":2,"num_experts":64,'
+                         '"routing":"starve_rank","starved":null}'], "starved must be an integer, got None"),
     # the sampled case space's options beside a --spec (the case given whole) had been ignored: a bf16 case ran
     (["check", "--payload", "fp8", "--cases", "5", "--spec",
       '{"world":2,"seed":1,"tokens":[4,4],"hidden":128,"topk":2,"num_experts":8}'],
@@ -78,6 +100,17 @@ def test_ep_cli_bad_input_is_one_line_and_exit_2(argv, words, capsys, monkeypatc
     assert ep_main(argv) == 2
     err = capsys.readouterr().err
     assert words in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+
+
+def test_case_spec_problem_accepts_every_case_of_the_space_and_its_json():
+    """Control for the type checks of a --spec: no case that check draws itself is refused, before or after JSON
+    (which turns the token tuple into a list and may spell a fraction as an int)."""
+    specs = edge_specs(world=2) + sample_specs(20, world=2, seed=0)
+    for spec in specs:
+        assert spec.problem() is None, spec
+        assert CaseSpec.from_json(spec.to_json()) == spec
+    assert CaseSpec.from_json('{"world":2,"seed":0,"tokens":[0,4],"hidden":2048,"topk":6,"num_experts":64,'
+                              '"specials":0,"mask":1}').problem() is None
 
 
 @pytest.mark.parametrize("rank, printed", [("0", 1), ("1", 0)])

@@ -5,6 +5,8 @@
 ``existing(path, what, hint)``  the path, or ``NotebookInputError`` naming it, what it should be and
     how to make one.
 ``repo_root()``  the repository folder (the notebooks' paths are relative to it).
+``validate_training_runs(results_dir)``  (run name, metrics file) of a ``mxval validate`` folder's training level:
+    the BF16 baselines, then the MXFP8 candidate (notebook 03).
 """
 
 from __future__ import annotations
@@ -33,3 +35,27 @@ def existing(path, what: str, hint: str = "") -> Path:
     if not p.exists():
         raise NotebookInputError(f"{what} {str(path)!r} does not exist" + (f"; {hint}" if hint else ""))
     return p
+
+
+def validate_training_runs(results_dir) -> list[tuple[str, Path]]:
+    """(run name, metrics file) of a ``mxval validate`` results folder's training level, a convergence protocol
+    folder: the BF16 baseline and its replicates, then the MXFP8 candidate. The runs and files come from the
+    protocol's own plan (``ProtocolPlan.baselines``, ``metrics_path``), as the curves level judges them, so a
+    change of layout cannot leave the notebook reading a folder validate no longer writes (it had: seed*/mxfp8)."""
+    from convergence.protocol import plan as pr
+    from numerics.errors import BadInput
+
+    training = Path(results_dir) / "training"
+    if not (training / "protocol.json").is_file():
+        raise NotebookInputError(f"{results_dir} holds no training level (training/protocol.json); run "
+                                 "`mxval validate` with the training level to make one")
+    try:
+        plan = pr.load_plan(training)
+    except BadInput as exc:  # a damaged protocol.json: its one line
+        raise NotebookInputError(str(exc)) from None
+    runs = [(spec.name, pr.metrics_path(training, spec)) for spec in [*plan.baselines(), plan.run("candidate")]]
+    missing = next((path for _, path in runs if not path.is_file()), None)
+    if missing is not None:
+        raise NotebookInputError(f"{missing} does not exist: the training level did not finish that run "
+                                 "(its log is logs/training.log)")
+    return runs

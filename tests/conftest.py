@@ -89,6 +89,37 @@ def torch_without_mxfp8_dtensor_apis(monkeypatch):
     monkeypatch.delattr(_dispatch, "is_pinned_handler", raising=False)
 
 
+@pytest.fixture
+def fake_validate_folder():
+    """``make(out, steps=200)``: a ``mxval validate --quick`` results folder at ``out`` holding only its training
+    level as validate leaves it (the quick plan's ``training/protocol.json``, each finished run's
+    ``runs/<run>/<recipe>/metrics.jsonl.gz``), with synthetic losses instead of training: seconds, not minutes. It
+    returns the run names in the plan's order. Shared by the notebook helper's tests and notebook 03's."""
+    import gzip
+    import json
+
+    import numpy as np
+
+    from convergence.protocol import plan as pr
+    from mxval.validate.levels import protocol_plan
+    from mxval.validate.plan import make_plan
+
+    def make(out, steps: int = 200) -> list[str]:
+        plan = protocol_plan(make_plan(gpus=0, deep_ep=False, quick=True))
+        training = out / "training"
+        pr.open_protocol(plan, training)
+        rng = np.random.default_rng(0)
+        for spec in plan.runs():
+            lines = "".join(json.dumps({"step": s, "loss": 3.0 / s ** 0.3 * (1 + 0.002 * rng.standard_normal())})
+                            + "\n" for s in range(1, steps + 1))
+            path = pr.run_dir(training, spec) / "metrics.jsonl.gz"
+            path.parent.mkdir(parents=True)
+            path.write_bytes(gzip.compress(lines.encode(), mtime=0))
+        return [spec.name for spec in plan.runs()]
+
+    return make
+
+
 # what numerics.layer and convergence.train import from torchao at module level (MXFP8TrainingOpConfig, the
 # functional ops, KernelPreference): torchao 0.15 and 0.16 have no moe_training.config, 0.17 no mxfp8_linear
 TORCHAO_TRAINING_API = ("torchao.quantization.quantize_.common", "torchao.prototype.moe_training.config",

@@ -103,6 +103,15 @@ def test_notebook_loss_curves_missing_run_is_one_clear_message():
     assert "Traceback" not in msg
 
 
+def test_notebook_loss_curves_reads_a_validate_results_folder(tmp_path, fake_validate_folder):
+    """The candidate against the BF16 runs the curves level judges, each named by its run (the files are all
+    <run>/<recipe>/metrics.jsonl.gz). The notebook had looked for training/seed*/mxfp8/metrics.jsonl, a layout
+    validate no longer writes, and refused every validate folder."""
+    fake_validate_folder(tmp_path)
+    text = outputs_text(execute(NOTEBOOKS[2], {"RESULTS_DIR": str(tmp_path)}))
+    assert "baselines: bf16, bf16_rounding1, bf16_rounding2 | candidate: mxfp8" in text and "verdict: " in text
+
+
 def test_notebook_loss_curves_reads_files(tmp_path):
     from convergence.curves import synthetic
 

@@ -257,7 +257,7 @@ def planning_levels(plan: pr.ProtocolPlan, sub: pr.ProtocolPlan, out: Path, stat
     (``convergence.curves.compare``, its ``candidate_levels``)."""
     from convergence.curves.compare import compare_paths
 
-    baselines = [pr.metrics_path(out, r) for r in sub.runs() if r.role in ("baseline", "replicate")]
+    baselines = [pr.metrics_path(out, r) for r in sub.baselines()]
     groups = []
     for recipe in ("bf16", plan.candidate):
         first, *more = [pr.metrics_path(out, r) for r in plan.runs() if r.recipe == recipe and status[r.name] == "done"]

@@ -190,6 +190,11 @@ class ProtocolPlan:
     def run(self, role: str) -> RunSpec:
         return next(r for r in self.runs() if r.role == role)
 
+    def baselines(self) -> list[RunSpec]:
+        """The runs every verdict is judged against: the paired BF16 run and its replicates (the held-out ones are
+        the negative control's subject, not baselines). ``judge`` and notebook 03 both take them from here."""
+        return [r for r in self.runs() if r.role in ("baseline", "replicate")]
+
     def judged(self, verdict: str) -> list[RunSpec]:
         """The runs one verdict judges: the candidate or the control with its replicates, or the held-out runs."""
         role = VERDICTS[verdict][0]
@@ -458,7 +463,7 @@ def judge(plan: ProtocolPlan, out: Path) -> dict[str, dict]:
     from convergence.curves.compare import compare_paths
 
     check_design(plan, out)
-    baselines = [metrics_path(out, r) for r in plan.runs() if r.role in ("baseline", "replicate")]
+    baselines = [metrics_path(out, r) for r in plan.baselines()]
     result = {}
     for name, (_role, expected, shows) in VERDICTS.items():
         judged = plan.judged(name)

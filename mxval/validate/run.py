@@ -29,13 +29,13 @@ from pathlib import Path
 
 from mxval.validate import levels as lv
 from mxval.validate.plan import LEVELS, Check, LevelResult, Plan, level_status, make_plan, skipped
+from mxval.validate.report import MARK
 from numerics.cli import ArgumentParser, CLIError, seed_arg
 from numerics.files import atomic_write, writable_dir
 
 RUNNERS = {"tensor": lv.run_tensor, "layer": lv.run_layer, "communication": lv.run_communication,
            "training": lv.run_training, "curves": lv.run_curves}
 NEEDS = {"curves": "training"}  # a level that reads another level's output
-MARK = {"pass": "PASS", "fail": "FAIL", "inconclusive": "INCONCLUSIVE", "skipped": "SKIPPED"}
 
 
 class Display:
@@ -154,6 +154,8 @@ def validate(plan: Plan, out: Path, levels: Sequence[str], console) -> dict:
                for n in LEVELS if n not in done}
     results = [done.get(n) or not_run[n] for n in LEVELS]
     overall = level_status([Check(r.level, r.status) for r in results])
+    if interrupted and overall in ("pass", "skipped"):  # levels asked for were not judged: not a pass (a CI
+        overall = "inconclusive"                        # reading summary.json's status took one for it)
     summary = {
         "tool": "mxval validate", "format": 1, "status": overall,
         "exit_code": 130 if interrupted else 1 if overall == "fail" else 0,  # 130: as the shell reports Ctrl-C

@@ -32,6 +32,7 @@ import os
 import subprocess
 import sys
 import time
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 
@@ -393,7 +394,17 @@ def execute(plan: pr.ProtocolPlan, out: Path, *, slots: int = 1, per_gpu: int = 
                 from convergence.train import data as data_mod
 
                 tokens = data_mod.load_tokens(plan.train_config(spec).data)
-            done = pr.run_piece(plan, spec, out, stop_after_s=left, tokens=tokens, progress=progress)
+            try:
+                done = pr.run_piece(plan, spec, out, stop_after_s=left, tokens=tokens, progress=progress)
+            except (BadInput, KeyboardInterrupt):
+                raise
+            except Exception as exc:  # as a worker's failure: its traceback in its log, one line and exit 1
+                log = out / "logs" / f"{spec.name}.log"
+                log.parent.mkdir(parents=True, exist_ok=True)
+                with open(log, "a") as f:
+                    traceback.print_exc(file=f)
+                first = (str(exc).splitlines() or [""])[0]
+                raise RunFailed(f"{spec.name} raised {type(exc).__name__}: {first} (log: {log})") from exc
             after = status[spec.name] = pr.run_state(plan, out, spec)
             record_pace(out, spec, before, after, time.monotonic() - t0, per_gpu, plan.steps)
             _line(progress, f"{spec.name}: {'finished' if done else 'stopped'} at {after} "

@@ -15,6 +15,7 @@ from convergence.__main__ import main as convergence_main
 from convergence.protocol import plan as pr
 from convergence.train.cli import config_from_args, train_parser
 from convergence.train.loop import computed
+from numerics.errors import BadInput
 from numerics.files import file_bytes
 
 
@@ -325,6 +326,32 @@ def test_pieces_stop_starting_runs_after_a_worker_fails_and_never_hang(tmp_path)
         pieces.execute(plan, tmp_path, slots=2, worker_argv=worker, progress=False)
     assert 1 <= len(started) <= 2  # the two first slots at most; no run starts after a failure
     assert (tmp_path / "logs" / f"{started[0]}.log").exists()
+
+
+def test_a_run_that_raises_in_process_is_one_line_exit_1_with_its_traceback_logged(tmp_path, monkeypatch, capsys):
+    """README: a failed run exits 1 with its log in OUT/logs/. Workers (--parallel, GPUs) did; a run in the
+    protocol's own process (one slot, as on one H200) raised through with a traceback and no log. Bad input
+    raised there stays one line and exit 2 (the control)."""
+    from convergence.protocol import pieces
+
+    def boom(*args, **kwargs):
+        raise RuntimeError("CUDA error: an illegal memory access\nmore lines of the error")
+
+    monkeypatch.setattr(pieces.pr, "run_piece", boom)
+    argv = ["protocol", "--model", "tiny", "--steps", "20", "--replicates", "2", "--device", "cpu",
+            "--out", str(tmp_path / "p")]
+    assert convergence_main(argv) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "error: a run failed: bf16 raised RuntimeError: CUDA error" in err, err
+    log = tmp_path / "p" / "logs" / "bf16.log"
+    assert "Traceback" in log.read_text() and "more lines of the error" in log.read_text() and str(log) in err
+
+    def bad(*args, **kwargs):
+        raise BadInput("a damaged checkpoint")
+
+    monkeypatch.setattr(pieces.pr, "run_piece", bad)
+    assert convergence_main(argv) == 2
+    assert capsys.readouterr().err == "error: a damaged checkpoint\n"
 
 
 def test_pieces_resume_a_stopped_run_bit_identically(tmp_path):

@@ -337,13 +337,17 @@ class Batches:
             rows = [rows[i] for i in np.random.default_rng([self.row_seed, step]).permutation(self.batch)]
         return torch.from_numpy(np.stack(rows))
 
+    def eval_count(self, max_batches: int) -> int:
+        """How many batches ``eval_batches(max_batches)`` yields: all the split holds when that is fewer."""
+        return min(max_batches, self.windows // self.batch)
+
     def eval_batches(self, max_batches: int) -> Iterator[torch.Tensor]:
         """``max_batches`` batches of consecutive windows, spread evenly over the split (all of it when it holds
         no more), in order, no shuffle: the same validation set at every evaluation, drawn from across the
         held-out documents rather than from the first few (a tiny-model pilot: 6 rounding replicates' spread
         1.19 % on the first 32 batches, 0.89 % on 180 spread ones)."""
         available = self.windows // self.batch
-        count = min(max_batches, available)
+        count = self.eval_count(max_batches)
         for i in range(count):
             b = i * available // count
             idx = range(b * self.batch, (b + 1) * self.batch)

@@ -309,15 +309,20 @@ def train_recipe(cfg: TrainConfig, recipe_name: str, run_dir: Path, tokens: data
         if progress and place.writer:  # a resume says so: the bar alone would start at start + 1 unexplained
             sys.stderr.write(f"{recipe_name}: resumed from the checkpoint at step {start} of {cfg.steps} "
                              f"({run_dir})\n")
+    batches = data_mod.Batches(tokens.train, batch=cfg.batch, seq=cfg.seq, seed=cfg.order_seed, row_seed=cfg.row_order)
+    val = data_mod.Batches(tokens.val, batch=cfg.batch, seq=cfg.seq, seed=cfg.seed)  # eval: the first windows
+    held_out = {"batches": val.eval_count(cfg.val_batches), "asked": cfg.val_batches}
     if place.writer:
         run_dir.mkdir(parents=True, exist_ok=True)
         for log in (metrics, probe_log):
             if log.path.exists():
                 log.truncate_after(start)
-        write_run_config(run_dir, cfg, recipe, applied, model.cfg, tokens, init_fp, **place.extra_config())
-
-    batches = data_mod.Batches(tokens.train, batch=cfg.batch, seq=cfg.seq, seed=cfg.order_seed, row_seed=cfg.row_order)
-    val = data_mod.Batches(tokens.val, batch=cfg.batch, seq=cfg.seq, seed=cfg.seed)  # eval: the first windows
+        write_run_config(run_dir, cfg, recipe, applied, model.cfg, tokens, init_fp, validation=held_out,
+                         **place.extra_config())
+        if progress and start == 0 and held_out["batches"] < cfg.val_batches:  # said once, at the run's start
+            sys.stderr.write(f"{recipe_name}: the held-out split holds {held_out['batches']} batches of {cfg.batch} "
+                             f"x {cfg.seq}; every evaluation takes all of them (--val-batches {cfg.val_batches} "
+                             "asked)\n")
     moe_layers = model.moe_layers()
     coeff = model.cfg.load_balance_coeff
     params = list(model.parameters())

@@ -373,6 +373,29 @@ def test_a_fast_only_recipe_without_the_fast_kernel_is_refused_before_any_run(ca
     assert not (tmp_path / "t").exists() and not (tmp_path / "p").exists()
 
 
+def test_more_validation_batches_than_the_split_holds_are_said_and_recorded(capsys, tmp_path):
+    """--val-batches above what the held-out split holds evaluated on all there are, in silence (the proxy's
+    protocol asks 22 and gets 18 on Python 3.12.3): said once at the run's start and recorded in config.json
+    (batches used, asked); a count the split holds is recorded without a word (the control)."""
+    from convergence.train.data import Batches, DataSpec, load_tokens
+
+    text = tmp_path / "small.txt"  # a small held-out split: seconds, where the default corpus's takes a minute
+    text.write_text("".join(f"line {i} of a small corpus for a short run\n" for i in range(800)))
+    spec = DataSpec(path=str(text), val_percent=20)
+    held = Batches(load_tokens(spec).val, batch=8, seq=128, seed=0).eval_count(10**6)
+    assert 1 < held < 10
+    for asked, out in ((held + 5, tmp_path / "more"), (held - 1, tmp_path / "fewer")):
+        argv = ["train", "--model", "tiny", "--recipe", "bf16", "--steps", "2", "--val-every", "2", "--data",
+                str(text), "--val-percent", "20", "--val-batches", str(asked), "--probe-every", "0",
+                "--out", str(out)]
+        assert convergence_main(argv) == 0
+        said = f"the held-out split holds {held} batches of 8 x 128" in capsys.readouterr().err
+        config = json.loads((out / "bf16" / "config.json").read_text())
+        used = min(asked, held)
+        assert config["validation"] == {"batches": used, "asked": asked} and said == (asked > held)
+        assert len(_records(out / "bf16" / "metrics.jsonl")[-1]["val_batch_losses"]) == used
+
+
 def test_resume_on_other_tokens_is_refused_in_one_line_and_changes_nothing(capsys, tmp_path, paired):
     """The default corpus is the running Python's standard library: a run continued under another Python version
     would train its second half on other text under the same command line. Here the recorded digest is changed,

@@ -96,6 +96,8 @@ class CaseSpec:
         block = FP8_BLOCK if self.payload == "fp8" else 8  # FP8: one scale per 128 channels; bf16: 16-byte rows
         if self.hidden <= 0 or self.hidden % block:
             return f"hidden {self.hidden} must be a positive multiple of {block} for {self.payload}"
+        if self.hidden > max(HIDDENS):  # the check sizes every backend's buffers for max(HIDDENS) (its max_hidden)
+            return f"hidden {self.hidden} is more than the {max(HIDDENS)} the check's buffers are sized for"
         if self.routing not in ROUTINGS or self.payload not in PAYLOADS:
             return f"routing must be one of {', '.join(ROUTINGS)} and payload one of {', '.join(PAYLOADS)}"
         if self.routing == "starve_rank" and not 0 <= self.starved < self.world:

@@ -60,6 +60,8 @@ def test_check_cli_passes_reference_against_simulate_and_writes_json(tmp_path, c
     # a --spec missing a field, or with a value of the wrong type or outside its range, had raised a traceback
     # (KeyError, TypeError: exit 1, read as a FAIL) instead of this one line (found by an audit)
     (["check", "--spec", "{}"], "missing 6 required positional arguments"),
+    (["check", "--spec", '{"world":2,"seed":0,"tokens":[4,4],"hidden":1073741824,"topk":2,"num_experts":64}'],
+     "hidden 1073741824 is more than the 7168 the check's buffers are sized for"),  # it tried the allocation
     (["check", "--spec", "[4, 4]"], "not a JSON object"),
     (["check", "--spec", '{"world":"2","seed":0,"tokens":[4,4],"hidden":2048,"topk":2,"num_experts":64}'],
      "world must be an integer, got '2'"),

@@ -7,6 +7,7 @@
 ``repo_root()``  the repository folder (the notebooks' paths are relative to it).
 ``validate_training_runs(results_dir)``  (run name, metrics file) of a ``mxval validate`` folder's training level:
     the BF16 baselines, then the MXFP8 candidate (notebook 03).
+``validate_verdict_line(results_dir)``  the folder's own verdict in one line (its curves level's), or None.
 """
 
 from __future__ import annotations
@@ -59,3 +60,21 @@ def validate_training_runs(results_dir) -> list[tuple[str, Path]]:
         raise NotebookInputError(f"{missing} does not exist: the training level did not finish that run "
                                  "(its log is logs/training.log)")
     return runs
+
+
+def validate_verdict_line(results_dir) -> str | None:
+    """The verdict ``mxval validate`` itself gave (its curves level's ``curves/verdict.json``: validation loss, every
+    MXFP8 run against the BF16 runs), in one line; None when the folder has none. Notebook 03 compares training
+    loss of the first MXFP8 run, which can differ: both are shown, each named."""
+    from numerics.errors import BadInput
+    from numerics.files import read_json_object
+
+    path = Path(results_dir) / "curves" / "verdict.json"
+    if not path.is_file():
+        return None
+    try:
+        r = read_json_object(path, what="a curves verdict")
+        return (f"validate's own verdict ({path}: {r.get('metric', 'loss')}, every candidate run): "
+                f"{r['verdict']}: {r['reason']}")
+    except (BadInput, KeyError, TypeError) as exc:
+        raise NotebookInputError(f"{path}: {exc}") from None

@@ -108,8 +108,11 @@ def test_notebook_loss_curves_reads_a_validate_results_folder(tmp_path, fake_val
     <run>/<recipe>/metrics.jsonl.gz). The notebook had looked for training/seed*/mxfp8/metrics.jsonl, a layout
     validate no longer writes, and refused every validate folder."""
     fake_validate_folder(tmp_path)
+    (tmp_path / "curves").mkdir()  # validate's own verdict, on validation loss, printed beside the notebook's
+    (tmp_path / "curves" / "verdict.json").write_text('{"verdict": "equivalent", "reason": "r", "metric": "val_loss"}')
     text = outputs_text(execute(NOTEBOOKS[2], {"RESULTS_DIR": str(tmp_path)}))
     assert "baselines: bf16, bf16_rounding1, bf16_rounding2 | candidate: mxfp8" in text and "verdict: " in text
+    assert "(training loss, the first candidate run)" in text and "validate's own verdict" in text
 
 
 def test_notebook_loss_curves_reads_files(tmp_path):

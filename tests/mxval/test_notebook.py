@@ -37,3 +37,19 @@ def test_validate_training_runs_names_a_run_the_training_level_did_not_finish(tm
     (tmp_path / "training" / "protocol.json").write_text("{")  # damaged: the plan reader's one line, as a message
     with pytest.raises(NotebookInputError, match="protocol.json"):
         validate_training_runs(tmp_path)
+
+
+def test_validate_verdict_line_names_validates_own_verdict_beside_the_notebooks(tmp_path):
+    """Notebook 03 compares training loss of the first MXFP8 run; validate's curves level judges validation loss
+    with every MXFP8 run, and the two can differ: the notebook prints validate's own beside its, each named."""
+    from mxval.notebook import validate_verdict_line
+
+    assert validate_verdict_line(tmp_path) is None  # a folder without a curves level: nothing to add
+    (tmp_path / "curves").mkdir()
+    (tmp_path / "curves" / "verdict.json").write_text(
+        '{"verdict": "inconclusive", "reason": "interval straddles", "metric": "val_loss"}')
+    line = validate_verdict_line(tmp_path)
+    assert "val_loss, every candidate run): inconclusive: interval straddles" in line
+    (tmp_path / "curves" / "verdict.json").write_text("[1, 2]")
+    with pytest.raises(NotebookInputError, match="verdict.json"):
+        validate_verdict_line(tmp_path)

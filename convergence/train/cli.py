@@ -32,6 +32,8 @@ from numerics.layer.mxfp8 import KERNELS as MXFP8_KERNELS
 from numerics.layer.mxfp8 import kernel_problem as mxfp8_problem
 from numerics.layer.recipes import RECIPES
 
+DIST_TIMEOUT_S = 300.0  # a collective's wait before a rank gives up: far above a step's (16b: ~4.5 s), below a hang
+
 
 def check_recipe_kernels(recipes: Sequence[str], kernel: str, device: str | None = None) -> None:
     """One line when a recipe cannot run on the chosen kernel. ``auto`` picks the fast kernel for a recipe only it
@@ -171,7 +173,8 @@ def train_parser() -> ArgumentParser:
     p.add_argument("--mxfp8-kernel", default="auto", choices=["auto", *MXFP8_KERNELS],
                    help="emulated (torchao's eager ops), fast (fused casts, bit-identical), real (SM100); auto: "
                    "real on SM100, emulated elsewhere")
-    p.add_argument("--dist-timeout", type=float, default=300.0, help="seconds before a collective gives up")
+    p.add_argument("--dist-timeout", type=float, default=None,
+                   help=f"with --ep: seconds before a collective gives up (default {DIST_TIMEOUT_S:.0f})")
     return p
 
 
@@ -183,8 +186,10 @@ def check_run_flags(args) -> None:
         raise CLIError(f"--threads must be >= 1, got {args.threads}")
     if args.stop_after_minutes is not None and not 0 <= args.stop_after_minutes < math.inf:  # 0: after one step
         raise CLIError(f"--stop-after-minutes must be a number >= 0, got {args.stop_after_minutes}")
-    if not 0 < args.dist_timeout < math.inf:
+    if args.dist_timeout is not None and not 0 < args.dist_timeout < math.inf:
         raise CLIError(f"--dist-timeout must be a number of seconds > 0, got {args.dist_timeout}")
+    if args.dist_timeout is not None and args.ep is None:  # it had been ignored: one process waits on no peer
+        raise CLIError("--dist-timeout goes with --ep (one process has no collective to time out)")
     if args.stop_after_minutes is not None and args.ckpt_every == 0:  # it stopped, then --resume had nothing to load
         raise CLIError("--stop-after-minutes stops at a checkpoint to continue from, and --ckpt-every 0 writes none")
 
@@ -212,7 +217,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             cfg = config_from_args(args)
             result = run(cfg, args.out, resume=args.resume, force=args.force, stop_after_s=stop,
-                         timeout_s=args.dist_timeout)
+                         timeout_s=DIST_TIMEOUT_S if args.dist_timeout is None else args.dist_timeout)
         except PeerFailed:
             return EXIT_BAD_INPUT  # rank 0 has printed the one line
         except BadInput:  # before any process group: every rank found the same error alone

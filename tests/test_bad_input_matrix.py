@@ -264,6 +264,8 @@ CASES = [
                                                           "--no-compile", "--compile-emulated"], "--no-compile asks"),
     ("train-tokenizer-with-bin", "convergence", ["train", "--model", "tiny", "--steps", "2", "--tokenizer", "bpe",
                                                  "--data", "{tmp}/ids.bin", "--out", "{tmp}/r"], "is pre-tokenized"),
+    ("protocol-status-parallel-on-cpu", "convergence", ["protocol", "--status", "--out", "{protocol}", "--parallel",
+                                                        "2"], "leave --parallel out"),
     ("train-dist-timeout-without-ep", "convergence", ["train", "--model", "tiny", "--steps", "2", "--dist-timeout",
                                                       "60", "--out", "{tmp}/r"], "goes with --ep"),
     ("train-bin-other-dtype", "convergence", ["train", "--model", "tiny", "--steps", "2", "--data", "{ids_u32}",

@@ -159,6 +159,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             if png is not None:
                 check_writable(png, force=args.force)
         plan = pr.load_plan(args.out)  # the pace is kept per runs per GPU (a CPU plan's workers: 1)
+        if plan.device != "cuda" and args.parallel != 1:  # it had been ignored
+            raise CLIError("--parallel with --status picks the pace of N runs per GPU; a CPU plan's is one run's, "
+                           "whatever its workers: leave --parallel out")
         per_gpu = args.parallel if plan.device == "cuda" else 1
         print("\n".join(pieces.progress_report(plan, args.out, per_gpu=per_gpu, figure=args.plot,
                                                parting_figure=args.plot_parting, force=args.force)))

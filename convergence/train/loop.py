@@ -429,7 +429,9 @@ def check_run_dir(cfg: TrainConfig, out: Path, resume: bool, force: bool) -> Non
     if existing and not resume:
         raise BadInput(f"{existing[0]} already holds a run; pass --resume to continue it or --force to "
                        "overwrite it")
-    if len(cfg.recipes) > 1 and _verdict_files(out):  # the verdict and its figures are replaced together
+    # the verdict and its figures are replaced together; figures without a verdict.json guard a new folder, not
+    # one continued with --resume (compare_and_plot writes verdict.json first: a kill leaves at most a figure short)
+    if len(cfg.recipes) > 1 and ((out / "verdict.json").exists() or (_verdict_files(out) and not resume)):
         before = _verdict_recipes(out)
         if before is None or sorted(before) != sorted(cfg.recipes):
             first = out / "verdict.json" if before else _verdict_files(out)[0]
@@ -481,14 +483,15 @@ def compare_and_plot(out: Path, recipes: Sequence[str]) -> dict:
     else:
         result = {"baseline": baseline, "candidates": {}}
         for c in candidates:
-            r = compare_paths([out / baseline / "metrics.jsonl"], out / c / "metrics.jsonl")
-            result["candidates"][c] = r
-            # force: check_run_dir let this command replace the folder's verdict and figures (--force, or the same
-            # recipes continued with --resume), and refused before any step otherwise
-            plot_comparison(r, out / ("curves.png" if len(candidates) == 1 else f"curves_{c}.png"), force=True)
+            result["candidates"][c] = compare_paths([out / baseline / "metrics.jsonl"], out / c / "metrics.jsonl")
         result["verdict"] = result["candidates"][candidates[0]]["verdict"] if len(candidates) == 1 \
             else {c: r["verdict"] for c, r in result["candidates"].items()}
+    # verdict.json first, then its figures: a kill between leaves a folder --resume completes (check_run_dir)
     atomic_write(out / "verdict.json", json.dumps(result, indent=2, default=str) + "\n", force=True)
+    for c, r in result["candidates"].items():
+        # force: check_run_dir let this command replace the folder's verdict and figures (--force, or the same
+        # recipes continued with --resume), and refused before any step otherwise
+        plot_comparison(r, out / ("curves.png" if len(candidates) == 1 else f"curves_{c}.png"), force=True)
     return result
 
 

@@ -346,8 +346,10 @@ def test_a_verdicts_figures_are_replaced_with_it_and_guarded_with_it(tmp_path, p
     with pytest.raises(BadInput, match="compares bf16, mxfp8, mxfp8-e2m1"):  # other recipes would replace them
         check_run_dir(dataclasses.replace(cfg, recipes=("bf16", "mxfp8-e2m1")), out, resume=True, force=False)
     (out / "verdict.json").unlink()
-    with pytest.raises(BadInput, match="curves_mxfp8-e2m1.png compares other runs"):  # a figure alone guards too
-        check_run_dir(dataclasses.replace(cfg, recipes=("bf16", "mxfp8-e5m2")), out, resume=True, force=False)
+    with pytest.raises(BadInput, match="curves_mxfp8-e2m1.png compares other runs"):  # a figure alone guards a new
+        check_run_dir(dataclasses.replace(cfg, recipes=("mxfp8-e5m2", "mxfp8-floor")), out, resume=False,  # run
+                      force=False)
+    check_run_dir(cfg, out, resume=True, force=False)  # but not the folder's own runs continued (a kill left them)
     check_run_dir(cfg, out, resume=False, force=True)
     assert not list(out.glob("curves*.png")) and not (out / "bf16").exists()
 
@@ -371,6 +373,20 @@ def test_a_fast_only_recipe_without_the_fast_kernel_is_refused_before_any_run(ca
         assert err.count("\n") == 1 and "runs on kernel 'fast' only, and kernel 'fast' needs Triton" in err, err
         assert "emulated" not in err  # the fast kernel's usual advice does not hold for these recipes
     assert not (tmp_path / "t").exists() and not (tmp_path / "p").exists()
+
+
+def test_a_kill_between_the_verdict_and_its_figure_leaves_a_folder_resume_completes(tmp_path, paired):
+    """A kill after curves.png was drawn and before verdict.json was written left a folder --resume refused ("compares
+    other runs ... pass --force", which retrains both recipes; audit, 2026-12-02). verdict.json is written first
+    now, and a folder holding only a figure is completed by --resume; its verdict is the finished run's."""
+    out = tmp_path / "killed"
+    shutil.copytree(paired, out)
+    want = json.loads((paired / "verdict.json").read_text())["verdict"]
+    (out / "verdict.json").unlink()  # what the kill left: the figure, no verdict
+    argv = ["train", "--model", "tiny", "--recipe", "bf16", "--recipe", "mxfp8", "--steps", "30", "--out", str(out)]
+    code = convergence_main([*argv, "--resume"])
+    assert json.loads((out / "verdict.json").read_text())["verdict"] == want and code != 2
+    assert (out / "curves.png").is_file()
 
 
 def test_more_validation_batches_than_the_split_holds_are_said_and_recorded(capsys, tmp_path):

@@ -216,3 +216,16 @@ def test_bench_cli_times_the_floor_and_the_reference_on_cpu(tmp_path, capsys):
                      and f["op"] == ("combine" if r["op"] == "combine" else "dispatch_cached"))
         # the JSON rounds vs_floor to 3 decimals (error <= 5e-4) and ms to 4 (both sides: ~2e-3 relative)
         assert r["vs_floor"] == pytest.approx(r["ms"] / floor, rel=2e-3, abs=5e-4)
+
+
+def test_ctrl_c_in_a_session_stays_ctrl_c_when_its_ranks_are_gone():
+    """Ctrl-C reaches every rank of the process group; the session's exit then told the dead ranks to stop, that
+    failed ('connection closed by peer'), and the error replaced the KeyboardInterrupt: mxval validate recorded a
+    failed communication level and went on instead of stopping as interrupted (audit, 2026-12-02)."""
+    with pytest.raises(KeyboardInterrupt):
+        with Session(2, "numerics.ep.check:CaseRunner", {"backend": "reference", "timeout_s": 10.0},
+                     timeout_s=10.0) as session:
+            for p in session.children:  # what SIGINT to the group does to the ranks
+                p.kill()
+                p.join(timeout=10)
+            raise KeyboardInterrupt

@@ -303,6 +303,9 @@ def train_recipe(cfg: TrainConfig, recipe_name: str, run_dir: Path, tokens: data
     opt, sched = make_optimizer(model, cfg)
     metrics, probe_log = JsonlLog(run_dir / "metrics.jsonl"), JsonlLog(run_dir / "probes.jsonl")
     start = 0
+    if resume and not place.has_checkpoint(run_dir) and (run_dir / "metrics.jsonl").exists() and place.writer:
+        sys.stderr.write(f"{recipe_name}: no checkpoint yet (stopped before its first): starting again from step 0 "
+                         f"({run_dir})\n")
     if resume and place.has_checkpoint(run_dir):
         data_mod.check_same_data(run_dir / "config.json", tokens.meta)
         start = place.load(run_dir, model, opt, sched)["step"]
@@ -439,7 +442,7 @@ def check_run_dir(cfg: TrainConfig, out: Path, resume: bool, force: bool) -> Non
                            f"command would replace it with {', '.join(cfg.recipes)}: choose another --out, or pass "
                            "--force to replace it")
     for d in existing if resume else ():
-        _check_resumable(d)
+        _check_resumable(d, cfg.ckpt_every)
     if resume:
         want = json.loads(json.dumps(cfg.fields_for_resume(), default=str))
         # a field added since the run started is absent from its config: it ran with that field's default
@@ -460,15 +463,18 @@ def check_run_dir(cfg: TrainConfig, out: Path, resume: bool, force: bool) -> Non
                     )
 
 
-def _check_resumable(run_dir: Path) -> None:
-    """A run that logged steps but has no checkpoint cannot continue: say so instead of restarting it."""
+def _check_resumable(run_dir: Path, ckpt_every: int) -> None:
+    """A run that logged steps past its first checkpoint but has none cannot continue: say so instead of restarting
+    it (it was deleted, or never written: --ckpt-every 0). One killed before its first checkpoint was in place
+    starts again from step 0, as any resume redoes the steps after its checkpoint (``train_recipe`` says so): it
+    had been refused, and nothing but --force, which restarts every recipe of the command, continued it."""
     logged = JsonlLog(run_dir / "metrics.jsonl").records()
     has_ckpt = (run_dir / CHECKPOINT_FILE).exists() or (run_dir / "checkpoint").exists() \
         or (run_dir / "checkpoint.old").exists()
-    if logged and not has_ckpt:
+    if logged and not has_ckpt and not (ckpt_every and len(logged) <= ckpt_every):
         raise BadInput(f"--resume: {run_dir} logged {len(logged)} steps but has no checkpoint to continue from "
-                       "(checkpoint.pt or checkpoint/ is missing); restore it, or pass --force to start "
-                       f"{run_dir.name} again")
+                       "(checkpoint.pt or checkpoint/ is missing); restore it, or start it again alone: the same "
+                       f"command with --recipe {run_dir.name} only and --force (--force restarts every recipe given)")
 
 
 def compare_and_plot(out: Path, recipes: Sequence[str]) -> dict:

@@ -375,6 +375,25 @@ def test_a_fast_only_recipe_without_the_fast_kernel_is_refused_before_any_run(ca
     assert not (tmp_path / "t").exists() and not (tmp_path / "p").exists()
 
 
+def test_a_run_killed_before_its_first_checkpoint_starts_again_on_resume(capsys, tmp_path, paired):
+    """A kill before a recipe's first checkpoint (3 steps logged, or 10 while the first was being written) left a
+    folder --resume refused ("no checkpoint") and the plain command refused too; the way out it named, --force,
+    also deleted the other, finished recipe (audit, 2026-12-02). --resume starts that recipe again from step 0
+    now, saying so, to the same bits as an uninterrupted run; past its first checkpoint the refusal stays (the
+    control: test_resume_without_a_checkpoint_refuses_instead_of_restarting)."""
+    out = tmp_path / "killed"
+    shutil.copytree(paired, out)
+    log = out / "bf16" / "metrics.jsonl"
+    log.write_text("".join(log.read_text().splitlines(keepends=True)[:3]))  # what a kill at step 3 leaves
+    (out / "bf16" / "checkpoint.pt").unlink()
+    (out / "verdict.json").unlink()
+    (out / "curves.png").unlink()
+    argv = ["train", "--model", "tiny", "--recipe", "bf16", "--recipe", "mxfp8", "--steps", "30", "--out", str(out)]
+    code = convergence_main([*argv, "--resume"])
+    assert code != 2 and "bf16: no checkpoint yet (stopped before its first): starting again" in capsys.readouterr().err
+    assert [computed(r) for r in _records(log)] == [computed(r) for r in _records(paired / "bf16" / "metrics.jsonl")]
+
+
 def test_a_kill_between_the_verdict_and_its_figure_leaves_a_folder_resume_completes(tmp_path, paired):
     """A kill after curves.png was drawn and before verdict.json was written left a folder --resume refused ("compares
     other runs ... pass --force", which retrains both recipes; audit, 2026-12-02). verdict.json is written first

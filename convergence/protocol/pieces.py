@@ -357,6 +357,10 @@ def execute(plan: pr.ProtocolPlan, out: Path, *, slots: int = 1, per_gpu: int = 
     out = Path(out)
     start = time.monotonic()
     deadline = None if stop_after_s is None else start + stop_after_s
+    finished = pr.run_status(plan, out)
+    for spec in plan.runs():  # a kill after a run's last step left its checkpoint and plain logs: tidy them now
+        if finished[spec.name] == "done":
+            pr.finish_run(pr.run_dir(out, spec))
     startup = STARTUP_S.get(plan.model, 60.0)
     told = set()
 

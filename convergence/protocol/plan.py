@@ -407,12 +407,23 @@ def run_piece(plan: ProtocolPlan, spec: RunSpec, out: Path, *, stop_after_s: flo
             data_mod.check_same_data(made, tokens.meta)
             break
     folder = run_dir(out, spec)
+    (folder / (CHECKPOINT_FILE + ".tmp")).unlink(missing_ok=True)  # a kill's half-written checkpoint: never read
     done = train_recipe(cfg, spec.recipe, folder, tokens, resume=True, progress=progress, stop_after_s=stop_after_s,
                         final_checkpoint=False)
     if done:
-        (folder / CHECKPOINT_FILE).unlink(missing_ok=True)
-        compact_run(folder)
+        finish_run(folder)
     return done
+
+
+def finish_run(folder: Path) -> None:
+    """A finished run's folder as the protocol keeps it: no checkpoint (an earlier one, ~11 GB on the proxy, and
+    a ``.tmp`` a kill left mid-write, which nothing would replace), logs compacted (``compact_run``). Also run on
+    every finished run before a protocol goes on: a kill after a run's last step left its checkpoint and plain
+    logs for good, the run counting as done from then on."""
+    folder = Path(folder)
+    for name in (CHECKPOINT_FILE, CHECKPOINT_FILE + ".tmp"):
+        (folder / name).unlink(missing_ok=True)
+    compact_run(folder)
 
 
 # ------------------------------------------------------------------ verdicts

@@ -470,6 +470,32 @@ def test_a_run_left_with_both_its_gzip_and_its_plain_log_is_read_from_the_gzip(t
 
 
 @pytest.mark.timeout(300)
+def test_a_kill_after_a_runs_last_step_leaves_nothing_behind_once_the_protocol_goes_on(tmp_path):
+    """A kill between a run's last step and its tidying left an earlier checkpoint (~11 GB on the proxy), a kill's
+    half-written checkpoint.pt.tmp and plain logs for good: the run counts as done, so nothing tidied it again
+    (audit, 2026-12-02). The protocol tidies every finished run before it goes on; what the runs logged is
+    unchanged, nothing is trained again."""
+    from convergence.protocol import pieces
+
+    plan = _small_plan()
+    pr.open_protocol(plan, tmp_path)
+    assert set(pieces.execute(plan, tmp_path, progress=False).values()) == {"done"}
+    spec = plan.run("candidate")
+    folder = pr.run_dir(tmp_path, spec)
+    packed = (folder / "metrics.jsonl.gz").read_bytes()
+    (folder / "metrics.jsonl").write_bytes(gzip.decompress(packed))  # as before compaction
+    (folder / "metrics.jsonl.gz").unlink()
+    (folder / "checkpoint.pt").write_bytes(b"an earlier checkpoint")
+    (folder / "checkpoint.pt.tmp").write_bytes(b"half of one")
+    pace = (tmp_path / "pace.jsonl").read_bytes()
+    assert set(pieces.execute(plan, tmp_path, progress=False).values()) == {"done"}
+    assert sorted(p.name for p in folder.iterdir() if "checkpoint" in p.name or p.name.startswith("metrics")) == [
+        "metrics.jsonl.gz"]
+    assert gzip.decompress((folder / "metrics.jsonl.gz").read_bytes()) == gzip.decompress(packed)
+    assert (tmp_path / "pace.jsonl").read_bytes() == pace  # nothing trained again
+
+
+@pytest.mark.timeout(300)
 def test_a_compacted_folder_is_judged_and_its_results_written_as_the_plain_one(tmp_path):
     """Compaction changes how a finished run's logs are stored, not what they say: the same folder with every log
     gunzipped back to plain (the control: the only difference) gives the same verdicts, but for the file each

@@ -171,6 +171,10 @@ def validate(plan: Plan, out: Path, levels: Sequence[str], console) -> dict:
     return summary
 
 
+# written first into a results folder: one a kill left without summary.json is still validate's to --force
+STARTED = ".mxval-validate"
+
+
 def _default_out() -> Path:
     stamp = datetime.datetime.now().strftime("%Y-%m-%dT%H-%M-%S")
     out, n = Path("results") / stamp, 1
@@ -190,10 +194,12 @@ def prepare_out(out: Path | None, *, force: bool = False) -> Path:
         if not force:
             raise CLIError(f"{out} already exists and is not empty; mxval never overwrites results: choose another "
                            "--out, or pass --force to replace what is there")
-        if not (out / "summary.json").exists():
+        if not (out / "summary.json").exists() and not (out / STARTED).exists():
             raise CLIError(f"--force: {out} holds no mxval validate results (no summary.json); refusing to empty it")
         shutil.rmtree(out)
-    return writable_dir(out, what="results folder")
+    out = writable_dir(out, what="results folder")
+    (out / STARTED).write_text("mxval validate wrote into this folder; summary.json says how it ended (none: killed)\n")
+    return out
 
 
 def _gpus_and_deep_ep() -> tuple[int, bool]:

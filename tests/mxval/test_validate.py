@@ -234,3 +234,21 @@ def test_protocol_checks_trust_the_verdict_only_when_both_controls_come_out_as_e
     assert (cand.status, pos.status, neg.status) == ("fail", "pass", "pass")  # a trusted not_equivalent fails
     verdicts["positive_control"] = dict(verdicts["positive_control"], verdict="equivalent")  # the planted miss
     assert [c.status for c in protocol_checks(verdicts, pp)] == ["inconclusive", "inconclusive", "pass"]
+
+
+def test_a_folder_a_kill_left_without_a_summary_can_be_replaced_with_force(tmp_path, capsys):
+    """SIGKILL leaves no summary.json, and --force refused to empty a folder without one ("holds no mxval validate
+    results"): only deleting it by hand helped (audit, 2026-12-02). validate marks its folder first now; a folder
+    it did not write stays refused (the control)."""
+    from mxval.__main__ import main as mxval_main
+
+    out = validate.prepare_out(tmp_path / "killed")
+    (out / "tensor").mkdir()  # what a kill mid-run leaves: levels' files, no summary.json
+    assert mxval_main(["validate", "--out", str(out), "--levels", "tensor"]) == 2
+    assert "--force" in capsys.readouterr().err
+    assert validate.prepare_out(out, force=True) == out and not (out / "tensor").exists()
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("a user's file")
+    assert mxval_main(["validate", "--out", str(mine), "--levels", "tensor", "--force"]) == 2
+    assert "holds no mxval validate results" in capsys.readouterr().err and (mine / "notes.txt").exists()

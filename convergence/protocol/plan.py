@@ -49,6 +49,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import re
 import shlex
 import shutil
@@ -286,7 +287,7 @@ def open_protocol(plan: ProtocolPlan, out: Path, *, force: bool = False) -> str 
     state = out / "protocol.json"
     forced = force and state.exists()
     if forced:
-        for sub in ("runs", "logs", "results"):
+        for sub in ("runs", "logs", "results", "results.partial"):
             shutil.rmtree(out / sub, ignore_errors=True)
         (out / "pace.jsonl").unlink(missing_ok=True)  # pieces.PACE_FILE: the paces of runs no longer there
         state.unlink()
@@ -626,10 +627,10 @@ def write_results(plan: ProtocolPlan, out: Path, verdicts: dict[str, dict], comm
 
     from convergence.curves.plots import plot_comparison
 
-    res = Path(out) / "results"
-    if res.exists():
-        shutil.rmtree(res)
-    res.mkdir(parents=True)
+    res, part = Path(out) / "results", Path(out) / "results.partial"  # written whole, then moved into place: a
+    if part.exists():                                                    # kill left a results/ half written
+        shutil.rmtree(part)
+    part.mkdir(parents=True)
     written = []
     lines = ["#!/bin/sh", "# after: cp OUT/results/*.json* golden/training/", "set -e"]
 
@@ -651,7 +652,7 @@ def write_results(plan: ProtocolPlan, out: Path, verdicts: dict[str, dict], comm
     envs = _run_environments(plan, out)
     trained = runs_environment(plan, out, envs)
     for name, r in verdicts.items():
-        path = res / f"{plan.prefix}_{name}__{hardware}.json"
+        path = part / f"{plan.prefix}_{name}__{hardware}.json"
         emit(path, json.dumps(r, indent=1, default=str) + "\n", command, _note(name, r),
              judged if trained is None else trained | {"judged_with": judged},
              commit=(judged or {}).get("mxval_commit"))
@@ -659,12 +660,15 @@ def write_results(plan: ProtocolPlan, out: Path, verdicts: dict[str, dict], comm
     for spec in plan.runs():
         own = envs.get(spec.name)
         note = "" if own else " (versions: the judging machine's; the run's config.json records none)"
-        emit(res / f"{plan.prefix}_{spec.name}__{hardware}.jsonl.gz", gzipped(metrics_path(out, spec).read_bytes()),
+        emit(part / f"{plan.prefix}_{spec.name}__{hardware}.jsonl.gz", gzipped(metrics_path(out, spec).read_bytes()),
              plan.train_command(spec, "OUT"), f"{spec.role} run of {plan.prefix}: {spec}{note}", own or judged)
         probes = probes_path(out, spec)  # MXFP8 runs: per-layer MXFP8-vs-BF16 SQNR on the run's activations
         if probes.exists():
-            emit(res / f"{plan.prefix}_{spec.name}_probes__{hardware}.jsonl.gz", gzipped(probes.read_bytes()),
+            emit(part / f"{plan.prefix}_{spec.name}_probes__{hardware}.jsonl.gz", gzipped(probes.read_bytes()),
                  plan.train_command(spec, "OUT"), f"layer probes of the {spec.role} run of {plan.prefix}{note}",
                  own or judged)
-    (res / "record.sh").write_text("\n".join(lines) + "\n")
-    return written
+    (part / "record.sh").write_text("\n".join(lines) + "\n")
+    if res.exists():
+        shutil.rmtree(res)
+    os.replace(part, res)
+    return [res / p.name for p in written]

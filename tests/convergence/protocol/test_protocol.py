@@ -496,7 +496,7 @@ def test_a_kill_after_a_runs_last_step_leaves_nothing_behind_once_the_protocol_g
 
 
 @pytest.mark.timeout(300)
-def test_a_compacted_folder_is_judged_and_its_results_written_as_the_plain_one(tmp_path):
+def test_a_compacted_folder_is_judged_and_its_results_written_as_the_plain_one(tmp_path, monkeypatch):
     """Compaction changes how a finished run's logs are stored, not what they say: the same folder with every log
     gunzipped back to plain (the control: the only difference) gives the same verdicts, but for the file each
     names as its source, and the same results byte for byte (write_results copies a compacted log as it is and
@@ -528,6 +528,20 @@ def test_a_compacted_folder_is_judged_and_its_results_written_as_the_plain_one(t
         results[root] = {p.name: p.read_bytes() for p in (root / "results").iterdir()}
     assert results[packed] == results[plain]
     assert sum(n.endswith("_probes__cpu.jsonl.gz") for n in results[packed]) == 2  # the candidate and the control
+    # results/ is written whole or not at all: a kill mid-write had left it half written, with no word said
+    from convergence.curves import plots
+
+    def killed(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as m:
+        m.setattr(plots, "plot_comparison", killed)
+        with pytest.raises(KeyboardInterrupt):
+            pr.write_results(plan, packed, verdicts, plan.command("OUT"), "cpu")
+    assert {p.name: p.read_bytes() for p in (packed / "results").iterdir()} == results[packed]
+    pr.write_results(plan, packed, verdicts, plan.command("OUT"), "cpu")  # the repeat replaces what the kill left
+    assert {p.name: p.read_bytes() for p in (packed / "results").iterdir()} == results[packed]
+    assert not (packed / "results.partial").exists()
 
 
 def test_protocol_cli_runs_to_the_end_and_exits_with_the_candidates_verdict(tmp_path, capsys):

@@ -492,7 +492,10 @@ def compare_and_plot(out: Path, recipes: Sequence[str]) -> dict:
             result["candidates"][c] = compare_paths([out / baseline / "metrics.jsonl"], out / c / "metrics.jsonl")
         result["verdict"] = result["candidates"][candidates[0]]["verdict"] if len(candidates) == 1 \
             else {c: r["verdict"] for c, r in result["candidates"].items()}
-    # verdict.json first, then its figures: a kill between leaves a folder --resume completes (check_run_dir)
+    # verdict.json first, then its figures: a kill between leaves a folder --resume completes (check_run_dir);
+    # a kill mid-write left a hidden temporary (numerics.files.atomic_path) that nothing else removes
+    for stale in [*out.glob(".verdict.json.*.tmp"), *out.glob(".curves*.png.*.tmp")]:
+        stale.unlink(missing_ok=True)
     atomic_write(out / "verdict.json", json.dumps(result, indent=2, default=str) + "\n", force=True)
     for c, r in result["candidates"].items():
         # force: check_run_dir let this command replace the folder's verdict and figures (--force, or the same

@@ -402,10 +402,11 @@ def test_a_kill_between_the_verdict_and_its_figure_leaves_a_folder_resume_comple
     shutil.copytree(paired, out)
     want = json.loads((paired / "verdict.json").read_text())["verdict"]
     (out / "verdict.json").unlink()  # what the kill left: the figure, no verdict
+    (out / ".curves.png.x1y2z3.tmp").write_bytes(b"half a figure")  # and one killed mid-write: removed too
     argv = ["train", "--model", "tiny", "--recipe", "bf16", "--recipe", "mxfp8", "--steps", "30", "--out", str(out)]
     code = convergence_main([*argv, "--resume"])
     assert json.loads((out / "verdict.json").read_text())["verdict"] == want and code != 2
-    assert (out / "curves.png").is_file()
+    assert (out / "curves.png").is_file() and not list(out.glob(".*.tmp"))
 
 
 def test_more_validation_batches_than_the_split_holds_are_said_and_recorded(capsys, tmp_path):

@@ -357,10 +357,11 @@ def execute(plan: pr.ProtocolPlan, out: Path, *, slots: int = 1, per_gpu: int = 
     out = Path(out)
     start = time.monotonic()
     deadline = None if stop_after_s is None else start + stop_after_s
-    finished = pr.run_status(plan, out)
+    finished = pr.run_status(plan, out)  # read once: tidying a finished run changes no run's state
     for spec in plan.runs():  # a kill after a run's last step left its checkpoint and plain logs: tidy them now
         if finished[spec.name] == "done":
             pr.finish_run(pr.run_dir(out, spec))
+    status = resumable_status(plan, out, finished)  # a run's entry changes only by its own piece, read back after it
     startup = STARTUP_S.get(plan.model, 60.0)
     told = set()
 
@@ -385,7 +386,6 @@ def execute(plan: pr.ProtocolPlan, out: Path, *, slots: int = 1, per_gpu: int = 
 
     if slots <= 1:
         tokens = None
-        status = resumable_status(plan, out)  # a run's entry changes only by its own piece, read back after it
         for spec in _order(plan, status):
             left = budget()
             if left is not None and left < MIN_PIECE_S:
@@ -416,7 +416,7 @@ def execute(plan: pr.ProtocolPlan, out: Path, *, slots: int = 1, per_gpu: int = 
             if not done:
                 break
         return status
-    return _parallel(plan, out, slots, budget, fits, worker_argv or protocol_worker(out), progress,
+    return _parallel(plan, out, slots, budget, fits, worker_argv or protocol_worker(out), progress, status,
                      gpus=gpus_of_slots(slots, per_gpu), per_gpu=per_gpu)
 
 
@@ -428,10 +428,9 @@ def gpus_of_slots(slots: int, per_gpu: int = 1) -> list[str]:
     return [visible[i % len(visible)] for i in range(slots)]
 
 
-def _parallel(plan, out: Path, slots: int, budget, fits, worker_argv, progress, *, gpus: list[str],
+def _parallel(plan, out: Path, slots: int, budget, fits, worker_argv, progress, status: dict, *, gpus: list[str],
               per_gpu: int) -> dict:
     (out / "logs").mkdir(parents=True, exist_ok=True)
-    status = resumable_status(plan, out)
     queue = _order(plan, status)
     running: dict[int, tuple[pr.RunSpec, subprocess.Popen, float, object, object]] = {}
     failures, last_report = [], time.monotonic()

@@ -408,7 +408,6 @@ def run_piece(plan: ProtocolPlan, spec: RunSpec, out: Path, *, stop_after_s: flo
             data_mod.check_same_data(made, tokens.meta)
             break
     folder = run_dir(out, spec)
-    (folder / (CHECKPOINT_FILE + ".tmp")).unlink(missing_ok=True)  # a kill's half-written checkpoint: never read
     done = train_recipe(cfg, spec.recipe, folder, tokens, resume=True, progress=progress, stop_after_s=stop_after_s,
                         final_checkpoint=False)
     if done:

@@ -434,10 +434,11 @@ def check_run_dir(cfg: TrainConfig, out: Path, resume: bool, force: bool) -> Non
                        "overwrite it")
     # the verdict and its figures are replaced together; figures without a verdict.json guard a new folder, not
     # one continued with --resume (compare_and_plot writes verdict.json first: a kill leaves at most a figure short)
-    if len(cfg.recipes) > 1 and ((out / "verdict.json").exists() or (_verdict_files(out) and not resume)):
+    verdict_files = _verdict_files(out)
+    if len(cfg.recipes) > 1 and ((out / "verdict.json").exists() or (verdict_files and not resume)):
         before = _verdict_recipes(out)
         if before is None or sorted(before) != sorted(cfg.recipes):
-            first = out / "verdict.json" if before else _verdict_files(out)[0]
+            first = out / "verdict.json" if before else verdict_files[0]
             raise BadInput(f"{first} compares {', '.join(before) if before else 'other runs'}; this "
                            f"command would replace it with {', '.join(cfg.recipes)}: choose another --out, or pass "
                            "--force to replace it")

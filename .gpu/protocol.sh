@@ -20,13 +20,18 @@ TIER=${TIER:-0}
 TIER_MIN=${TIER_MIN:-130}
 source .gpu/env.sh
 W=/tmp/$NAME
-if [ ! -f "$W/protocol.json" ] && [ -d ".gpu/$NAME" ]; then cp -r ".gpu/$NAME" "$W"; fi
+if [ -f "$W/protocol.json" ]; then
+    echo "warm machine: continuing in $W (a run an earlier call stopped goes on from its checkpoint)"
+elif [ -d ".gpu/$NAME" ]; then
+    cp -r ".gpu/$NAME" "$W"
+    echo "fresh machine: $W copied from .gpu/$NAME (a run an earlier call stopped starts again at step 0)"
+fi > "$OUT/protocol.log"
 echo "${MXVAL_COMMIT:-unknown}" > "$OUT/commit"
 # 30 s of the call go to the install above, the tarball below and the process's exit
 minutes=$(python3 -c "print(round(($TOTAL - 30 - $SECONDS) / 60, 3))")
 set -o pipefail
 python3 -m convergence protocol $(cat ".gpu/$NAME.args") --device cuda --out "$W" \
-    --stop-after-minutes "$minutes" $([ "$WHOLE" = 1 ] && echo --whole-runs) 2>&1 | tee "$OUT/protocol.log"
+    --stop-after-minutes "$minutes" $([ "$WHOLE" = 1 ] && echo --whole-runs) 2>&1 | tee -a "$OUT/protocol.log"
 echo "protocol exit: $?"
 # runs stopped part-way keep their checkpoint in $W only; say which, and send back the rest
 (cd "$W" && find runs -name checkpoint.pt -printf '%h\n') > "$W/unfinished.txt"

@@ -5,9 +5,11 @@
 ``existing(path, what, hint)``  the path, or ``NotebookInputError`` naming it, what it should be and
     how to make one.
 ``repo_root()``  the repository folder (the notebooks' paths are relative to it).
-``validate_training_runs(results_dir)``  (run name, metrics file) of a ``mxval validate`` folder's training level:
-    the BF16 baselines, then the MXFP8 candidate (notebook 03).
-``validate_verdict_line(results_dir)``  the folder's own verdict in one line (its curves level's), or None.
+``training_runs(folder)``  (run name, metrics file) of a ``mxval validate`` folder's training level or of a
+    ``convergence protocol --out`` folder: the BF16 baselines, then the MXFP8 candidate (notebook 03), and the
+    baselines a protocol still running has not finished.
+``own_verdict_line(folder)``  the folder's own verdict in one line (validate's curves level's, the protocol's
+    results/), or None.
 """
 
 from __future__ import annotations
@@ -38,43 +40,68 @@ def existing(path, what: str, hint: str = "") -> Path:
     return p
 
 
-def validate_training_runs(results_dir) -> list[tuple[str, Path]]:
-    """(run name, metrics file) of a ``mxval validate`` results folder's training level, a convergence protocol
-    folder: the BF16 baseline and its replicates, then the MXFP8 candidate. The runs and files come from the
-    protocol's own plan (``ProtocolPlan.baselines``, ``metrics_path``), as the curves level judges them, so a
-    change of layout cannot leave the notebook reading a folder validate no longer writes (it had: seed*/mxfp8)."""
+def _protocol_folder(folder) -> tuple[Path, bool]:
+    """(the protocol folder, whether it is validate's): ``folder/training`` of a validate results folder, or
+    ``folder`` itself when it holds ``protocol.json`` (``convergence protocol --out``)."""
+    folder = Path(folder)
+    if (folder / "protocol.json").is_file():
+        return folder, False
+    if (folder / "training" / "protocol.json").is_file():
+        return folder / "training", True
+    raise NotebookInputError(f"{folder} holds no training level (training/protocol.json) and is no protocol folder "
+                             "(protocol.json); run `mxval validate` with the training level, or `python -m "
+                             "convergence protocol --out FOLDER`, to make one")
+
+
+def training_runs(folder) -> tuple[list[tuple[str, Path]], list[str]]:
+    """(run name, metrics file) of the BF16 baseline and its replicates, then the MXFP8 candidate, of a
+    ``mxval validate`` results folder's training level or of a ``convergence protocol --out`` folder; and the
+    names of the baselines left out. The runs and files come from the protocol's own plan
+    (``ProtocolPlan.baselines``, ``metrics_path``), as its verdicts judge them, so a change of layout cannot leave
+    the notebook reading a folder nothing writes any more (it had: validate's seed*/mxfp8). Validate's level
+    runs whole or not at all, so a missing run there is a failed level; a protocol folder fills over sessions
+    (#15's took weeks), so its unfinished baselines are left out and named, and only the BF16 baseline and the
+    candidate must be finished."""
     from convergence.protocol import plan as pr
     from numerics.errors import BadInput
 
-    training = Path(results_dir) / "training"
-    if not (training / "protocol.json").is_file():
-        raise NotebookInputError(f"{results_dir} holds no training level (training/protocol.json); run "
-                                 "`mxval validate` with the training level to make one")
+    out, is_validate = _protocol_folder(folder)
     try:
-        plan = pr.load_plan(training)
-    except BadInput as exc:  # a damaged protocol.json: its one line
+        plan = pr.load_plan(out)
+        specs = [*plan.baselines(), plan.run("candidate")]
+        if is_validate:
+            missing = next((s for s in specs if not pr.metrics_path(out, s).is_file()), None)
+            if missing is not None:
+                raise NotebookInputError(f"{pr.metrics_path(out, missing)} does not exist: the training level did "
+                                         "not finish that run (its log is logs/training.log)")
+            return [(s.name, pr.metrics_path(out, s)) for s in specs], []
+        status = pr.run_status(plan, out)
+    except BadInput as exc:  # a damaged protocol.json or run log: its one line
         raise NotebookInputError(str(exc)) from None
-    runs = [(spec.name, pr.metrics_path(training, spec)) for spec in [*plan.baselines(), plan.run("candidate")]]
-    missing = next((path for _, path in runs if not path.is_file()), None)
-    if missing is not None:
-        raise NotebookInputError(f"{missing} does not exist: the training level did not finish that run "
-                                 "(its log is logs/training.log)")
-    return runs
+    for spec in (plan.run("baseline"), plan.run("candidate")):
+        if status[spec.name] != "done":
+            raise NotebookInputError(f"{out}: the protocol has not finished its run {spec.name} ({status[spec.name]} "
+                                     f"of {plan.steps} steps): continue it with the protocol's command")
+    left_out = [s.name for s in specs if status[s.name] != "done"]
+    return [(s.name, pr.metrics_path(out, s)) for s in specs if s.name not in left_out], left_out
 
 
-def validate_verdict_line(results_dir) -> str | None:
-    """The verdict ``mxval validate`` itself gave (its curves level's ``curves/verdict.json``: validation loss, every
-    MXFP8 run against the BF16 runs), in one line; None when the folder has none. Notebook 03 compares training
-    loss of the first MXFP8 run, which can differ: both are shown, each named."""
+def own_verdict_line(folder) -> str | None:
+    """The verdict the folder itself holds, in one line: ``mxval validate``'s curves level's
+    (``curves/verdict.json``) or a whole protocol's (``results/<prefix>_verdict__<hardware>.json``), both on
+    validation loss with every MXFP8 run; None when it has none. Notebook 03 compares training loss of the first
+    MXFP8 run, which can differ: both are shown, each named."""
     from numerics.errors import BadInput
     from numerics.files import read_json_object
 
-    path = Path(results_dir) / "curves" / "verdict.json"
-    if not path.is_file():
+    folder = Path(folder)
+    paths = [folder / "curves" / "verdict.json", *sorted((folder / "results").glob("*_verdict__*.json"))]
+    path = next((p for p in paths if p.is_file()), None)
+    if path is None:
         return None
     try:
-        r = read_json_object(path, what="a curves verdict")
-        return (f"validate's own verdict ({path}: {r.get('metric', 'loss')}, every candidate run): "
+        r = read_json_object(path, what="a verdict")
+        return (f"the folder's own verdict ({path}: {r.get('metric', 'loss')}, every candidate run): "
                 f"{r['verdict']}: {r['reason']}")
     except (BadInput, KeyError, TypeError) as exc:
         raise NotebookInputError(f"{path}: {exc}") from None

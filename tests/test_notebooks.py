@@ -99,7 +99,7 @@ def test_notebook_layer_errors_reads_a_layers_json(tmp_path):
 
 def test_notebook_loss_curves_missing_run_is_one_clear_message():
     msg = error_of(NOTEBOOKS[2], {"RESULTS_DIR": "results/not-a-run"})
-    assert "validate results folder (RESULTS_DIR) 'results/not-a-run' does not exist" in msg
+    assert "results folder (RESULTS_DIR) 'results/not-a-run' does not exist" in msg
     assert "Traceback" not in msg
 
 
@@ -112,7 +112,7 @@ def test_notebook_loss_curves_reads_a_validate_results_folder(tmp_path, fake_val
     (tmp_path / "curves" / "verdict.json").write_text('{"verdict": "equivalent", "reason": "r", "metric": "val_loss"}')
     text = outputs_text(execute(NOTEBOOKS[2], {"RESULTS_DIR": str(tmp_path)}))
     assert "baselines: bf16, bf16_rounding1, bf16_rounding2 | candidate: mxfp8" in text and "verdict: " in text
-    assert "(training loss, the first candidate run)" in text and "validate's own verdict" in text
+    assert "(training loss, the first candidate run)" in text and "the folder's own verdict" in text
 
 
 def test_notebook_loss_curves_reads_files(tmp_path):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from convergence.curves.load import load_curves
-from mxval.notebook import NotebookInputError, validate_training_runs
+from mxval.notebook import NotebookInputError, training_runs
 
 
 def test_validate_training_runs_reads_the_protocol_folder_validate_writes(tmp_path, fake_validate_folder):
@@ -14,7 +14,8 @@ def test_validate_training_runs_reads_the_protocol_folder_validate_writes(tmp_pa
     them (the curves level judges the same runs). Notebook 03 used to look for training/seed*/mxfp8/metrics.jsonl,
     which validate stopped writing when it began running the protocol, and refused every validate folder."""
     names = fake_validate_folder(tmp_path)
-    runs = validate_training_runs(tmp_path)
+    runs, left_out = training_runs(tmp_path)
+    assert left_out == []
     assert [n for n, _ in runs] == ["bf16", "bf16_rounding1", "bf16_rounding2", "mxfp8"]
     assert {"mxfp8-head", "bf16_rounding3"} <= set(names) - {n for n, _ in runs}
     assert runs[-1][1].relative_to(tmp_path).as_posix() == "training/runs/mxfp8/mxfp8/metrics.jsonl.gz"
@@ -25,31 +26,57 @@ def test_validate_training_runs_reads_the_protocol_folder_validate_writes(tmp_pa
 def test_validate_training_runs_refuses_a_folder_without_a_training_level_in_one_message(tmp_path):
     (tmp_path / "training" / "seed0" / "mxfp8").mkdir(parents=True)  # the layout validate wrote before the protocol
     (tmp_path / "training" / "seed0" / "mxfp8" / "metrics.jsonl").write_text('{"step": 1, "loss": 3.0}\n')
-    with pytest.raises(NotebookInputError, match=r"holds no training level \(training/protocol\.json\)"):
-        validate_training_runs(tmp_path)
+    with pytest.raises(NotebookInputError, match=r"holds no training level \(training/protocol\.json\) and is no "
+                                                 r"protocol folder"):
+        training_runs(tmp_path)
 
 
 def test_validate_training_runs_names_a_run_the_training_level_did_not_finish(tmp_path, fake_validate_folder):
     fake_validate_folder(tmp_path, steps=20)
     (tmp_path / "training" / "runs" / "bf16_rounding2" / "bf16" / "metrics.jsonl.gz").unlink()
     with pytest.raises(NotebookInputError, match=r"runs/bf16_rounding2/bf16/metrics\.jsonl does not exist"):
-        validate_training_runs(tmp_path)
+        training_runs(tmp_path)
     (tmp_path / "training" / "protocol.json").write_text("{")  # damaged: the plan reader's one line, as a message
     with pytest.raises(NotebookInputError, match="protocol.json"):
-        validate_training_runs(tmp_path)
+        training_runs(tmp_path)
 
 
-def test_validate_verdict_line_names_validates_own_verdict_beside_the_notebooks(tmp_path):
-    """Notebook 03 compares training loss of the first MXFP8 run; validate's curves level judges validation loss
-    with every MXFP8 run, and the two can differ: the notebook prints validate's own beside its, each named."""
-    from mxval.notebook import validate_verdict_line
+def test_training_runs_reads_a_protocol_folder_and_leaves_out_its_unfinished_baselines(tmp_path,
+                                                                                       fake_validate_folder):
+    """A ``convergence protocol --out`` folder is read as validate's training level is (the same plan, the same
+    files); one still running (#15's fills over weeks of sessions) gives its finished baselines and names the rest,
+    while the baseline and the candidate it compares must be finished. The notebook had taken validate folders
+    only."""
+    fake_validate_folder(tmp_path, steps=20)  # the quick plan's length: every run finished
+    out = tmp_path / "training"
+    runs, left_out = training_runs(out)
+    assert [n for n, _ in runs] == ["bf16", "bf16_rounding1", "bf16_rounding2", "mxfp8"] and left_out == []
+    (out / "runs" / "bf16_rounding1" / "bf16" / "metrics.jsonl.gz").unlink()  # not started yet
+    runs, left_out = training_runs(out)
+    assert [n for n, _ in runs] == ["bf16", "bf16_rounding2", "mxfp8"] and left_out == ["bf16_rounding1"]
+    assert [len(c) for c in load_curves([p for _, p in runs])] == [20] * 3
+    (out / "runs" / "mxfp8" / "mxfp8" / "metrics.jsonl.gz").unlink()  # the candidate itself: nothing to compare
+    with pytest.raises(NotebookInputError, match=r"has not finished its run mxfp8 \(0 of 20 steps\)"):
+        training_runs(out)
 
-    assert validate_verdict_line(tmp_path) is None  # a folder without a curves level: nothing to add
+
+def test_own_verdict_line_names_the_folders_own_verdict_beside_the_notebooks(tmp_path):
+    """Notebook 03 compares training loss of the first MXFP8 run; validate's curves level and the protocol judge
+    validation loss with every MXFP8 run, and the two can differ: the notebook prints the folder's own beside
+    its, each named."""
+    from mxval.notebook import own_verdict_line
+
+    assert own_verdict_line(tmp_path) is None  # a folder without a verdict: nothing to add
+    (tmp_path / "results").mkdir()  # a whole protocol's results/
+    (tmp_path / "results" / "proxy_long_verdict__h200.json").write_text(
+        '{"verdict": "not_equivalent", "reason": "outside", "metric": "val_loss"}')
+    assert "proxy_long_verdict__h200.json: val_loss, every candidate run): not_equivalent: outside" in \
+        own_verdict_line(tmp_path)
     (tmp_path / "curves").mkdir()
     (tmp_path / "curves" / "verdict.json").write_text(
         '{"verdict": "inconclusive", "reason": "interval straddles", "metric": "val_loss"}')
-    line = validate_verdict_line(tmp_path)
+    line = own_verdict_line(tmp_path)  # validate's, where both are
     assert "val_loss, every candidate run): inconclusive: interval straddles" in line
     (tmp_path / "curves" / "verdict.json").write_text("[1, 2]")
     with pytest.raises(NotebookInputError, match="verdict.json"):
-        validate_verdict_line(tmp_path)
+        own_verdict_line(tmp_path)

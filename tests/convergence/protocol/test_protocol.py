@@ -1040,6 +1040,12 @@ def test_the_projection_says_how_many_runs_the_margin_needs_and_how_sure_that_is
     line = pieces.projection(plan, verdicts(0.00064))
     assert "(0.488%, 8 BF16 and 4 mxfp8 runs, 10 degrees of freedom; 95 % interval 0.341% to 0.856%)" in line
     assert "+-0.250% needs about k = m = 60 (240 runs; 31 to 178 over the spread's interval)" in line
+    # 60 is an interval as wide as the margin, inside which an identical candidate is called equivalent only by
+    # luck (3.7 % at the proxy's k = m = 197, measured through the verdict's code); the line says what gives it 8
+    # chances in 10 (power.replicates_for_equivalence: (t + z_0.9) * se <= margin; the set's error, 0.064 %, is
+    # most of that budget here, hence far more runs)
+    assert ("an interval as wide as the margin: for a candidate identical to BF16 to be called equivalent 8 times in "
+            "10, about k = m = 512 (2048 runs)") in line
     # the spreads apart: MXFP8's 4 runs spread 1.66x the 8 BF16 runs' (not significant at 3 and 7 degrees of
     # freedom), and at those spreads the margin asks for more runs than the pooled one says
     assert ("mxfp8's runs to spread as BF16's: they spread 0.655% against 0.395% (1.66x; equal spreads: F-test "

@@ -1,8 +1,8 @@
 """python -m convergence compare BASELINE CANDIDATE [--baseline MORE ...] [--margin 0.0025]
 [--metric loss|val_loss] [--overlap-only] [--json OUT] [--plot OUT.png] [--force]
 
-Prints a short report whose first line is the verdict, its reason and the smallest difference the runs
-could have detected; exit 0 equivalent, 1 not_equivalent or diverged, 3 inconclusive, 4 incomplete
+Prints a short report whose first line is the verdict, its reason and the difference the runs would
+call not_equivalent about half the time; exit 0 equivalent, 1 not_equivalent or diverged, 3 inconclusive, 4 incomplete
 (a run does not cover the others' steps; ``--overlap-only`` judges the overlap), 2 bad input or an
 output that cannot be written (checked before the work starts; files are written atomically).
 The statistics are documented in ``convergence.curves.compare``; the JSON is ``compare_paths``'s dict.
@@ -77,8 +77,8 @@ def report(r: dict) -> str:
                  f"(steps {run['steps'][0]}..{run['steps'][1]})" for run in cov["runs"])]
     sens = r.get("sensitivity")
     if sens:
-        lines.append(f"sensitivity: interval half-width {sens['half_width']:.3%}; the smallest difference called "
-                     f"not_equivalent is {sens['smallest_detectable_difference']:.3%}")
+        lines.append(f"sensitivity: interval half-width {sens['half_width']:.3%}; a difference of "
+                     f"{sens['smallest_detectable_difference']:.3%} is called not_equivalent about half the time")
     val = r.get("metric") == "val_loss"
     for name in ("overall", "final_window"):
         part = r.get(name)

@@ -420,3 +420,33 @@ def test_margin_plus_half_width_is_called_not_equivalent_about_half_the_time_and
     assert rate(0.0025 + 2 * hw, 100)[0] > 0.9
     line = resolution(r)
     assert "is called not_equivalent about half the time" in line and "are called not_equivalent" not in line
+
+
+def test_one_candidate_run_assumes_equal_spreads_and_says_so_replicates_do_not():
+    """A single candidate run's interval (``s * sqrt(1 + 1/k)``) takes its recipe to spread as BF16's. Simulated
+    through the verdict's code with truth 0 and the candidate spreading 2.3x (the lost proxy folder's MXFP8/BF16
+    ratio), k = 4 baselines: one run was called not_equivalent 11.8 % +- 0.4 % of the time (6,000 reps; the
+    nominal bound is 2.5 %: two ranges at 1.25 % a side), m = 4 candidate runs (Welch) 1.4 % +- 0.15 %. Here 800
+    reps (sd ~1.1 and 0.4 points): > 6 % for one run and < 3 % for four are 5 sd or more from what was measured.
+    The one-run result must carry the caveat in its noise note; with replicates it is not needed."""
+    from convergence.curves import paired
+    from convergence.curves.compare import _statistics_verdict
+
+    rng = np.random.default_rng(21)
+    steps = np.arange(500, 1501, 250)
+    curve = 1.0 + 0.5 * (steps / 250.0) ** -0.7
+
+    def rate(m: int, reps: int) -> tuple[float, dict]:
+        hits = 0
+        for _ in range(reps):
+            bases = curve * (1 + rng.normal(0, 0.01, (4, 1)))
+            cands = curve * (1 + rng.normal(0, 0.023, (m, 1)))
+            r = paired.statistics(steps, cands[0] if m == 1 else cands, bases, None, OPTS, final_from=3)
+            hits += _statistics_verdict(r)[0] == "not_equivalent"
+        return hits / reps, r
+
+    one, r1 = rate(1, 800)
+    four, r4 = rate(4, 800)
+    assert one > 0.06 and four < 0.03
+    assert "takes the candidate's run-to-run spread to equal the baselines'" in r1["noise"]["note"]
+    assert "takes the candidate's run-to-run spread" not in r4["noise"]["note"]

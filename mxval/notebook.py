@@ -9,7 +9,7 @@
     ``convergence protocol --out`` folder: the BF16 baselines, then the MXFP8 candidate (notebook 03), and the
     baselines a protocol still running has not finished.
 ``own_verdict_line(folder)``  the folder's own verdict in one line (validate's curves level's, the protocol's
-    results/), or None.
+    results/; a protocol still running: its last whole level's, judged here and marked interim), or None.
 """
 
 from __future__ import annotations
@@ -89,8 +89,10 @@ def training_runs(folder) -> tuple[list[tuple[str, Path]], list[str]]:
 def own_verdict_line(folder) -> str | None:
     """The verdict the folder itself holds, in one line: ``mxval validate``'s curves level's
     (``curves/verdict.json``) or a whole protocol's (``results/<prefix>_verdict__<hardware>.json``), both on
-    validation loss with every MXFP8 run; None when it has none. Notebook 03 compares training loss of the first
-    MXFP8 run, which can differ: both are shown, each named."""
+    validation loss with every MXFP8 run. A protocol folder without results (one still running: #15's fills over
+    weeks of sessions) gives what ``protocol --status`` prints, its last whole level judged here, nothing written,
+    marked interim; None when there is nothing to judge. Notebook 03 compares training loss of the first MXFP8
+    run, which can differ: both are shown, each named."""
     from numerics.errors import BadInput
     from numerics.files import read_json_object
 
@@ -98,10 +100,39 @@ def own_verdict_line(folder) -> str | None:
     paths = [folder / "curves" / "verdict.json", *sorted((folder / "results").glob("*_verdict__*.json"))]
     path = next((p for p in paths if p.is_file()), None)
     if path is None:
-        return None
+        return _judged_here_line(folder)
     try:
         r = read_json_object(path, what="a verdict")
         return (f"the folder's own verdict ({path}: {r.get('metric', 'loss')}, every candidate run): "
                 f"{r['verdict']}: {r['reason']}")
     except (BadInput, KeyError, TypeError) as exc:
         raise NotebookInputError(f"{path}: {exc}") from None
+
+
+def _judged_here_line(folder: Path) -> str | None:
+    """The last whole level of the protocol in ``folder`` (a protocol or validate folder) judged in memory, as
+    ``protocol --status`` judges it, with whether its controls came out as they must; None when the folder holds
+    no protocol or no level is whole yet."""
+    from convergence.protocol import plan as pr
+    from numerics.errors import BadInput
+
+    try:
+        out, _ = _protocol_folder(folder)
+    except NotebookInputError:
+        return None
+    try:
+        plan = pr.load_plan(out)
+        sub = pr.last_whole_level(plan, out)
+        if sub is None:
+            return None
+        verdicts = pr.judge(sub, out)
+    except (BadInput, ValueError) as exc:  # a damaged log, runs the design's check refuses: its one line
+        raise NotebookInputError(f"{out}: cannot judge its runs: {exc}") from None
+    whole = sub.candidate_replicates == plan.candidate_replicates
+    stage = ("the whole plan, not yet written to results/: the protocol's command writes it" if whole else
+             f"interim, k = {sub.replicates}, m = {sub.candidate_replicates} of the plan's k = {plan.replicates}, "
+             f"m = {plan.candidate_replicates}: a partial plan decides nothing")
+    controls = ", ".join(f"{name} {r['verdict']} ({'as it must' if r['protocol']['as_expected'] else 'NOT as it must'})"
+                         for name, r in verdicts.items() if name != "verdict")
+    return (f"the protocol's verdict as its runs stand ({out}: val_loss, every candidate run, judged here, {stage}): "
+            f"{pr.verdict_line('verdict', verdicts['verdict']).split(None, 1)[1]}; controls: {controls}")

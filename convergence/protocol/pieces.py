@@ -152,14 +152,12 @@ def progress_report(plan: pr.ProtocolPlan, out: Path, per_gpu: int = 1, *, figur
     made = pr.made_with(plan, out)
     if made:
         lines.append(f"  made with {made}")
-    whole = [sub for sub in plan.levels() if all(status.get(r.name) == "done" for r in sub.runs())]
-    if whole and whole[-1].candidate_replicates < plan.candidate_replicates:
-        sub = whole[-1]
+    sub = pr.last_whole_level(plan, out, status)
+    if sub is not None and sub.candidate_replicates < plan.candidate_replicates:
         lines.append(f"  complete as the smaller protocol k = {sub.replicates}, m = {sub.candidate_replicates}: judge "
                      f"it with the same command and --replicates {sub.replicates} --candidate-replicates "
                      f"{sub.candidate_replicates} (the runs made stay; the larger plan continues with its own)")
-    if whole:  # what the runs made say so far: the last whole level judged here, nothing written
-        sub = whole[-1]
+    if sub is not None:  # what the runs made say so far: the last whole level judged here, nothing written
         try:
             verdicts = pr.judge(sub, out)
             lines += [f"    {pr.verdict_line(name, r)}" for name, r in verdicts.items()]
@@ -183,7 +181,7 @@ def progress_report(plan: pr.ProtocolPlan, out: Path, per_gpu: int = 1, *, figur
                               title=f"{plan.prefix}: {done} of {len(runs)} runs of {plan.steps} steps; judged as "
                                     f"k = {sub.replicates}, m = {sub.candidate_replicates}{interim}")
                 lines.append(f"  figure: {figure}")
-    if figure is not None and not whole:
+    if figure is not None and sub is None:
         lines.append("  no figure: no level is whole yet")
     spread, spread_lines = _spread_report(plan, out, status)
     lines += _parting_report(plan, out, status, parting_figure, force, spread) + spread_lines

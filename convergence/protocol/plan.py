@@ -2,7 +2,8 @@
 validation loss, run in resumable pieces.
 
 Public: ``ProtocolPlan``, ``RunSpec``, ``DESIGNS``, ``VERDICTS``, ``open_protocol(plan, out)``, ``load_plan(out)``,
-``run_status(plan, out)``, ``run_state(plan, out, spec)``, ``run_piece(plan, spec, out, ...)``, ``judge(plan, out)``,
+``run_status(plan, out)``, ``run_state(plan, out, spec)``, ``last_whole_level(plan, out)``,
+``run_piece(plan, spec, out, ...)``, ``judge(plan, out)``,
 ``check_design(plan, out)``, ``as_expected``, ``write_results(plan, out, verdicts, command, hardware)``,
 ``runs_environment(plan, out)``, ``environment_change(plan, out, here)``, ``made_with(plan, out)``,
 ``metrics_path(out, spec)``, ``probes_path(out, spec)`` (a run's logs, plain or compacted), ``compact_run(folder)``.
@@ -386,6 +387,15 @@ def run_state(plan: ProtocolPlan, out: Path, spec: RunSpec) -> int | str:
 def run_status(plan: ProtocolPlan, out: Path) -> dict[str, int | str]:
     """name -> ``run_state`` of every run of the plan (it reads every run's metrics: a folder's worth)."""
     return {spec.name: run_state(plan, out, spec) for spec in plan.runs()}
+
+
+def last_whole_level(plan: ProtocolPlan, out: Path, status: dict | None = None) -> ProtocolPlan | None:
+    """The largest of ``plan.levels()`` whose runs are all finished in ``out`` (``plan`` itself once it is whole):
+    what the runs made so far can be judged as; None before the first level is whole. ``status``: ``run_status``'s,
+    when the caller has it (reading it is a folder's worth)."""
+    status = run_status(plan, out) if status is None else status
+    whole = [sub for sub in plan.levels() if all(status.get(r.name) == "done" for r in sub.runs())]
+    return whole[-1] if whole else None
 
 
 def can_continue(out: Path, spec: RunSpec) -> bool:

@@ -80,3 +80,41 @@ def test_own_verdict_line_names_the_folders_own_verdict_beside_the_notebooks(tmp
     (tmp_path / "curves" / "verdict.json").write_text("[1, 2]")
     with pytest.raises(NotebookInputError, match="verdict.json"):
         own_verdict_line(tmp_path)
+
+
+def test_own_verdict_line_judges_a_running_protocols_last_whole_level_as_its_status_does(tmp_path):
+    """A protocol folder without results/ (#15's fills over weeks of sessions) had no verdict beside the
+    notebook's, though ``protocol --status`` judges its last whole level: the notebook now prints that one, marked
+    interim, with whether each control came out as it must (here a control 5 % worse: not_equivalent; the held-out
+    BF16 runs: equivalent); before a level is whole, None; a damaged log, one message."""
+    import json
+
+    from convergence.protocol import plan as pr
+    from mxval.notebook import own_verdict_line
+
+    plan = pr.ProtocolPlan(model="tiny", steps=10, replicates=3, candidate_replicates=4).check()
+    pr.open_protocol(plan, tmp_path)
+    noise = {"bf16": 0.0, "bf16_rounding1": 1e-4, "bf16_rounding2": -1e-4, "bf16_rounding3": 2e-4,
+             "mxfp8": 5e-5, "mxfp8_rounding1": -5e-5, "mxfp8-head": 0.05, "mxfp8-head_rounding1": 0.0501,
+             "mxfp8_rounding2": 4e-4}
+
+    def write(r):
+        path = pr.metrics_path(tmp_path, r)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("".join(json.dumps({"step": s, "loss": 2.0, "val_loss": (2.0 - s / 20) * (1 + noise[r.name])})
+                                + "\n" for s in range(1, 11)))
+
+    for r in plan.levels()[0].runs()[:-1]:  # the first level less one run: nothing whole to judge
+        write(r)
+    assert own_verdict_line(tmp_path) is None
+    for r in plan.levels()[1].runs():
+        write(r)
+    line = own_verdict_line(tmp_path)
+    assert "judged here, interim, k = 2, m = 2 of the plan's k = 3, m = 4: a partial plan decides nothing): " \
+           "EQUIVALENT:" in line, line
+    assert line.endswith("controls: positive_control not_equivalent (as it must), negative_control equivalent "
+                         "(as it must)"), line
+    assert own_verdict_line(tmp_path.parent) is None  # no protocol there at all
+    pr.metrics_path(tmp_path, plan.run("candidate")).write_text('{"step": 1, "val_loss": [}\n')
+    with pytest.raises(NotebookInputError, match="cannot judge its runs"):
+        own_verdict_line(tmp_path)

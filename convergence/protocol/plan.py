@@ -264,7 +264,10 @@ def plan_from_dict(d: dict) -> ProtocolPlan:
 # what may change on a folder that holds runs: how many replicates, and which recipe is the positive control.
 # Every run is named by what it is (recipe, change), so the runs made stay valid; a run no longer in the plan
 # is kept on disk and left out of the verdicts.
-CHANGEABLE = ("replicates", "candidate_replicates", "control")
+# What a folder's plan may change between calls, every run made kept: how many runs, which control, and the result
+# files' prefix (``name``: it names no run; #15's k = m = 16 plan was started without one, and its results must not
+# take the lr 6e-4 protocol's "proxy_long")
+CHANGEABLE = ("replicates", "candidate_replicates", "control", "name")
 
 
 def check_same_plan(plan: ProtocolPlan, out: Path) -> dict:
@@ -294,7 +297,9 @@ def open_protocol(plan: ProtocolPlan, out: Path, *, force: bool = False) -> str 
         state.unlink()
     if state.exists():
         have, want = check_same_plan(plan, out), plan.as_dict()
-        changed = [f"{key} {have[key]} -> {want[key]}" for key in CHANGEABLE if have[key] != want[key]]
+        shown = {"": "(none)"}  # a name not given: the default prefix
+        changed = [f"{key} {shown.get(have[key], have[key])} -> {shown.get(want[key], want[key])}"
+                   for key in CHANGEABLE if have[key] != want[key]]
         if not changed:
             return None
         state.write_text(json.dumps(want, indent=1) + "\n")

@@ -90,6 +90,10 @@ def test_protocol_folder_grows_its_replicates_and_keeps_the_runs_made(tmp_path):
         pr.open_protocol(dataclasses.replace(more, overrides=(("lr", 0.01),)), tmp_path)
     assert "control mxfp8-head -> mxfp8-e2m1" in pr.open_protocol(dataclasses.replace(more, control="mxfp8-e2m1"),
                                                                   tmp_path)
+    # the result files' prefix too: it names no run (#15's plan was started without one, and its results would
+    # otherwise be named like the lr 6e-4 protocol's)
+    line = pr.open_protocol(dataclasses.replace(more, control="mxfp8-e2m1", name="tiny_k5"), tmp_path)
+    assert "name (none) -> tiny_k5" in line and pr.load_plan(tmp_path).prefix == "tiny_k5"
 
 
 def test_protocol_run_commands_reproduce_the_runs_it_makes():

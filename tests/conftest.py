@@ -120,6 +120,32 @@ def fake_validate_folder():
     return make
 
 
+@pytest.fixture
+def val_loss_protocol(tmp_path):
+    """``(plan, write)``: a tiny protocol opened in ``tmp_path`` (k = 3, m = 4, 10 steps) and ``write(spec)``, which
+    writes that run's finished log with a synthetic validation loss: the BF16 and MXFP8 runs within 4e-4 of each
+    other, the ``mxfp8-head`` control 5 % above them, so its levels judge as equivalent / not_equivalent /
+    equivalent. Seconds instead of training; shared by ``--status``'s tests and the notebook helper's."""
+    import json
+
+    from convergence.protocol import plan as pr
+
+    plan = pr.ProtocolPlan(model="tiny", steps=10, replicates=3, candidate_replicates=4).check()
+    pr.open_protocol(plan, tmp_path)
+    noise = {"bf16": 0.0, "bf16_rounding1": 1e-4, "bf16_rounding2": -1e-4, "bf16_rounding3": 2e-4,
+             "mxfp8": 5e-5, "mxfp8_rounding1": -5e-5, "mxfp8-head": 0.05, "mxfp8-head_rounding1": 0.0501,
+             "mxfp8_rounding2": 4e-4}
+
+    def write(spec):
+        path = pr.metrics_path(tmp_path, spec)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        level = 1 + noise[spec.name]
+        path.write_text("".join(json.dumps({"step": s, "loss": 2.0, "val_loss": (2.0 - s / 20) * level}) + "\n"
+                                for s in range(1, 11)))
+
+    return plan, write
+
+
 # what numerics.layer and convergence.train import from torchao at module level (MXFP8TrainingOpConfig, the
 # functional ops, KernelPreference): torchao 0.15 and 0.16 have no moe_training.config, 0.17 no mxfp8_linear
 TORCHAO_TRAINING_API = ("torchao.quantization.quantize_.common", "torchao.prototype.moe_training.config",

@@ -82,28 +82,16 @@ def test_own_verdict_line_names_the_folders_own_verdict_beside_the_notebooks(tmp
         own_verdict_line(tmp_path)
 
 
-def test_own_verdict_line_judges_a_running_protocols_last_whole_level_as_its_status_does(tmp_path):
+def test_own_verdict_line_judges_a_running_protocols_last_whole_level_as_its_status_does(tmp_path,
+                                                                                          val_loss_protocol):
     """A protocol folder without results/ (#15's fills over weeks of sessions) had no verdict beside the
     notebook's, though ``protocol --status`` judges its last whole level: the notebook now prints that one, marked
     interim, with whether each control came out as it must (here a control 5 % worse: not_equivalent; the held-out
     BF16 runs: equivalent); before a level is whole, None; a damaged log, one message."""
-    import json
-
     from convergence.protocol import plan as pr
     from mxval.notebook import own_verdict_line
 
-    plan = pr.ProtocolPlan(model="tiny", steps=10, replicates=3, candidate_replicates=4).check()
-    pr.open_protocol(plan, tmp_path)
-    noise = {"bf16": 0.0, "bf16_rounding1": 1e-4, "bf16_rounding2": -1e-4, "bf16_rounding3": 2e-4,
-             "mxfp8": 5e-5, "mxfp8_rounding1": -5e-5, "mxfp8-head": 0.05, "mxfp8-head_rounding1": 0.0501,
-             "mxfp8_rounding2": 4e-4}
-
-    def write(r):
-        path = pr.metrics_path(tmp_path, r)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text("".join(json.dumps({"step": s, "loss": 2.0, "val_loss": (2.0 - s / 20) * (1 + noise[r.name])})
-                                + "\n" for s in range(1, 11)))
-
+    plan, write = val_loss_protocol
     for r in plan.levels()[0].runs()[:-1]:  # the first level less one run: nothing whole to judge
         write(r)
     assert own_verdict_line(tmp_path) is None

@@ -1061,25 +1061,14 @@ def test_the_projection_says_how_many_runs_the_margin_needs_and_how_sure_that_is
     assert round(lo, 5) == 0.00566 and round(hi, 5) == 0.03729  # chi-square with 3 degrees of freedom
 
 
-def test_status_judges_the_last_whole_level_without_writing_anything(tmp_path, capsys):
+def test_status_judges_the_last_whole_level_without_writing_anything(tmp_path, capsys, val_loss_protocol):
     """--status prints what the runs made say so far: the last whole level's three verdicts, judged in memory
     (here a control 5 % worse comes out not_equivalent, the held-out BF16 runs equivalent); before a level is
     whole it prints none (the control), and a run it cannot read is one line, not a traceback."""
     from convergence.protocol import pieces
 
-    plan = pr.ProtocolPlan(model="tiny", steps=10, replicates=3, candidate_replicates=4).check()
-    pr.open_protocol(plan, tmp_path)
+    plan, write = val_loss_protocol
     level = plan.levels()[1]  # k = m = 2
-    noise = {"bf16": 0.0, "bf16_rounding1": 1e-4, "bf16_rounding2": -1e-4, "bf16_rounding3": 2e-4,
-             "mxfp8": 5e-5, "mxfp8_rounding1": -5e-5, "mxfp8-head": 0.05, "mxfp8-head_rounding1": 0.0501,
-             "mxfp8_rounding2": 4e-4}
-
-    def write(r):
-        path = pr.metrics_path(tmp_path, r)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text("".join(json.dumps({"step": s, "loss": 2.0, "val_loss": (2.0 - s / 20) * (1 + noise[r.name])})
-                                + "\n" for s in range(1, 11)))
-
     runs = level.runs()
     for r in plan.levels()[0].runs()[:-1]:
         write(r)

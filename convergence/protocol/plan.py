@@ -261,12 +261,10 @@ def plan_from_dict(d: dict) -> ProtocolPlan:
 
 
 # ------------------------------------------------------------------ state of the runs
-# what may change on a folder that holds runs: how many replicates, and which recipe is the positive control.
-# Every run is named by what it is (recipe, change), so the runs made stay valid; a run no longer in the plan
-# is kept on disk and left out of the verdicts.
-# What a folder's plan may change between calls, every run made kept: how many runs, which control, and the result
-# files' prefix (``name``: it names no run; #15's k = m = 16 plan was started without one, and its results must not
-# take the lr 6e-4 protocol's "proxy_long")
+# what may change on a folder that holds runs: how many replicates, which recipe is the positive control, and the
+# result files' prefix (``name``: it names no run; #15's k = m = 16 plan was started without one, and its results
+# must not take the lr 6e-4 protocol's "proxy_long"). Every run is named by what it is (recipe, change), so the
+# runs made stay valid; a run no longer in the plan is kept on disk and left out of the verdicts.
 CHANGEABLE = ("replicates", "candidate_replicates", "control", "name")
 
 

@@ -9,7 +9,7 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from numerics.errors import SEED_MAX, BadInput
+from numerics.errors import SEED_MAX, BadInput, RankFailed
 
 EXIT_BAD_INPUT = 2
 
@@ -127,6 +127,9 @@ def run_main(main: Callable[[Sequence[str] | None], int], argv: Sequence[str] | 
     except (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError) as exc:
         sys.stderr.write(f"error: {exc.strerror or exc}: {exc.filename}\n")
         return EXIT_BAD_INPUT
+    except RankFailed as exc:  # a rank of a distributed run died: a failed run, not bad input
+        sys.stderr.write(f"error: {exc}\n")
+        return 1
     except KeyboardInterrupt:
         sys.stderr.write("interrupted\n")
         return 130

@@ -27,6 +27,7 @@ import datetime
 import importlib
 import multiprocessing
 import os
+import signal
 import sys
 import tempfile
 import traceback
@@ -36,7 +37,20 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from numerics.errors import RankFailed
+
 STOP = "__stop__"
+
+
+def _how_it_ended(exitcode: int | None, ended_by_us: bool) -> str:
+    if ended_by_us:
+        return "stopped answering and was ended"
+    if exitcode is not None and exitcode < 0:
+        try:
+            return f"was killed by {signal.Signals(-exitcode).name}"
+        except ValueError:
+            return f"was killed by signal {-exitcode}"
+    return f"exited with code {exitcode}"
 
 
 def load(dotted: str):
@@ -99,7 +113,12 @@ def lead_under_torchrun(factory: str, kwargs: dict, timeout_s: float,
     rank, world, device = init_from_env(timeout)
     channel = None
     try:
-        channel = CaseChannel(rank, world, device, factory, kwargs, control_group(timeout))
+        try:
+            channel = CaseChannel(rank, world, device, factory, kwargs, control_group(timeout))
+        except RankFailed:
+            if rank != 0:
+                return None  # rank 0 prints the set-up error as its one line
+            raise
         if rank != 0:
             channel.serve()
             return None
@@ -126,7 +145,7 @@ class CaseChannel:
         dist.all_gather_object(errors, setup_error, group=self.control)
         failed = {r: e for r, e in enumerate(errors) if e}
         if failed:
-            raise RuntimeError("set-up failed on " + "; ".join(f"rank {r}: {e}" for r, e in failed.items()))
+            raise RankFailed("set-up failed on " + "; ".join(f"rank {r}: {e}" for r, e in failed.items()))
 
     def _one(self, spec: Any) -> Any:
         try:
@@ -183,6 +202,8 @@ def _child(rank: int, world: int, store_path: str, backend: str, timeout_s: floa
     try:
         channel = CaseChannel(rank, world, device, factory, kwargs, control_group(timeout))
         channel.serve()
+    except RankFailed:  # a set-up error, which rank 0 prints as its one line
+        code = 1
     except BaseException:
         traceback.print_exc()
         code = 1
@@ -233,8 +254,8 @@ class Session:
             dist.init_process_group(self.comm, store=dist.FileStore(store_path, self.world), rank=0,
                                     world_size=self.world, timeout=timeout, **_device_id(device))
             self.channel = CaseChannel(0, self.world, device, self.factory, self.kwargs, control_group(timeout))
-        except BaseException:
-            self.__exit__(None, None, None)
+        except BaseException as exc:
+            self.__exit__(type(exc), exc, exc.__traceback__)  # RankFailed instead, when a child has died
             raise
         return self
 
@@ -262,11 +283,19 @@ class Session:
         finally:
             if dist.is_initialized():
                 dist.destroy_process_group()
+            ended = set()
             for p in self.children:
                 p.join(timeout=self.timeout_s)
                 if p.is_alive():  # a child stuck past its own timeouts: end it, by its handle
                     p.terminate()
                     p.join(timeout=5)
+                    ended.add(p)
             self._tmp.cleanup()
             torch.set_num_threads(self._threads_before)
         self.exitcodes = [p.exitcode for p in self.children]
+        failed = [(rank, p) for rank, p in enumerate(self.children, 1) if p.exitcode or p in ended]
+        if exc_type is not None and issubclass(exc_type, Exception) and not isinstance(exc, RankFailed) and failed:
+            # rank 0's own error is gloo's 'Connection reset by peer [127.0.0.1]:PORT' or a timeout, which names
+            # no rank: say which one ended, and how (Ctrl-C and other BaseExceptions stay what they are)
+            raise RankFailed("; ".join(f"rank {rank} {_how_it_ended(p.exitcode, p in ended)}" for rank, p in failed)
+                             + " during the run (its own output, if any, is above); rank 0 stopped waiting") from exc

@@ -229,3 +229,20 @@ def test_ctrl_c_in_a_session_stays_ctrl_c_when_its_ranks_are_gone():
                 p.kill()
                 p.join(timeout=10)
             raise KeyboardInterrupt
+
+
+@pytest.mark.parametrize("backend,line", [
+    ("DyingBackend", "error: rank 1 exited with code 1 during the run"),
+    ("SetUpFailsBackend", "error: set-up failed on rank 1: RuntimeError: no buffer on rank 1"),
+])
+def test_a_rank_that_fails_is_one_line_naming_it_and_exit_1(backend, line, monkeypatch, capsys):
+    """Rank 1 ending in the middle of the all-to-all: rank 0 printed a 30-line traceback ending in gloo's
+    'Connection reset by peer [127.0.0.1]:PORT', which names no rank; a set-up error on rank 1 was a traceback
+    on both ranks (audit, 2026-12-03)."""
+    monkeypatch.syspath_prepend(str(HERE))  # spawned ranks inherit sys.path, so they can import ep_faulty
+    rc = ep_main(["check", "--world", "2", "--backend", f"ep_faulty:{backend}", "--cases", "0", "--no-edge",
+                  "--timeout", "30"])
+    err = capsys.readouterr().err
+    assert rc == 1
+    assert err.splitlines()[-1].startswith(line), err
+    assert "Traceback" not in err

@@ -49,7 +49,7 @@ from numerics.ep.strategies import (
     sample_specs,
 )
 from numerics.errors import BadInput
-from numerics.files import check_creatable
+from numerics.files import atomic_write, check_creatable
 
 # defect -> (words the ValueError must contain, whether rank 0 may hold it)
 BAD_INPUTS: dict[str, tuple[tuple[str, ...], bool]] = {
@@ -462,7 +462,8 @@ def report(args, world: int, rows: dict[str, CheckRow], seconds: float, backend:
             from numerics.ep.deepep import describe_deep_ep
             doc["deep_ep"] = describe_deep_ep()
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(doc, indent=1) + "\n")
+        # whole or not at all (checked before the run, hence force): mxval validate reads it back as its level
+        atomic_write(args.json, json.dumps(doc, indent=1) + "\n", force=True)
         print(f"wrote {args.json}")
     return 0 if v.status == "pass" else 1
 

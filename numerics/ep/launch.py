@@ -43,6 +43,7 @@ STOP = "__stop__"
 
 
 def _how_it_ended(exitcode: int | None, ended_by_us: bool) -> str:
+    """A spawned rank's end in words (a signal by name): what the one line of ``RankFailed`` says about it."""
     if ended_by_us:
         return "stopped answering and was ended"
     if exitcode is not None and exitcode < 0:

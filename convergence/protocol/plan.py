@@ -300,12 +300,12 @@ def open_protocol(plan: ProtocolPlan, out: Path, *, force: bool = False) -> str 
                    for key in CHANGEABLE if have[key] != want[key]]
         if not changed:
             return None
-        state.write_text(json.dumps(want, indent=1) + "\n")
+        atomic_write(state, json.dumps(want, indent=1) + "\n", force=True)  # a kill mid-write keeps the old plan
         return f"{out}: the plan now has {', '.join(changed)}; the runs already made are kept"
     if not forced and out.exists() and (not out.is_dir() or any(out.iterdir())):  # forced: others' files stay
         raise BadInput(f"{out} is not empty and holds no protocol run; choose another --out")
     out.mkdir(parents=True, exist_ok=True)
-    state.write_text(json.dumps(plan.as_dict(), indent=1) + "\n")
+    atomic_write(state, json.dumps(plan.as_dict(), indent=1) + "\n")
     return None
 
 

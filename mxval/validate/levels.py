@@ -22,6 +22,7 @@ from pathlib import Path
 
 from mxval.validate import figures as figs
 from mxval.validate.plan import Check, LevelResult, Plan, level_status
+from numerics.files import atomic_write
 
 Progress = Callable[[str], None]
 
@@ -50,7 +51,7 @@ def run_tensor(plan: Plan, out: Path, progress: Progress) -> LevelResult:
     progress(f"torchao to_mx against numerics.tensor.mx ({plan.tensor_size} profile)")
     doc = report.tensor_report(size=plan.tensor_size, seed=plan.seed, device=plan.device, subjects=["torchao"])
     (out / "tensor").mkdir()
-    (out / "tensor" / "report.json").write_text(json.dumps(doc, indent=1, default=str) + "\n")
+    atomic_write(out / "tensor" / "report.json", json.dumps(doc, indent=1, default=str) + "\n")
     recs = doc["records"]
     checks, table = [], [("elem", "mode", "family", "SQNR dB", "floor dB", "max abs err", "blocks",
                           "bit-exact", "known findings", "unexplained")]
@@ -111,8 +112,8 @@ def run_layer(plan: Plan, out: Path, progress: Progress) -> LevelResult:
     results = harness.run_suite(cfg, device=plan.device, progress=progress)
     head = harness.header(plan.layer_config, plan.device)
     (out / "layer").mkdir()
-    (out / "layer" / "layers.json").write_text(layers.to_json(results, head) + "\n")
-    (out / "layer" / "layers.md").write_text(layers.format_table(results, markdown=True) + "\n")
+    atomic_write(out / "layer" / "layers.json", layers.to_json(results, head) + "\n")
+    atomic_write(out / "layer" / "layers.md", layers.format_table(results, markdown=True) + "\n")
     bad = layers.floor_violations(results)
     n_fig = sum(len(layers.floors_for(r.layer, s.recipe, s.tensor, r.shape.get("input", "normal"))) > 0
                 for r in results for s in r.stats)
@@ -358,7 +359,7 @@ def run_curves(plan: Plan, out: Path, progress: Progress) -> LevelResult:
     verdicts = pr.judge(pp, out / "training")
     (out / "curves").mkdir()
     for name, r in verdicts.items():
-        (out / "curves" / f"{name}.json").write_text(json.dumps(r, indent=1, default=str) + "\n")
+        atomic_write(out / "curves" / f"{name}.json", json.dumps(r, indent=1, default=str) + "\n")
     r = verdicts["verdict"]
     fig = plot_comparison(r, out / "figures" / "curves.png")
     checks = protocol_checks(verdicts, pp)

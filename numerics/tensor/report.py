@@ -30,6 +30,7 @@ import torch
 from numerics import environment, metrics
 from numerics.cli import ArgumentParser, CLIError, run_main, seed_arg
 from numerics.errors import BadInput
+from numerics.files import atomic_write
 from numerics.tensor import families, mx
 from numerics.tensor import subjects as registry
 from numerics.tensor.compare import compare
@@ -170,8 +171,8 @@ def _main(argv: Sequence[str] | None) -> int:
     print(f"tensor report: size {args.size}, seed {args.seed}, device {args.device} -> {out}",
           file=sys.stderr, flush=True)
     report = tensor_report(size=args.size, seed=args.seed, device=args.device, subjects=[s.name for s in chosen])
-    (out / "report.json").write_text(json.dumps(report, indent=1) + "\n")
-    (out / "report.md").write_text(to_markdown(report) + "\n")
+    atomic_write(out / "report.json", json.dumps(report, indent=1) + "\n", force=True)  # _prepare_out asked for --force
+    atomic_write(out / "report.md", to_markdown(report) + "\n", force=True)
     print(format_tables(report))
     unexplained = sum(r["blocks_unexplained"] for r in report["records"])
     worst = min((r["sqnr_db"] for r in report["records"]), default=math.nan)

@@ -96,6 +96,26 @@ def test_protocol_folder_grows_its_replicates_and_keeps_the_runs_made(tmp_path):
     assert "name (none) -> tiny_k5" in line and pr.load_plan(tmp_path).prefix == "tiny_k5"
 
 
+def test_protocol_plan_rewrite_killed_mid_write_keeps_the_old_plan(tmp_path, monkeypatch):
+    """Growing a folder's plan rewrites protocol.json; a kill during that write must leave the plan the runs were
+    made under, whole (a truncated protocol.json would strand every run in the folder)."""
+    import numerics.files
+
+    plan = pr.ProtocolPlan(model="tiny", steps=20, replicates=3).check()
+    pr.open_protocol(plan, tmp_path)
+    before = (tmp_path / "protocol.json").read_bytes()
+
+    def killed(*_):
+        raise KeyboardInterrupt  # what a SIGINT between the write and the rename raises
+
+    monkeypatch.setattr(numerics.files.os, "replace", killed)
+    with pytest.raises(KeyboardInterrupt):
+        pr.open_protocol(dataclasses.replace(plan, replicates=5), tmp_path)
+    monkeypatch.undo()
+    assert (tmp_path / "protocol.json").read_bytes() == before and pr.load_plan(tmp_path) == plan
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["protocol.json"]  # no temporary file left behind
+
+
 def test_protocol_run_commands_reproduce_the_runs_it_makes():
     """The command in each curve's sidecar, parsed by convergence train, is the configuration the piece ran."""
     plan = pr.ProtocolPlan(model="tiny", steps=40, replicates=3, design="rounding", mxfp8_kernel="emulated",

@@ -3,10 +3,9 @@ dispatch to each main()."""
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Sequence
 
-from numerics.cli import dispatch
+from numerics.cli import dispatch, exit_process
 
 # subcommand -> (module, one-line help); each module has main(argv) -> int
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
@@ -29,4 +28,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())  # under torchrun (train --ep), numerics.cli.exit_rank

@@ -5,11 +5,14 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import NoReturn
 
 from numerics.errors import SEED_MAX, BadInput, RankFailed
+from numerics.rank_exit import exit_rank
 
 EXIT_BAD_INPUT = 2
 
@@ -133,6 +136,14 @@ def run_main(main: Callable[[Sequence[str] | None], int], argv: Sequence[str] | 
     except KeyboardInterrupt:
         sys.stderr.write("interrupted\n")
         return 130
+
+
+def exit_process(code: int) -> NoReturn:
+    """``sys.exit(code)``, or ``exit_rank(code)`` in a torchrun rank (``WORLD_SIZE`` set, as
+    ``convergence train --ep`` reads it): the end of every command that torchrun can launch."""
+    if "WORLD_SIZE" in os.environ:
+        exit_rank(code)
+    sys.exit(code)
 
 
 def dispatch(prog: str, subcommands: dict[str, tuple[str, str]], argv: Sequence[str] | None = None) -> int:

@@ -365,8 +365,6 @@ def ep_identity_main(argv: Sequence[str] | None = None) -> int:
     return 0 if result["identical"] else 1
 
 if __name__ == "__main__":
-    import sys
+    from numerics.cli import exit_process, run_main
 
-    from numerics.cli import run_main
-
-    sys.exit(run_main(main))
+    exit_process(run_main(main))

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Sequence
 
-from numerics.cli import dispatch
+from numerics.cli import dispatch, exit_process
 
 SUBCOMMANDS = {
     "check": ("numerics.ep.check", "DeepEP (or the reference) against a reference, bit for bit, on many routings"),
@@ -18,4 +17,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())  # under torchrun (check, bench), numerics.cli.exit_rank

@@ -28,7 +28,6 @@ import importlib
 import multiprocessing
 import os
 import signal
-import sys
 import tempfile
 import traceback
 from collections.abc import Callable
@@ -38,6 +37,7 @@ import torch
 import torch.distributed as dist
 
 from numerics.errors import RankFailed
+from numerics.rank_exit import exit_rank
 
 STOP = "__stop__"
 
@@ -212,12 +212,7 @@ def _child(rank: int, world: int, store_path: str, backend: str, timeout_s: floa
         try:
             _teardown(channel)
         finally:
-            # A spawned rank ends here, without the interpreter's finalization: torch's C++ destructors
-            # running after the group is gone aborted a child now and then under load ("terminate called
-            # without an active exception", exit -6), after every result had been delivered.
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(code)
+            exit_rank(code)  # a spawned rank ends here, without the interpreter's finalization
 
 
 class Session:

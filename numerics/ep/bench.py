@@ -67,7 +67,7 @@ from numerics.ep.backend import MAX_TOKENS, row_bytes
 from numerics.ep.backends import make_backend, require
 from numerics.ep.strategies import CaseSpec, make_combine_input, make_inputs
 from numerics.errors import BadInput
-from numerics.files import check_creatable
+from numerics.files import atomic_write, check_creatable
 
 SHAPES = {  # name -> (tokens per rank, hidden, top-k, experts)
     "v3": (4096, 7168, 8, 256),
@@ -394,6 +394,6 @@ def _report(args, tasks, results, world: int, comm: str, peer: dict | None) -> i
             from numerics.ep.deepep import describe_deep_ep
             doc["deep_ep"] = describe_deep_ep()
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(doc, indent=1) + "\n")
+        atomic_write(args.json, json.dumps(doc, indent=1) + "\n", force=True)  # check_creatable asked for --force
         print(f"wrote {args.json}")
     return 0

@@ -28,4 +28,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    exit_process(main())  # under torchrun (train --ep), numerics.cli.exit_rank
+    exit_process(main())  # under torchrun (train --ep): numerics.rank_exit.exit_rank

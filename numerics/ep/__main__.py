@@ -17,4 +17,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    exit_process(main())  # under torchrun (check, bench), numerics.cli.exit_rank
+    exit_process(main())  # under torchrun (check, bench): numerics.rank_exit.exit_rank

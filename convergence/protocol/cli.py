@@ -147,8 +147,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if given:
             want = _plan_of(args)
             have = pr.check_same_plan(want, args.out)
-            changed = [f"{key} {have[key] or '(none)'} (the command: {getattr(want, key) or '(none)'})"
-                       for key in pr.CHANGEABLE if have[key] != getattr(want, key)]
+            changed = [f"{key} {old} (the command: {new})" for key, old, new in pr.changed_fields(have, want.as_dict())]
             if changed:  # --status reports the folder's plan: runs left and time for another plan were printed
                 raise CLIError(f"--status reports {args.out}'s plan, which has {'; '.join(changed)}: run the command "
                                "without --status to change the plan (the runs made stay), or give only --out")

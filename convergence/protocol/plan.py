@@ -3,7 +3,7 @@ validation loss, run in resumable pieces.
 
 Public: ``ProtocolPlan``, ``RunSpec``, ``DESIGNS``, ``VERDICTS``, ``open_protocol(plan, out)``, ``load_plan(out)``,
 ``run_status(plan, out)``, ``run_state(plan, out, spec)``, ``last_whole_level(plan, out)``,
-``run_piece(plan, spec, out, ...)``, ``judge(plan, out)``,
+``run_piece(plan, spec, out, ...)``, ``judge(plan, out)``, ``changed_fields(have, want)``,
 ``check_design(plan, out)``, ``as_expected``, ``write_results(plan, out, verdicts, command, hardware)``,
 ``runs_environment(plan, out)``, ``environment_change(plan, out, here)``, ``made_with(plan, out)``,
 ``metrics_path(out, spec)``, ``probes_path(out, spec)`` (a run's logs, plain or compacted), ``compact_run(folder)``.
@@ -268,6 +268,14 @@ def plan_from_dict(d: dict) -> ProtocolPlan:
 CHANGEABLE = ("replicates", "candidate_replicates", "control", "name")
 
 
+def changed_fields(have: dict, want: dict) -> list[tuple[str, object, object]]:
+    """``(key, have, want)`` for each ``CHANGEABLE`` field on which two plans' ``as_dict()`` differ, as a message
+    shows them (a name not given: "(none)", the default prefix)."""
+    shown = {"": "(none)"}
+    return [(key, shown.get(have[key], have[key]), shown.get(want[key], want[key]))
+            for key in CHANGEABLE if have[key] != want[key]]
+
+
 def check_same_plan(plan: ProtocolPlan, out: Path) -> dict:
     """``out``'s plan (as a dict), when it is ``plan`` up to ``CHANGEABLE`` fields; ``BadInput`` naming the first
     field that differs otherwise. Before anything reads ``out``'s runs as ``plan``'s: another plan's runs (another
@@ -295,9 +303,7 @@ def open_protocol(plan: ProtocolPlan, out: Path, *, force: bool = False) -> str 
         state.unlink()
     if state.exists():
         have, want = check_same_plan(plan, out), plan.as_dict()
-        shown = {"": "(none)"}  # a name not given: the default prefix
-        changed = [f"{key} {shown.get(have[key], have[key])} -> {shown.get(want[key], want[key])}"
-                   for key in CHANGEABLE if have[key] != want[key]]
+        changed = [f"{key} {old} -> {new}" for key, old, new in changed_fields(have, want)]
         if not changed:
             return None
         atomic_write(state, json.dumps(want, indent=1) + "\n", force=True)  # a kill mid-write keeps the old plan

@@ -146,6 +146,46 @@ def val_loss_protocol(tmp_path):
     return plan, write
 
 
+@pytest.fixture
+def interrupt_writes_in(monkeypatch):
+    """``interrupt_writes_in(folder)``: from then on, a file opened for writing in ``folder`` gets the first half
+    of its first write and then Ctrl-C (``KeyboardInterrupt``), as a kill mid-write would leave it. A writer that
+    writes in place leaves a torn file; one that writes a temporary and renames it leaves the old file whole."""
+    import builtins
+    import io
+    from pathlib import Path
+
+    real_open = builtins.open
+
+    class HalfThenInterrupt(io.RawIOBase):
+        def __init__(self, f):
+            self.f = f
+
+        def writable(self):
+            return True
+
+        def write(self, b):
+            self.f.write(bytes(b)[: len(b) // 2])
+            self.f.flush()
+            raise KeyboardInterrupt
+
+        def close(self):
+            self.f.close()
+            super().close()
+
+    def install(folder):
+        def interrupted_open(file, mode="r", *args, **kwargs):
+            if "w" in mode and isinstance(file, (str, Path)) and Path(file).parent == Path(folder):
+                raw = HalfThenInterrupt(real_open(file, "wb"))
+                return raw if "b" in mode else io.TextIOWrapper(io.BufferedWriter(raw), encoding="utf-8")
+            return real_open(file, mode, *args, **kwargs)
+
+        monkeypatch.setattr(builtins, "open", interrupted_open)
+        monkeypatch.setattr(io, "open", interrupted_open)
+
+    return install
+
+
 # what numerics.layer and convergence.train import from torchao at module level (MXFP8TrainingOpConfig, the
 # functional ops, KernelPreference): torchao 0.15 and 0.16 have no moe_training.config, 0.17 no mxfp8_linear
 TORCHAO_TRAINING_API = ("torchao.quantization.quantize_.common", "torchao.prototype.moe_training.config",

@@ -96,19 +96,13 @@ def test_protocol_folder_grows_its_replicates_and_keeps_the_runs_made(tmp_path):
     assert "name (none) -> tiny_k5" in line and pr.load_plan(tmp_path).prefix == "tiny_k5"
 
 
-def test_protocol_plan_rewrite_killed_mid_write_keeps_the_old_plan(tmp_path, monkeypatch):
+def test_protocol_plan_rewrite_killed_mid_write_keeps_the_old_plan(tmp_path, interrupt_writes_in, monkeypatch):
     """Growing a folder's plan rewrites protocol.json; a kill during that write must leave the plan the runs were
     made under, whole (a truncated protocol.json would strand every run in the folder)."""
-    import numerics.files
-
     plan = pr.ProtocolPlan(model="tiny", steps=20, replicates=3).check()
     pr.open_protocol(plan, tmp_path)
     before = (tmp_path / "protocol.json").read_bytes()
-
-    def killed(*_):
-        raise KeyboardInterrupt  # what a SIGINT between the write and the rename raises
-
-    monkeypatch.setattr(numerics.files.os, "replace", killed)
+    interrupt_writes_in(tmp_path)
     with pytest.raises(KeyboardInterrupt):
         pr.open_protocol(dataclasses.replace(plan, replicates=5), tmp_path)
     monkeypatch.undo()

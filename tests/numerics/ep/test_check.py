@@ -36,46 +36,18 @@ def test_check_cli_passes_reference_against_simulate_and_writes_json(tmp_path, c
     assert "exists; pass --force" in capsys.readouterr().err
 
 
-
-def test_check_json_interrupted_while_written_leaves_the_old_report_whole(tmp_path, monkeypatch, capsys):
+def test_check_json_interrupted_while_written_leaves_the_old_report_whole(tmp_path, interrupt_writes_in, capsys):
     """--json was written in place (Path.write_text): a kill or Ctrl-C during the write left a torn check.json, which
     mxval validate then read back as its communication level (audit, 2026-12-03)."""
-    import builtins
-    import io
-
     out = tmp_path / "check.json"
     out.write_text('{"old": true}\n')
-    real_open = builtins.open
-
-    class HalfThenInterrupt(io.RawIOBase):  # writes the first half of the first write, then Ctrl-C
-        def __init__(self, f):
-            self.f = f
-
-        def writable(self):
-            return True
-
-        def write(self, b):
-            self.f.write(bytes(b)[: len(b) // 2])
-            self.f.flush()
-            raise KeyboardInterrupt
-
-        def close(self):
-            self.f.close()
-            super().close()
-
-    def interrupted_open(file, mode="r", *args, **kwargs):
-        if "w" in mode and isinstance(file, (str, Path)) and Path(file).parent == tmp_path:
-            raw = HalfThenInterrupt(real_open(file, "wb"))
-            return raw if "b" in mode else io.TextIOWrapper(io.BufferedWriter(raw), encoding="utf-8")
-        return real_open(file, mode, *args, **kwargs)
-
-    monkeypatch.setattr(builtins, "open", interrupted_open)
-    monkeypatch.setattr(io, "open", interrupted_open)
+    interrupt_writes_in(tmp_path)
     rc = ep_main(["check", "--world", "2", "--cases", "0", "--no-edge", "--no-bad-input", "--timeout", "30",
                   "--json", str(out), "--force"])
     assert rc == 130 and "interrupted" in capsys.readouterr().err
     assert json.loads(out.read_text()) == {"old": True}  # the old report, whole
     assert sorted(p.name for p in tmp_path.iterdir()) == ["check.json"]  # no temporary left behind
+
 
 @pytest.mark.parametrize("argv, words", [
     (["check", "--payload", "fp16"], "choose from bf16, fp8"),

@@ -134,7 +134,7 @@ def val_loss_protocol(tmp_path):
     pr.open_protocol(plan, tmp_path)
     noise = {"bf16": 0.0, "bf16_rounding1": 1e-4, "bf16_rounding2": -1e-4, "bf16_rounding3": 2e-4,
              "mxfp8": 5e-5, "mxfp8_rounding1": -5e-5, "mxfp8-head": 0.05, "mxfp8-head_rounding1": 0.0501,
-             "mxfp8_rounding2": 4e-4}
+             "mxfp8_rounding2": 4e-4, "mxfp8-head_rounding2": 0.0502, "bf16_rounding4": -2e-4, "bf16_rounding5": 1.5e-4}
 
     def write(spec):
         path = pr.metrics_path(tmp_path, spec)

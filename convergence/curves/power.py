@@ -3,7 +3,7 @@
 Public: ``half_width(k, spread, se_set=0, confidence=0.95, m=1)``, ``replicates_needed(spread, target, ...)``,
 ``floor_half_width(spread, se_set, confidence)``, ``replicates_for_equivalence(spread, margin, se_set, ...)``,
 ``pooled_spread(groups)``, ``spread_interval(spread, dof)``,
-``spread_ratio(baseline, candidate)``,
+``spread_ratio(baseline, candidate)``, ``pair_correlation(baseline, candidate)``,
 ``fit_spread(points)``, ``steps_needed(fit, spread)``, ``Measured`` / ``measured(result)`` (from a
 ``compare --metric val_loss`` result), ``with_larger_set(m, times)``, ``analyse(measurements, ...)``,
 ``report(analysis)``.
@@ -125,6 +125,29 @@ def spread_ratio(baseline: list[float], candidate: list[float]) -> dict | None:
     one_sided = float(stats.f.sf((sc / sb) ** 2, dc, da))
     return {"baseline": sb, "candidate": sc, "ratio": sc / sb, "dof": (da, dc),
             "p_equal": min(1.0, 2 * min(one_sided, 1 - one_sided))}
+
+
+def pair_correlation(baseline: list[float], candidate: list[float]) -> dict | None:
+    """Do paired runs end alike? ``baseline[i]`` and ``candidate[i]`` are the levels of two runs with the same
+    change (a protocol's BF16 replicate i and its candidate replicate i: same initial weights, data and row order).
+    Their Pearson correlation r with its two-sided p (no correlation: the t test with n - 2 degrees of freedom), and
+    the spread of a pair's difference against that of two runs taken apart, ``sqrt(s_b^2 + s_c^2)``: a paired
+    comparison narrows the verdict's interval by their ratio, ``sqrt(1 - 2 r s_b s_c / (s_b^2 + s_c^2))``, which is
+    below 1 only when r > 0. None with fewer than three pairs or a group without spread."""
+    if len(baseline) != len(candidate):
+        raise ValueError(f"pairs need as many baseline levels as candidate ones, got {len(baseline)} and "
+                         f"{len(candidate)}")
+    n = len(baseline)
+    if n < 3:
+        return None
+    b, c = np.asarray(baseline, dtype=float), np.asarray(candidate, dtype=float)
+    sb, sc = float(np.std(b, ddof=1)), float(np.std(c, ddof=1))
+    if sb == 0 or sc == 0:
+        return None
+    r = float(np.clip(np.corrcoef(b, c)[0, 1], -1.0, 1.0))
+    p = 0.0 if abs(r) == 1 else float(2 * stats.t.sf(abs(r) * math.sqrt((n - 2) / (1 - r * r)), n - 2))
+    return {"n": n, "r": r, "p": p, "paired_spread": float(np.std(c - b, ddof=1)),
+            "apart_spread": math.sqrt(sb * sb + sc * sc)}
 
 
 def spread_interval(spread: float, dof: int, confidence: float = 0.95) -> tuple[float, float]:

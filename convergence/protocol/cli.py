@@ -238,6 +238,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     files = pr.write_results(plan, args.out, verdicts, command, hardware)
     for name, r in verdicts.items():
         print(pr.verdict_line(name, r))
+    for line in pieces.pairs_lines(plan, verdicts):
+        print(line.strip())
     print(f"protocol complete: {len(files)} result files in {args.out / 'results'} (record.sh lists them in golden/)")
     from convergence.curves.compare import EXIT_CODES
 

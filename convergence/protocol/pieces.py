@@ -173,6 +173,7 @@ def progress_report(plan: pr.ProtocolPlan, out: Path, per_gpu: int = 1, *, figur
                     levels = None
                     lines.append(f"  cannot plan from every finished run ({exc}): planning from the level's runs")
                 lines.append("  " + projection(plan, verdicts, levels))
+            lines += pairs_lines(sub, verdicts)
             if figure is not None:
                 from convergence.curves.plots import plot_verdicts
 
@@ -354,6 +355,43 @@ def projection(plan: pr.ProtocolPlan, verdicts: dict, levels: tuple[list, list] 
                    f"{ratio['candidate']:.3%} against {ratio['baseline']:.3%} ({ratio['ratio']:.2f}x; equal spreads: "
                    f"F-test p = {ratio['p_equal']:.2f}); taken apart, +-{plan.margin:.3%} needs about k = m = "
                    + (f"{apart} ({4 * apart} runs)" if apart else f"more than {power.BALANCED_MAX}"))
+
+
+def pairs_lines(plan: pr.ProtocolPlan, verdicts: dict) -> list[str]:
+    """Do a judged run and the BF16 baseline with the same change end alike (``power.pair_correlation``)? The
+    verdicts judge the groups apart (Welch); judging the pairs' differences would narrow the interval only if
+    they did. One line per judged recipe with three pairs or more among ``plan``'s baselines (the held-out runs
+    have none: their changes are not the baselines'), from the verdicts' own levels (validation loss only)."""
+    from convergence.curves import power
+
+    def change(s: pr.RunSpec) -> tuple:
+        return s.seed, s.data_seed, s.row_order
+
+    where = {"overall": "over the whole range", "final_window": "in the final window"}
+    baseline_of = {change(s): i for i, s in enumerate(plan.baselines())}
+    lines = []
+    for name in ("verdict", "positive_control"):
+        judged = plan.judged(name)
+        pairs = [(baseline_of[change(s)], j) for j, s in enumerate(judged) if change(s) in baseline_of]
+        got = {}
+        for part in where:
+            r = (verdicts.get(name) or {}).get(part) or {}
+            base, cand = r.get("replicate_levels"), r.get("candidate_levels")
+            if base is None or cand is None or len(base) != len(plan.baselines()) or len(cand) != len(judged):
+                continue
+            corr = power.pair_correlation([base[i] for i, _ in pairs], [cand[j] for _, j in pairs])
+            if corr is not None:
+                got[part] = corr
+        if not got:
+            continue
+        part, first = next(iter(got.items()))
+        said = ", ".join(f"{c['r']:+.2f} {where[p]} (p = {c['p']:.2f})" for p, c in got.items())
+        lines.append(f"  pairs ({first['n']} pairs of BF16 and {judged[0].recipe} runs with the same change): their "
+                     f"levels correlate {said}; a pair's difference spreads {first['paired_spread']:.3%} against "
+                     f"{first['apart_spread']:.3%} for two runs apart ({where[part]}): over these runs, the mean "
+                     f"difference of the pairs has {first['paired_spread'] / first['apart_spread']:.2f}x the "
+                     "standard error of the groups' taken apart (Welch, as the verdicts judge)")
+    return lines
 
 
 def resumable_status(plan: pr.ProtocolPlan, out: Path, status: dict | None = None) -> dict[str, int | str]:

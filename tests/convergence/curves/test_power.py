@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from pathlib import Path
 
 import numpy as np
 import pytest
+from scipy import stats
 
 from convergence.curves import power
 
@@ -122,6 +124,30 @@ def test_spread_ratio_tells_a_wider_candidate_from_chance():
     assert power.replicates_needed(0.004, 0.0025, balanced=True, cand_spread=0.004) == pooled
     assert power.replicates_needed(0.004, 0.0025, balanced=True, cand_spread=0.008) > 2 * pooled
     assert power.spread_ratio([0.0, 0.01], [0.02]) is None
+
+
+def test_pair_correlation_says_whether_judging_the_pairs_would_narrow_the_verdict():
+    """Runs paired by their change (same weights, data and row order) that share a part of their level end alike
+    (r > 0): a pair's difference then spreads less than two runs apart, and judging the pairs would narrow the
+    interval. Independent runs do not correlate beyond chance (the control: p large), and runs that part the
+    other way (r < 0, as .gpu/proto5's BF16 and MXFP8 pairs, -0.49 at 11 pairs) spread more as pairs. r and p are
+    scipy's Pearson test (an independent reference); fewer than three pairs, or a group without spread, say
+    nothing."""
+    rng = np.random.default_rng(3)
+    shared, own_b, own_c = rng.normal(0, 0.01, (3, 40))
+    alike = power.pair_correlation(list(shared + 0.3 * own_b), list(shared + 0.3 * own_c + 0.02))
+    ref = stats.pearsonr(shared + 0.3 * own_b, shared + 0.3 * own_c)
+    assert alike["n"] == 40 and math.isclose(alike["r"], ref.statistic) and math.isclose(alike["p"], ref.pvalue)
+    assert alike["r"] > 0.8 and alike["p"] < 1e-6 and alike["paired_spread"] < 0.5 * alike["apart_spread"]
+    apart = power.pair_correlation(list(own_b), list(own_c))
+    assert abs(apart["r"]) < 0.3 and apart["p"] > 0.05  # independent: no pairing to pay
+    assert math.isclose(apart["apart_spread"] ** 2, np.var(own_b, ddof=1) + np.var(own_c, ddof=1))
+    parted = power.pair_correlation(list(shared + 0.3 * own_b), list(-shared + 0.3 * own_c))
+    assert parted["r"] < -0.8 and parted["paired_spread"] > 1.3 * parted["apart_spread"]
+    assert power.pair_correlation([0.0, 0.01], [0.01, 0.02]) is None
+    assert power.pair_correlation([0.0, 0.0, 0.0], [0.01, 0.02, 0.0]) is None
+    with pytest.raises(ValueError, match="as many"):
+        power.pair_correlation([0.0, 0.01, 0.02], [0.01, 0.02])
 
 
 def test_a_gzip_compressed_result_reads_as_the_plain_one(tmp_path, capsys):

@@ -1148,6 +1148,49 @@ def test_status_judges_the_last_whole_level_without_writing_anything(tmp_path, c
 
 
 
+def test_status_says_whether_the_pairs_end_alike(tmp_path, val_loss_protocol):
+    """--status (and the whole plan's judging) says how a judged run and the BF16 baseline with the same change
+    correlate: the verdicts judge the groups apart (Welch), which pays unless the pairs end alike. The fixture's
+    runs differ by their noise alone, so the levels are affine in it and r is the noise's own correlation,
+    computed here with numpy: BF16 (0, 1e-4, -1e-4) against MXFP8 (5e-5, -5e-5, 4e-4) and the control (0.05,
+    0.0501, 0.0502). The held-out runs have no pairs (their changes are not the baselines'); a run whose change
+    has no baseline (the fourth candidate of k = 3, m = 4) is left out, not paired by position; two pairs say
+    nothing."""
+    import math
+
+    import numpy as np
+
+    from convergence.curves import power
+    from convergence.protocol import pieces
+
+    plan, write = val_loss_protocol
+    level = plan.levels()[2]  # k = m = 3: three pairs
+    for r in level.runs():
+        write(r)
+    lines = [ln for ln in pieces.progress_report(plan, tmp_path) if ln.startswith("  pairs (")]
+    bf16 = [0.0, 1e-4, -1e-4]
+    want = {"mxfp8": np.corrcoef(bf16, [5e-5, -5e-5, 4e-4])[0, 1],
+            "mxfp8-head": np.corrcoef(bf16, [0.05, 0.0501, 0.0502])[0, 1]}
+    assert [ln.split(" runs with")[0] for ln in lines] == [f"  pairs (3 pairs of BF16 and {n}" for n in want]
+    for line, r in zip(lines, want.values()):
+        assert f"their levels correlate {r:+.2f} over the whole range" in line and "in the final window" in line
+    assert round(want["mxfp8"], 2) == -0.95 and round(want["mxfp8-head"], 6) == -0.5  # each line its recipe's own
+
+    judged = pr.judge(level, tmp_path)
+    got = power.pair_correlation(judged["verdict"]["overall"]["replicate_levels"],
+                                 judged["verdict"]["overall"]["candidate_levels"])
+    assert math.isclose(got["r"], want["mxfp8"], rel_tol=1e-6)
+
+    def verdicts(base, cand):  # levels as the verdicts hold them, in plan.baselines() and plan.judged() order
+        part = {"replicate_levels": base, "candidate_levels": cand}
+        return {"verdict": {"overall": part}, "positive_control": {}, "negative_control": {"overall": part}}
+
+    wide = pr.ProtocolPlan(model="tiny", steps=10, replicates=3, candidate_replicates=4).check()
+    lines = pieces.pairs_lines(wide, verdicts([0.0, 0.01, 0.02], [0.0, 0.01, 0.02, -5.0]))
+    assert len(lines) == 1 and "3 pairs of BF16 and mxfp8" in lines[0] and "correlate +1.00" in lines[0], lines
+    assert pieces.pairs_lines(plan.levels()[1], verdicts([0.0, 0.01], [0.0, 0.01])) == []  # k = m = 2
+
+
 def test_the_projection_plans_with_the_range_that_binds_the_verdict():
     """The verdict needs both ranges (whole and final window) inside the margin, and its "resolves +-X" is the wider
     half-width; the projection used the final window's spread alone. On .gpu/proto5 at 34 runs the whole range

@@ -131,9 +131,10 @@ def pair_correlation(baseline: list[float], candidate: list[float]) -> dict | No
     """Do paired runs end alike? ``baseline[i]`` and ``candidate[i]`` are the levels of two runs with the same
     change (a protocol's BF16 replicate i and its candidate replicate i: same initial weights, data and row order).
     Their Pearson correlation r with its two-sided p (no correlation: the t test with n - 2 degrees of freedom), and
-    the spread of a pair's difference against that of two runs taken apart, ``sqrt(s_b^2 + s_c^2)``: a paired
-    comparison narrows the verdict's interval by their ratio, ``sqrt(1 - 2 r s_b s_c / (s_b^2 + s_c^2))``, which is
-    below 1 only when r > 0. None with fewer than three pairs or a group without spread."""
+    the spread of a pair's difference against that of two runs taken apart, ``sqrt(s_b^2 + s_c^2)``: over n pairs
+    the pairs' mean difference has their ratio, ``sqrt(1 - 2 r s_b s_c / (s_b^2 + s_c^2))``, times the standard
+    error of the groups' taken apart, below 1 only when r > 0 (with n - 1 degrees of freedom instead of Welch's
+    up to 2n - 2). None with fewer than three pairs or a group without spread."""
     if len(baseline) != len(candidate):
         raise ValueError(f"pairs need as many baseline levels as candidate ones, got {len(baseline)} and "
                          f"{len(candidate)}")

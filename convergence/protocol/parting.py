@@ -13,7 +13,8 @@ another: the question README #15 asks of MXFP8, whose runs end further apart tha
 change the batches, so their per-step losses differ by the data and say nothing about this (None).
 
 The end of that story is the validation loss: ``spread_by_evaluation`` is the runs' spread at each evaluation,
-the planning spread's arithmetic at every evaluation instead of the final window. Whether it narrows as training
+the planning spread's arithmetic at every evaluation instead of the final window, and at the last one each recipe's
+runs apart (the control's too). Whether it narrows as training
 goes on and the learning rate decays says whether longer runs would buy resolution (``convergence power`` fits that
 over runs of other lengths; within one plan's runs it is measured at no cost).
 """
@@ -93,12 +94,16 @@ def spread_by_evaluation(plan: pr.ProtocolPlan, out: Path, status: dict) -> dict
     and held-out ones) and every finished candidate run logged: each run's loss over the BF16 runs' mean there,
     less one, pooled over the two groups each around its own mean (``power.pooled_spread``, as the planning
     spread is over the final window). ``steps``, ``spread`` (one per step), ``runs`` (BF16's, the candidate's),
-    ``dof``; None without a degree of freedom or a step they share."""
-    groups: dict[str, list[dict[int, float]]] = {"bf16": [], plan.candidate: []}
+    ``dof``; and ``at_last``: at the last of those steps, each recipe's runs (the control's too) as their relative
+    standard deviation and count, ``{recipe: (rsd, runs)}`` for recipes with two runs there or more (does one
+    recipe's runs end wider apart than another's? README #15 cites it). None without a degree of freedom or a
+    step they share."""
+    every: dict[str, list[dict[int, float]]] = {"bf16": [], plan.candidate: [], plan.control: []}
     for r in plan.runs():
-        if r.recipe in groups and status.get(r.name) == "done":
+        if r.recipe in every and status.get(r.name) == "done":
             curve = load_jsonl(pr.metrics_path(out, r), loss_key="val_loss")
-            groups[r.recipe].append(dict(zip(curve.steps.tolist(), curve.values.tolist())))
+            every[r.recipe].append(dict(zip(curve.steps.tolist(), curve.values.tolist())))
+    groups = {recipe: every[recipe] for recipe in ("bf16", plan.candidate)}  # the planning spread's two groups
     dof = sum(len(g) - 1 for g in groups.values() if g)
     steps = sorted(set.intersection(*(set(v) for g in groups.values() for v in g))) if dof >= 1 else []
     if not groups["bf16"] or not steps:
@@ -107,8 +112,13 @@ def spread_by_evaluation(plan: pr.ProtocolPlan, out: Path, status: dict) -> dict
     for step in steps:
         mean = float(np.mean([v[step] for v in groups["bf16"]]))
         spreads.append(power.pooled_spread([[v[step] / mean - 1 for v in g] for g in groups.values()])[0])
+    at_last = {}
+    for recipe, runs in every.items():
+        ends = [v[steps[-1]] for v in runs if steps[-1] in v]
+        if len(ends) >= 2:
+            at_last[recipe] = (float(np.std(ends, ddof=1) / np.mean(ends)), len(ends))
     return {"steps": steps, "spread": spreads, "runs": (len(groups["bf16"]), len(groups[plan.candidate])),
-            "dof": dof, "candidate": plan.candidate}
+            "dof": dof, "candidate": plan.candidate, "at_last": at_last}
 
 
 def spread_line(result: dict, last_step: int) -> str:
@@ -116,6 +126,8 @@ def spread_line(result: dict, last_step: int) -> str:
     ``last_step``: an earlier evaluation is mid-schedule, not the end of a shorter run)."""
     cells = ", ".join(f"{s}: {v:.2%}" for s, v in zip(result["steps"], result["spread"]))
     bf16, cand = result["runs"]
+    each = ", ".join(f"{recipe} {rsd:.2%} ({n} runs)" for recipe, (rsd, n) in result.get("at_last", {}).items())
     return (f"validation loss spread at each evaluation ({bf16} BF16 and {cand} {result['candidate']} runs, pooled, "
             f"{result['dof']} degrees of freedom): {cells} (mid-schedule before step {last_step}: not what a "
-            f"shorter run would end at)")
+            f"shorter run would end at)" + (f"; at step {result['steps'][-1]}, each recipe's runs apart (relative "
+                                             f"standard deviation): {each}" if each else ""))

@@ -149,11 +149,18 @@ def test_spread_by_evaluation_is_the_pooled_spread_at_each_step(tmp_path):
         return np.sqrt(((b - b.mean()) ** 2).sum() + ((c - c.mean()) ** 2).sum()) / b.mean() / np.sqrt(6 + 2)
     assert result["spread"] == pytest.approx([expected(f) for f in (0.25, 0.5, 1.0)], rel=1e-12)
     assert result["spread"][0] < result["spread"][1] < result["spread"][2]  # it grows with the step, as written
+    # at the last step each recipe's runs apart, the control's too: run i ends at base (1 + x_i), so its relative
+    # standard deviation is that of 1 + x_i (the base cancels); the control's wide runs are the control of the
+    # pooled spread above, and here they are its own
+    rsd = {recipe: np.std(1 + np.array(x), ddof=1) / np.mean(1 + np.array(x))
+           for recipe, x in (("bf16", bf16), ("mxfp8", mx), ("mxfp8-head", [0.5, -0.5, 0.9]))}
+    assert result["at_last"] == {r: (pytest.approx(v, rel=1e-12), n) for (r, v), n in zip(rsd.items(), (7, 3, 3))}
 
     wide = _write_val(tmp_path / "w", plan, {"bf16": bf16, "mxfp8": mx, "mxfp8-head": [5.0, -5.0, 9.0]})
     assert parting.spread_by_evaluation(plan, tmp_path / "w", wide)["spread"] == pytest.approx(result["spread"])
     status["mxfp8_rounding1"] = 100
     assert parting.spread_by_evaluation(plan, tmp_path, status)["runs"] == (7, 2)
+    assert parting.spread_by_evaluation(plan, tmp_path, status)["at_last"]["mxfp8"][1] == 2  # unfinished: left out
     status = _write_val(tmp_path / "s", plan, {"bf16": bf16, "mxfp8": mx, "mxfp8-head": [0, 0, 0]},
                         skip=("bf16_rounding2", 10))
     assert parting.spread_by_evaluation(plan, tmp_path / "s", status)["steps"] == [5, 20]
@@ -169,8 +176,11 @@ def test_status_prints_the_spread_at_each_evaluation(tmp_path):
     assert line == ["  " + parting.spread_line(result, STEPS)]
     assert line[0].startswith("  validation loss spread at each evaluation (7 BF16 and 3 mxfp8 runs, pooled, 8 degrees "
                               f"of freedom): 5: {result['spread'][0]:.2%}, 10: ")
-    assert line[0].endswith(f"20: {result['spread'][2]:.2%} (mid-schedule before step 20: not what a shorter run "
-                            "would end at)")
+    assert f"20: {result['spread'][2]:.2%} (mid-schedule before step 20: not what a shorter run would end at)" in (
+        line[0])
+    assert line[0].endswith("; at step 20, each recipe's runs apart (relative standard deviation): bf16 "
+                            f"{result['at_last']['bf16'][0]:.2%} (7 runs), mxfp8 {result['at_last']['mxfp8'][0]:.2%} "
+                            "(3 runs), mxfp8-head 0.00% (3 runs)")  # the control's three runs, alike: no spread
 
 
 def test_the_parting_figure_draws_the_spread_beside_it(tmp_path):

@@ -20,7 +20,8 @@ Public: ``execute(plan, out, *, slots, per_gpu, stop_after_s, whole_runs, worker
   of training time left. The next call continues every run from its checkpoint.
 * Pace: every piece appends its recipe, steps and wall seconds to ``OUT/pace.jsonl``. With ``whole_runs``, a
   run not yet started is started only when the slowest of its recipe's last ``RECENT_RUNS`` finished runs
-  (``expected_wall_s``), +``PACE_MARGIN``, says it ends before the deadline (other runs that fit go first): for
+  (``expected_wall_s``), +``PACE_MARGIN``, says it ends within the seconds its piece is given (the deadline less a
+  start-up; other runs that fit go first): for
   a machine whose disk does not outlive the call, where a stopped run's checkpoint is lost with it and its
   minutes with it. A recipe with no pace yet is started (the first piece measures it).
 """
@@ -454,14 +455,17 @@ def execute(plan: pr.ProtocolPlan, out: Path, *, slots: int = 1, per_gpu: int = 
         if not whole_runs or deadline is None or steps_logged != 0:
             return True
         need = expected_wall_s(out, plan, spec.recipe, per_gpu, slowest=True)
-        left = deadline - time.monotonic()
+        # what its piece will be given, not the time to the deadline: a piece is told to stop a start-up before
+        # it, so a run asking the deadline's seconds (its set-up included) was started and cut (2026-12-04:
+        # bf16_rounding23, 281 s asked, stopped at step 1492 of 1500 and lost with the machine)
+        left = budget()
         if need is None or PACE_MARGIN * need[0] <= left:
             return True
         if (spec.recipe, need) not in told:  # once a recipe and pace: its later runs wait for the same figure
             told.add((spec.recipe, need))
             _line(progress, f"{spec.name}: not started, nor the later {spec.recipe} runs: a whole run should take "
                             f"{need[0]:.0f} s ({need[1]}), {PACE_MARGIN * need[0]:.0f} s with {PACE_MARGIN - 1:.0%} "
-                            f"more asked; {left:.0f} s are left")
+                            f"more asked; its piece would be given {left:.0f} s (to the deadline less a start-up)")
         return False
 
     if slots <= 1:

@@ -831,6 +831,34 @@ def test_whole_runs_start_only_the_runs_that_end_by_the_deadline(tmp_path):
         assert {e["cpu"] for e in paced} == {cpu_model()}  # the machine each piece ran on
 
 
+def test_whole_runs_ask_what_the_piece_will_be_given_not_the_time_to_the_deadline(tmp_path, capsys):
+    """2026-12-04: --whole-runs started bf16_rounding23 because its pace (256 s, 281 s with the margin) was under
+    the time to the deadline, and its piece, told to stop a start-up (60 s) before the deadline, stopped it at
+    step 1492 of 1500; the machine went with its checkpoint. A pace between the piece's seconds and the deadline's
+    now starts no BF16 run; the control, a pace the piece's seconds hold, starts them."""
+    from convergence.protocol import pieces
+
+    plan = _small_plan()
+    startup, call = pieces.STARTUP_S[plan.model], 600.0
+    for fits in (False, True):
+        out = tmp_path / str(fits)
+        pr.open_protocol(plan, out)
+        # the deadline's seconds less a start-up: what the piece is given (less the moments before it starts)
+        given = call - startup
+        wall = (given - 0.5 * startup if fits else given + 0.5 * startup) / pieces.PACE_MARGIN
+        assert pieces.PACE_MARGIN * wall < call  # both would have started before
+        _pace(out, {"run": "earlier", "recipe": "bf16", "per_gpu": 1, "from_step": 0, "to_step": plan.steps,
+                    "wall_s": wall})
+        status = pieces.execute(plan, out, stop_after_s=call, whole_runs=True, progress=True)
+        bf16 = [n for n in status if n.startswith("bf16")]
+        said = capsys.readouterr().err
+        if fits:
+            assert status[bf16[0]] == "done" and "not started" not in said
+        else:
+            assert all(status[n] == 0 for n in bf16) and len(bf16) > 1
+            assert "its piece would be given" in said and "(to the deadline less a start-up)" in said
+
+
 def test_a_started_run_without_its_checkpoint_is_scheduled_as_a_new_run(tmp_path, capsys):
     """A folder copied off a machine whose disk ended with the call: a BF16 run stopped part-way, its logs there
     and its checkpoint not. It starts again at step 0, so with --whole-runs and a pace that says no whole BF16

@@ -20,12 +20,7 @@ TIER=${TIER:-0}
 TIER_MIN=${TIER_MIN:-130}
 source .gpu/env.sh
 W=/tmp/$NAME
-if [ -f "$W/protocol.json" ]; then
-    echo "warm machine: continuing in $W (a run an earlier call stopped goes on from its checkpoint)"
-elif [ -d ".gpu/$NAME" ]; then
-    cp -r ".gpu/$NAME" "$W"
-    echo "fresh machine: $W copied from .gpu/$NAME (a run an earlier call stopped starts again at step 0)"
-fi > "$OUT/protocol.log"
+NAME="$NAME" W="$W" bash .gpu/workdir.sh > "$OUT/protocol.log" || exit 2
 echo "${MXVAL_COMMIT:-unknown}" > "$OUT/commit"
 # 30 s of the call go to the install above, the tarball below and the process's exit
 minutes=$(python3 -c "print(round(($TOTAL - 30 - $SECONDS) / 60, 3))")

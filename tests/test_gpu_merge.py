@@ -1,6 +1,7 @@
 """.gpu/merge.sh keeps what a lent GPU machine made: the protocol runs it finished, and nothing it stopped part-way
 (their checkpoints stay on that machine); a tarball that lost, changed or cut short a tracked file is refused
-whole. Stop 31's runs were lost with an ignored folder; this is the path that now keeps them."""
+whole. Stop 31's runs were lost with an ignored folder; this is the path that now keeps them. On the machine,
+.gpu/workdir.sh picks the folder a call continues in, so that no finished run is made twice."""
 
 from __future__ import annotations
 
@@ -114,3 +115,43 @@ def test_merge_bad_arguments_are_one_line(tmp_path, argv, says):
     (repo / "not.tgz").write_text("not a tarball")
     refused = _run(repo, "bash", ".gpu/merge.sh", *argv, env={**os.environ, "NAME": "proto"})
     assert refused.returncode == 2 and says in refused.stderr and refused.stderr.count("\n") == 1, refused.stderr
+
+
+def _warm(tmp_path: Path, repo: Path, *, lacking: bool) -> Path:
+    """A warm machine's working folder: an earlier call's copy with a stopped run's checkpoint, which either holds
+    the tracked finished run (it started from the tracked copy) or lacks it (it started from one not yet merged)."""
+    shutil.copy(ROOT / ".gpu" / "workdir.sh", repo / ".gpu" / "workdir.sh")
+    work = tmp_path / "machine-tmp" / "proto"
+    shutil.copytree(repo / ".gpu" / "proto", work)
+    if lacking:
+        shutil.rmtree(work / "runs" / "bf16")
+    (work / "runs" / "mxfp8" / "mxfp8").mkdir(parents=True)
+    (work / "runs" / "mxfp8" / "mxfp8" / "checkpoint.pt").write_bytes(b"stopped at step 700")
+    return work
+
+
+@pytest.mark.parametrize("lacking", [False, True])
+def test_a_warm_folder_is_continued_only_when_it_holds_every_tracked_finished_run(tmp_path, lacking):
+    """2026-12-04: a call went out before the last tarball was merged, found a fresh machine and made a finished
+    run again; the next call found that machine warm, and its folder, lacking a run the merge had brought, would
+    have made that one again too. workdir.sh replaces such a folder by the tracked copy (its stopped run's
+    checkpoint goes with it), and keeps a folder that holds every tracked finished run (the control)."""
+    repo = _repo(tmp_path)
+    work = _warm(tmp_path, repo, lacking=lacking)
+    chose = _run(repo, "bash", ".gpu/workdir.sh", env={**os.environ, "NAME": "proto", "W": str(work)})
+    assert chose.returncode == 0 and chose.stdout.count("\n") == (2 if lacking else 1), chose.stdout + chose.stderr
+    assert (work / "runs" / "bf16" / "bf16" / "metrics.jsonl.gz").read_bytes() == b"first run"
+    assert (work / "runs" / "mxfp8" / "mxfp8" / "checkpoint.pt").exists() is not lacking
+    assert ("lacked 1 finished run(s) the tracked copy holds: replaced" in chose.stdout) is lacking
+    assert ("fresh machine" in chose.stdout) is lacking and ("warm machine: continuing" in chose.stdout) is not lacking
+
+
+def test_a_fresh_machine_starts_from_the_tracked_copy(tmp_path):
+    repo = _repo(tmp_path)
+    shutil.copy(ROOT / ".gpu" / "workdir.sh", repo / ".gpu" / "workdir.sh")
+    work = tmp_path / "machine-tmp" / "proto"
+    work.parent.mkdir()  # the machine's /tmp
+    chose = _run(repo, "bash", ".gpu/workdir.sh", env={**os.environ, "NAME": "proto", "W": str(work)})
+    assert chose.returncode == 0 and chose.stdout.startswith("fresh machine"), chose.stdout + chose.stderr
+    assert (work / "runs" / "bf16" / "bf16" / "metrics.jsonl.gz").read_bytes() == b"first run"
+    assert (work / "protocol.json").exists() and not (work / "proto").exists()

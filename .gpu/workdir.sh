@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# On the GPU machine, from protocol.sh: make the protocol's working folder W (/tmp/$NAME) and say which it is,
-# in one line. A warm machine's W (an earlier call's, with a stopped run's checkpoint) is continued, unless it
+# On the GPU machine, from protocol.sh: make the protocol's working folder W (/tmp/$NAME) and say, in a line or
+# two, which it is. A warm machine's W (an earlier call's, with a stopped run's checkpoint) is continued, unless it
 # lacks a finished run the tracked copy .gpu/$NAME holds: an earlier call there started from a copy not yet
 # merged, and continuing it would make those runs again (2026-12-04: a run made twice so). W is then replaced
 # by the tracked copy, as on a fresh machine.   NAME=proto5 W=/tmp/proto5 bash .gpu/workdir.sh

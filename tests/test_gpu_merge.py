@@ -25,10 +25,11 @@ def _run(cwd: Path, *argv: str, env: dict | None = None) -> subprocess.Completed
 
 
 def _repo(tmp_path: Path) -> Path:
-    """A git checkout holding merge.sh and a tracked protocol folder with one finished run."""
+    """A git checkout holding merge.sh, workdir.sh and a tracked protocol folder with one finished run."""
     repo = tmp_path / "repo"
     (repo / ".gpu" / "proto" / "runs" / "bf16" / "bf16").mkdir(parents=True)
-    shutil.copy(ROOT / ".gpu" / "merge.sh", repo / ".gpu" / "merge.sh")
+    for script in ("merge.sh", "workdir.sh"):
+        shutil.copy(ROOT / ".gpu" / script, repo / ".gpu" / script)
     tracked = repo / ".gpu" / "proto"
     (tracked / "protocol.json").write_text(json.dumps({"model": "proxy"}))
     (tracked / "pace.jsonl").write_text('{"run": "bf16"}\n')
@@ -120,7 +121,6 @@ def test_merge_bad_arguments_are_one_line(tmp_path, argv, says):
 def _warm(tmp_path: Path, repo: Path, *, lacking: bool) -> Path:
     """A warm machine's working folder: an earlier call's copy with a stopped run's checkpoint, which either holds
     the tracked finished run (it started from the tracked copy) or lacks it (it started from one not yet merged)."""
-    shutil.copy(ROOT / ".gpu" / "workdir.sh", repo / ".gpu" / "workdir.sh")
     work = tmp_path / "machine-tmp" / "proto"
     shutil.copytree(repo / ".gpu" / "proto", work)
     if lacking:
@@ -148,7 +148,6 @@ def test_a_warm_folder_is_continued_only_when_it_holds_every_tracked_finished_ru
 
 def test_a_fresh_machine_starts_from_the_tracked_copy(tmp_path):
     repo = _repo(tmp_path)
-    shutil.copy(ROOT / ".gpu" / "workdir.sh", repo / ".gpu" / "workdir.sh")
     work = tmp_path / "machine-tmp" / "proto"
     work.parent.mkdir()  # the machine's /tmp
     chose = _run(repo, "bash", ".gpu/workdir.sh", env={**os.environ, "NAME": "proto", "W": str(work)})

@@ -451,7 +451,7 @@ def execute(plan: pr.ProtocolPlan, out: Path, *, slots: int = 1, per_gpu: int = 
         return None if deadline is None else deadline - time.monotonic() - startup
 
     def fits(spec: pr.RunSpec, steps_logged) -> bool:
-        """False when ``whole_runs`` and a run not yet started would not end by the deadline at its pace."""
+        """False when ``whole_runs`` and a run not yet started would not end, at its pace, in its piece's seconds."""
         if not whole_runs or deadline is None or steps_logged != 0:
             return True
         need = expected_wall_s(out, plan, spec.recipe, per_gpu, slowest=True)

@@ -21,9 +21,9 @@ Public: ``execute(plan, out, *, slots, per_gpu, stop_after_s, whole_runs, worker
 * Pace: every piece appends its recipe, steps and wall seconds to ``OUT/pace.jsonl``. With ``whole_runs``, a
   run not yet started is started only when the slowest of its recipe's last ``RECENT_RUNS`` finished runs
   (``expected_wall_s``), +``PACE_MARGIN``, says it ends within the seconds its piece is given (the deadline less a
-  start-up; other runs that fit go first): for
-  a machine whose disk does not outlive the call, where a stopped run's checkpoint is lost with it and its
-  minutes with it. A recipe with no pace yet is started (the first piece measures it).
+  start-up; other runs that fit go first): for a machine whose disk does not outlive the call, where a stopped
+  run's checkpoint is lost with it and its minutes with it. A recipe with no pace yet is started (the first
+  piece measures it).
 """
 
 from __future__ import annotations

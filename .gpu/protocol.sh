@@ -30,7 +30,9 @@ python3 -m convergence protocol $(cat ".gpu/$NAME.args") --device cuda --out "$W
 echo "protocol exit: $?"
 # runs stopped part-way keep their checkpoint in $W only; say which, and send back the rest
 (cd "$W" && find runs -name checkpoint.pt -printf '%h\n') > "$W/unfinished.txt"
-tar czf "$OUT/results.tgz" --exclude=checkpoint.pt -C /tmp "$NAME"
+# results/ stays behind: the plan is judged again here, on the CPU, and a whole plan's 99 judged files took the
+# tarball over the 16 MiB a file from $OUT may be (2026-12-04: the last runs came back by hand)
+tar czf "$OUT/results.tgz" --exclude=checkpoint.pt --exclude="$NAME/results" -C /tmp "$NAME"
 ls -la "$OUT"
 left=$((TOTAL - 10 - SECONDS))
 if [ "$TIER" = 1 ]; then

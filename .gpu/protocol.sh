@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# One call on a lent GPU machine: continue issue #15's protocol for about TOTAL seconds (default 585). WHOLE=1
-# (default) starts only runs that end in time (--whole-runs: a stopped run's checkpoint lives on that machine's
-# disk alone); WHOLE=0 fills the call, stopping a run part-way, for a call that another follows at once (the
-# machine stays warm 30 s after a call, and the next continues the run from its checkpoint in /tmp/$NAME).
+# One call on a lent GPU machine: continue a convergence protocol (NAME.args, default proto5: issue #15's,
+# finished on 2026-12-04) for about TOTAL seconds (default 585). WHOLE=1 (default) starts only runs that end in
+# time (--whole-runs: a stopped run's checkpoint lives on that machine's disk alone); WHOLE=0 fills the call,
+# stopping a run part-way, for a call that another follows at once (the machine stays warm 30 s after a call,
+# and the next continues the run from its checkpoint in /tmp/$NAME).
 # Run it from the repository root through the device tool, carrying .whl; then, here, merge what comes back:
 #   bash .gpu/merge.sh /work/.device/N/results.tgz
 # TIER=1 (for a session's last call): the one-GPU tier (`pytest -m gpu`) in what is left of TOTAL after the
@@ -18,6 +19,12 @@ TOTAL=${TOTAL:-585}
 WHOLE=${WHOLE:-1}
 TIER=${TIER:-0}
 TIER_MIN=${TIER_MIN:-130}
+# proto5 (#15's plan) is whole and judged, its runs in golden/training and its .args gone: no call starts it anew
+if [ ! -f ".gpu/$NAME.args" ]; then
+    echo "protocol.sh: no .gpu/$NAME.args (the plan's flags; proto5 is finished, in" \
+         "golden/training/proxy_long_lr3e-4_k16_*): write one for a new plan and call with NAME=..." >&2
+    exit 2
+fi
 source .gpu/env.sh
 W=/tmp/$NAME
 NAME="$NAME" W="$W" bash .gpu/workdir.sh > "$OUT/protocol.log" || exit 2

@@ -92,3 +92,18 @@ def test_a_planted_shift_in_one_golden_run_is_seen(tmp_path):
     assert not same(planted, original)
     moved = planted["final_window.estimate"] - original["final_window.estimate"]
     assert moved == pytest.approx(0.005 / 16, rel=0.1)  # the level is a ratio to the baselines: ~0.5 %/16
+
+
+def test_what_the_golden_plan_says_plus_minus_a_quarter_percent_would_need():
+    """README's figures for #15's scale question, from the golden verdicts as `--status` computes them for a
+    whole plan (``pieces.projection``): the spread pooled over the 32 BF16 and 16 MXFP8 runs, 1.02 % over the
+    whole range (the range that binds), and about k = m = 184 (736 runs) for an interval of +-0.25 %."""
+    from convergence.protocol import pieces
+
+    plan = pr.plan_from_dict(recorded("verdict")["protocol"]["plan"])
+    line = pieces.projection(plan, {v: recorded(v) for v in pr.VERDICTS}, whole=True)
+    assert "at the spread of its runs (1.019%, 32 BF16 and 16 mxfp8 runs, 46 degrees of freedom" in line, line
+    assert "by the planning formula resolves about +-0.853%" in line and "in the whole range" in line, line
+    assert "+-0.250% needs about k = m = 184 (736 runs; 128 to 290" in line, line
+    assert "about k = m = 523" in line, line
+

@@ -783,6 +783,30 @@ def test_whole_runs_ask_the_slowest_recent_run_counting_runs_made_in_pieces(tmp_
             assert set(status.values()) == {"done"}
 
 
+def test_whole_runs_says_when_no_call_of_that_length_would_start_a_run(tmp_path, capsys, monkeypatch):
+    """2026-12-04: mxfp8_rounding15 asked 518 s of 598-s calls, whose pieces get ~503 s even at a call's start, so
+    --whole-runs would never have started it; the line said only the two figures. Now it says so, with the call
+    length it needs. The control: a run that does not fit what is left of this call, 300 s in, but would fit a
+    fresh call of the same length, gets the line without it."""
+    from convergence.protocol import pieces
+
+    plan = _small_plan()
+    startup = pieces.STARTUP_S[plan.model]
+    monkeypatch.setattr(pieces.time, "monotonic", lambda: next(clock))
+    for wall, never in ((500.0, False), (600.0, True)):  # asked 550 s, 660 s; a fresh 600-s call gives 590 s
+        out = tmp_path / str(wall)
+        pr.open_protocol(plan, out)
+        _pace(out, *({"run": f"earlier_{recipe}", "recipe": recipe, "per_gpu": 1, "from_step": 0,
+                      "to_step": plan.steps, "wall_s": wall} for recipe in {r.recipe for r in plan.runs()}))
+        clock = iter([0.0] + [300.0] * 1000)  # execute's start, then every reading 300 s later
+        status = pieces.execute(plan, out, stop_after_s=600, whole_runs=True, progress=True)
+        assert set(status.values()) == {0}  # every recipe paced alike: nothing started
+        said = capsys.readouterr().err
+        assert ": not started, nor the later bf16 runs:" in said
+        need = (pieces.PACE_MARGIN * wall + startup) / 60
+        assert (f"no call of --stop-after-minutes 10.0 starts it whole (it needs {need:.1f})" in said) is never, said
+
+
 def test_a_whole_runs_pace_is_its_recent_runs(tmp_path, capsys):
     """The pace is the last RECENT_RUNS whole runs: after two slow whole BF16 runs (an older code), three fast
     ones let every BF16 run start, where the mean of all five would have kept them all from starting; the
@@ -1176,6 +1200,28 @@ def test_status_judges_the_last_whole_level_without_writing_anything(tmp_path, c
     assert len(judged) == 1 and judged[0].startswith("    cannot judge it: "), judged
 
 
+
+
+def test_status_of_a_whole_plan_says_what_its_spread_would_need(tmp_path, val_loss_protocol):
+    """A whole plan's --status prints no interim note, and still the projection: with the plan's runs all made,
+    what its pooled spread gives at its own k, m by the planning formula (and, were that wider than the margin,
+    the runs the margin would need: #15's 64 runs resolved +-0.92 %, and the scale for +-0.25 % is what its
+    owner is left to decide)."""
+    from convergence.curves import power
+    from convergence.protocol import pieces
+
+    plan, write = val_loss_protocol
+    plan = plan.levels()[2]  # k = m = 3, whole: the fixture's runs reach that far
+    for r in plan.runs():
+        write(r)
+    text = "\n".join(pieces.progress_report(plan, tmp_path))
+    assert "(interim" not in text and "should resolve" not in text, text
+    judged = pr.judge(plan, tmp_path)
+    fw, held = judged["verdict"]["final_window"], judged["negative_control"]["final_window"]["candidate_levels"]
+    spread, _ = power.pooled_spread([fw["replicate_levels"] + held, fw["candidate_levels"]])
+    want = power.half_width(3, spread, 0.0, m=3)
+    assert f"at the spread of its runs ({spread:.3%}, 6 BF16 and 3 mxfp8 runs" in text, text
+    assert f"the whole plan (k = 3, m = 3) by the planning formula resolves about +-{want:.3%}" in text, text
 
 
 def test_status_says_whether_the_pairs_end_alike(tmp_path, val_loss_protocol):

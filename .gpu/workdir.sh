@@ -8,11 +8,13 @@ set -eu
 NAME=${NAME:-proto5}
 W=${W:-/tmp/$NAME}
 tracked=.gpu/$NAME
+how="fresh machine"
 if [ -f "$W/protocol.json" ] && [ -d "$tracked/runs" ]; then
     lacked=$(cd "$tracked" && find runs -name metrics.jsonl.gz | while read -r f; do [ -f "$W/$f" ] || echo "$f"; done)
     if [ -n "$lacked" ]; then
         echo "warm machine's $W lacked $(echo "$lacked" | wc -l) finished run(s) the tracked copy holds: replaced by it"
         rm -rf "$W"
+        how="warm machine, its folder replaced"
     fi
 fi
 if [ -f "$W/protocol.json" ]; then
@@ -20,7 +22,7 @@ if [ -f "$W/protocol.json" ]; then
 elif [ -d "$tracked" ]; then
     rm -rf "$W"
     cp -r "$tracked" "$W"
-    echo "fresh machine: $W copied from $tracked (a run an earlier call stopped starts again at step 0)"
+    echo "$how: $W copied from $tracked (a run an earlier call stopped starts again at step 0)"
 else
     echo "new protocol: no $tracked here, $W starts empty"
 fi

@@ -143,7 +143,9 @@ def test_a_warm_folder_is_continued_only_when_it_holds_every_tracked_finished_ru
     assert (work / "runs" / "bf16" / "bf16" / "metrics.jsonl.gz").read_bytes() == b"first run"
     assert (work / "runs" / "mxfp8" / "mxfp8" / "checkpoint.pt").exists() is not lacking
     assert ("lacked 1 finished run(s) the tracked copy holds: replaced" in chose.stdout) is lacking
-    assert ("fresh machine" in chose.stdout) is lacking and ("warm machine: continuing" in chose.stdout) is not lacking
+    assert ("warm machine, its folder replaced: " in chose.stdout) is lacking  # not "fresh machine": it was warm
+    assert "fresh machine" not in chose.stdout
+    assert ("warm machine: continuing" in chose.stdout) is not lacking
 
 
 def test_a_fresh_machine_starts_from_the_tracked_copy(tmp_path):

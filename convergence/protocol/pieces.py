@@ -475,8 +475,8 @@ def execute(plan: pr.ProtocolPlan, out: Path, *, slots: int = 1, per_gpu: int = 
             # mxfp8_rounding15 asked 518 s of 598-s calls, whose pieces get ~503 s, and waited a session)
             never = "" if asked <= stop_after_s - startup else (
                 f"; no call of --stop-after-minutes {stop_after_s / 60:.1f} starts it whole (it needs "
-                f"{(asked + startup) / 60:.1f}): give it a longer call, or run it without --whole-runs on a machine "
-                "the next call will find warm")
+                f"{math.ceil((asked + startup) / 6) / 10:.1f} minutes): give it a longer call, or run it without "
+                "--whole-runs on a machine the next call will find warm")
             _line(progress, f"{spec.name}: not started, nor the later {spec.recipe} runs: a whole run should take "
                             f"{need[0]:.0f} s ({need[1]}), {asked:.0f} s with {PACE_MARGIN - 1:.0%} "
                             f"more asked; its piece would be given {left:.0f} s (to the deadline less a start-up)"

@@ -788,6 +788,8 @@ def test_whole_runs_says_when_no_call_of_that_length_would_start_a_run(tmp_path,
     --whole-runs would never have started it; the line said only the two figures. Now it says so, with the call
     length it needs. The control: a run that does not fit what is left of this call, 300 s in, but would fit a
     fresh call of the same length, gets the line without it."""
+    import math
+
     from convergence.protocol import pieces
 
     plan = _small_plan()
@@ -803,8 +805,9 @@ def test_whole_runs_says_when_no_call_of_that_length_would_start_a_run(tmp_path,
         assert set(status.values()) == {0}  # every recipe paced alike: nothing started
         said = capsys.readouterr().err
         assert ": not started, nor the later bf16 runs:" in said
-        need = (pieces.PACE_MARGIN * wall + startup) / 60
-        assert (f"no call of --stop-after-minutes 10.0 starts it whole (it needs {need:.1f})" in said) is never, said
+        need = math.ceil((pieces.PACE_MARGIN * wall + startup) / 6) / 10  # rounded up: 11.2 asks 670 s, a call 672
+        assert (f"no call of --stop-after-minutes 10.0 starts it whole (it needs {need:.1f} minutes)" in said) is never
+        assert not never or need == 11.2, said
 
 
 def test_a_whole_runs_pace_is_its_recent_runs(tmp_path, capsys):

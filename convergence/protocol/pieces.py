@@ -166,7 +166,8 @@ def progress_report(plan: pr.ProtocolPlan, out: Path, per_gpu: int = 1, *, figur
             lines.append(f"    cannot judge it: {exc}")
         else:
             levels = None  # a whole plan: its verdicts' own runs are every run
-            if sub.candidate_replicates < plan.candidate_replicates:
+            whole = sub.candidate_replicates == plan.candidate_replicates  # levels are indexed by m; the last is plan
+            if not whole:
                 lines.append("    (interim: the plan's verdict is the whole plan's; stopping because an interim one "
                              "looks decided would bias it, stopping for want of GPU time does not)")
                 try:
@@ -175,13 +176,12 @@ def progress_report(plan: pr.ProtocolPlan, out: Path, per_gpu: int = 1, *, figur
                     lines.append(f"  cannot plan from every finished run ({exc}): planning from the level's runs")
             # for a whole plan too: what its pooled spread says a plan needs to reach the margin (#15's 64 runs
             # resolved +-0.92 %; the scale for +-0.25 % is the question its owner is left with)
-            whole = (sub.replicates, sub.candidate_replicates) == (plan.replicates, plan.candidate_replicates)
             lines.append("  " + projection(plan, verdicts, levels, whole=whole))
             lines += pairs_lines(sub, verdicts)
             if figure is not None:
                 from convergence.curves.plots import plot_verdicts
 
-                interim = " (interim)" if sub.candidate_replicates < plan.candidate_replicates else ""
+                interim = "" if whole else " (interim)"
                 plot_verdicts(verdicts, figure, force=force,
                               title=f"{plan.prefix}: {done} of {len(runs)} runs of {plan.steps} steps; judged as "
                                     f"k = {sub.replicates}, m = {sub.candidate_replicates}{interim}")

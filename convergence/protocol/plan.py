@@ -3,10 +3,11 @@ validation loss, run in resumable pieces.
 
 Public: ``ProtocolPlan``, ``RunSpec``, ``DESIGNS``, ``VERDICTS``, ``open_protocol(plan, out)``, ``load_plan(out)``,
 ``run_status(plan, out)``, ``run_state(plan, out, spec)``, ``last_whole_level(plan, out)``,
-``run_piece(plan, spec, out, ...)``, ``judge(plan, out)``, ``changed_fields(have, want)``,
-``check_design(plan, out)``, ``as_expected``, ``write_results(plan, out, verdicts, command, hardware)``,
-``runs_environment(plan, out)``, ``environment_change(plan, out, here)``, ``made_with(plan, out)``,
-``metrics_path(out, spec)``, ``probes_path(out, spec)`` (a run's logs, plain or compacted), ``compact_run(folder)``.
+``run_piece(plan, spec, out, ...)``, ``judge(plan, out)``, ``judge_logs(plan, log_of)``,
+``changed_fields(have, want)``, ``check_design(plan, out)``, ``as_expected``,
+``write_results(plan, out, verdicts, command, hardware)``, ``runs_environment(plan, out)``,
+``environment_change(plan, out, here)``, ``made_with(plan, out)``, ``metrics_path(out, spec)``,
+``probes_path(out, spec)`` (a run's logs, plain or compacted), ``compact_run(folder)``.
 
 The runs (``ProtocolPlan.runs``), all from the same ``convergence.train.loop`` and the same token stream:
 
@@ -54,6 +55,7 @@ import os
 import re
 import shlex
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -490,14 +492,20 @@ def check_design(plan: ProtocolPlan, out: Path) -> None:
 def judge(plan: ProtocolPlan, out: Path) -> dict[str, dict]:
     """The three comparisons (``VERDICTS``) on validation loss, from the finished runs (checked against the design
     first: ``check_design``)."""
+    check_design(plan, out)
+    return judge_logs(plan, lambda spec: metrics_path(out, spec))
+
+
+def judge_logs(plan: ProtocolPlan, log_of: Callable[[RunSpec], Path]) -> dict[str, dict]:
+    """``judge`` on the runs' metrics logs wherever they are (``log_of(spec)``): a plan's runs recorded outside its
+    folder, as golden/training holds #15's, are judged by the same code that judged them."""
     from convergence.curves.compare import compare_paths
 
-    check_design(plan, out)
-    baselines = [metrics_path(out, r) for r in plan.baselines()]
+    baselines = [log_of(r) for r in plan.baselines()]
     result = {}
     for name, (_role, expected, shows) in VERDICTS.items():
         judged = plan.judged(name)
-        first, *more = (metrics_path(out, r) for r in judged)
+        first, *more = (log_of(r) for r in judged)
         r = compare_paths(baselines, first, margin=plan.margin, metric="val_loss", candidate_replicates=more)
         r["protocol"] = {"verdict": name, "judged_run": judged[0].name,
                          "judged_runs": [s.name for s in judged], "expected": expected, "shows": shows,

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from convergence.curves.compare import compare_paths
 from convergence.protocol import plan as pr
 
 GOLDEN = Path(__file__).resolve().parents[3] / "golden" / "training"
@@ -26,19 +25,20 @@ def recorded(verdict: str) -> dict:
     return json.loads((GOLDEN / f"{PREFIX}_{verdict}__h200.json").read_text())
 
 
+def golden_plan() -> pr.ProtocolPlan:
+    return pr.plan_from_dict(recorded("verdict")["protocol"]["plan"])
+
+
 def curve(run: str) -> Path:
     return GOLDEN / f"{PREFIX}_{run}__h200.jsonl.gz"
 
 
-def rejudge(verdict: str, replace: dict[str, Path] | None = None) -> dict:
-    """One verdict judged as the protocol judges it (``pr.judge``), from the golden curves (``replace``: run name
-    -> another file)."""
-    plan = pr.plan_from_dict(recorded(verdict)["protocol"]["plan"])
+def rejudge(replace: dict[str, Path] | None = None) -> dict[str, dict]:
+    """The three verdicts judged by the protocol's own code (``pr.judge_logs``) from the golden curves (``replace``:
+    run name -> another file)."""
+    plan = golden_plan()
     replace = replace or {}
-    path = {r.name: replace.get(r.name, curve(r.name)) for r in plan.runs()}
-    first, *more = (path[r.name] for r in plan.judged(verdict))
-    return compare_paths([path[r.name] for r in plan.baselines()], first, margin=plan.margin, metric="val_loss",
-                         candidate_replicates=more)
+    return pr.judge_logs(plan, lambda spec: replace.get(spec.name, curve(spec.name)))
 
 
 def summary(r: dict) -> dict:
@@ -62,7 +62,7 @@ def test_the_golden_plan_is_whole_and_its_controls_are_what_the_readme_says():
     """64 runs of 1,500 steps (k = m = 16): the verdict inconclusive at +-0.25 % (it resolves +-0.92 %), E2M1
     not_equivalent, the held-out BF16 runs inconclusive (a negative control cannot be called equivalent at an
     interval wider than the margin)."""
-    plan = pr.plan_from_dict(recorded("verdict")["protocol"]["plan"])
+    plan = golden_plan()
     assert (plan.steps, plan.replicates, plan.candidate_replicates, len(plan.runs())) == (1500, 16, 16, 64)
     assert all(curve(r.name).is_file() for r in plan.runs())
     got = {v: recorded(v)["verdict"] for v in pr.VERDICTS}
@@ -70,9 +70,10 @@ def test_the_golden_plan_is_whole_and_its_controls_are_what_the_readme_says():
                    "negative_control": "inconclusive"}
 
 
-@pytest.mark.parametrize("verdict", list(pr.VERDICTS))
-def test_each_golden_verdict_is_judged_again_the_same_from_the_golden_curves(verdict):
-    assert same(summary(rejudge(verdict)), summary(recorded(verdict)))
+def test_each_golden_verdict_is_judged_again_the_same_from_the_golden_curves():
+    again = rejudge()
+    for verdict in pr.VERDICTS:
+        assert same(summary(again[verdict]), summary(recorded(verdict))), verdict
 
 
 def test_a_planted_shift_in_one_golden_run_is_seen(tmp_path):
@@ -88,7 +89,7 @@ def test_a_planted_shift_in_one_golden_run_is_seen(tmp_path):
                 if "val_batch_losses" in row:
                     row["val_batch_losses"] = [x * 1.005 for x in row["val_batch_losses"]]
             dst.write(json.dumps(row) + "\n")
-    planted, original = summary(rejudge("verdict", {run: shifted})), summary(recorded("verdict"))
+    planted, original = summary(rejudge({run: shifted})["verdict"]), summary(recorded("verdict"))
     assert not same(planted, original)
     moved = planted["final_window.estimate"] - original["final_window.estimate"]
     assert moved == pytest.approx(0.005 / 16, rel=0.1)  # the level is a ratio to the baselines: ~0.5 %/16
@@ -100,7 +101,7 @@ def test_what_the_golden_plan_says_plus_minus_a_quarter_percent_would_need():
     whole range (the range that binds), and about k = m = 184 (736 runs) for an interval of +-0.25 %."""
     from convergence.protocol import pieces
 
-    plan = pr.plan_from_dict(recorded("verdict")["protocol"]["plan"])
+    plan = golden_plan()
     line = pieces.projection(plan, {v: recorded(v) for v in pr.VERDICTS}, whole=True)
     assert "at the spread of its runs (1.019%, 32 BF16 and 16 mxfp8 runs, 46 degrees of freedom" in line, line
     assert "by the planning formula resolves about +-0.853%" in line and "in the whole range" in line, line

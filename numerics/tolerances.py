@@ -98,7 +98,7 @@ _TABLE: list[Tolerance] = [
               "torchao's test_training.py bar for MoE parameter gradients is 21 dB; ours is tighter: measured "
               "minimum 21.96 dB over 30 seeds (router gate, whose gradient sums the experts' MXFP8 errors; "
               "tiny suite, CPU); ~0.5 dB margin, 1 dB above torchao's bar"),
-    # MLA: the model's own attention (numerics.layer.modules.Attention), with RoPE and DeepSeek-V3's YaRN
+    # MLA: the model's own attention (numerics.layer.deepseek_v3.Attention), with RoPE and DeepSeek-V3's YaRN
     # attention temperature (softmax scale x m^2, m = 0.1 * mscale * ln(rope_factor) + 1 = 1.258, so x1.58):
     # the sharper softmax amplifies the relative error of q.k. Measured on the tiny suite (128 tokens,
     # 30 seeds, CPU, torch 2.13 / torchao 0.18): with the temperature 0.7-1.3 dB below the same module

@@ -101,8 +101,8 @@ def fake_validate_folder():
     import numpy as np
 
     from convergence.protocol import plan as pr
+    from mxval.validate.ladder import make_plan
     from mxval.validate.levels import protocol_plan
-    from mxval.validate.plan import make_plan
 
     def make(out, steps: int = 200) -> list[str]:
         plan = protocol_plan(make_plan(gpus=0, deep_ep=False, quick=True))

@@ -1,6 +1,6 @@
 """Training level: paired BF16 / MXFP8 pretraining runs of the DeepSeek-V3 family.
 
-Modules: ``model`` (Block, Transformer, stacked from ``numerics.layer.modules``), ``data`` (token streams and
+Modules: ``model`` (Block, Transformer, stacked from ``numerics.layer.deepseek_v3``), ``data`` (token streams and
 batches), ``loop`` (the one training loop), ``placement`` (one process) and ``distributed`` (FSDP2 + expert
 parallelism) for where a run lives, ``ep_dispatch`` (the MoE seam over ``numerics.ep``), ``checkpoint`` /
 ``dist_checkpoint``, ``probes``, ``bench``, ``profile`` (a run's cost read back from its metrics),

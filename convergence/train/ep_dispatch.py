@@ -12,7 +12,7 @@ One MoE layer on rank ``j`` of ``W`` (``E`` experts, ``L = E / W`` local ones, e
    expert (stable: within an expert, rows stay in (source rank, token) order, which is global token
    order because rank ``r`` holds the ``r``-th slice of the global batch), runs its ``L`` experts as one
    grouped GEMM, and folds each received row's slots into ``sum_k w_k * y_k`` in float32, ascending k
-   (``modules.weighted_slot_sum``, the local combine's own fold), rounded once to bf16;
+   (``deepseek_v3.weighted_slot_sum``, the local combine's own fold), rounded once to bf16;
 3. combine (``EPBackend.combine``): rows go back and are summed per token in float32, ascending rank.
 
 Autograd: the backward of combine is a cached dispatch of the output gradient; the backward of
@@ -24,7 +24,7 @@ of a zero, and values below 2**-102 lose bits under 2**-126; pieces that small a
 before sending so no subnormal ever travels). Routed-expert gradients are summed over all ranks'
 tokens by the backward itself, so the trainer scales them by 1/W to match FSDP's gradient average.
 
-With W = 1 this computes exactly what ``modules.LocalDispatch`` computes (same sort order, same fold).
+With W = 1 this computes exactly what ``deepseek_v3.LocalDispatch`` computes (same sort order, same fold).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ import torch
 from torch import nn
 
 from numerics.ep.backend import EPBackend
-from numerics.layer.modules import MoE, weighted_slot_sum
+from numerics.layer.deepseek_v3 import MoE, weighted_slot_sum
 
 PIECES = 3  # bf16 pieces per float32 value: 8 + 8 + 8 significand bits cover float32's 24
 # Combine rows (the forward's hidden rows, the backward's hidden + router-gradient pieces) are padded to a

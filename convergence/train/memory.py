@@ -17,7 +17,7 @@ optimizer_state)``, ``check_fits(need, gpu_bytes, where)``, ``check_host(need, h
   moments, each rounded up to a power of two by torch's pinned allocator (+44 % at 16b, EP=2). The peak is
   the larger of the two (``MemoryNeed.host_peak``).
 * **Activations, measured.** What autograd saves for backward, counted with ``saved_tensors_hooks`` on
-  the model's own blocks (``numerics.layer.modules``) at the run's widths and sequence length, on the run's
+  the model's own blocks (``numerics.layer.deepseek_v3``) at the run's widths and sequence length, on the run's
   device (the attention kernel decides what attention saves), for one and two sequences: the difference is
   the cost of one more sequence, weights and their casts cancel out. Routed experts are reduced to
   ``2 * top_k`` for the measurement: the expert rows a token adds (``top_k`` of them) do not depend on how
@@ -142,7 +142,7 @@ def _saved_bytes(fn, *args) -> int:
 
 def activation_bytes_per_token(cfg: ModelConfig, seq: int, device: torch.device | str = "cpu") -> dict[str, float]:
     """Saved bytes per token of one dense block, one MoE block and the head + loss, measured (module doc)."""
-    from numerics.layer.modules import rope_frequencies
+    from numerics.layer.deepseek_v3 import rope_frequencies
 
     dev = torch.device(device)
     small = dataclasses.replace(cfg, n_routed_experts=min(cfg.n_routed_experts, max(2 * cfg.top_k, 8)))
@@ -155,7 +155,7 @@ def activation_bytes_per_token(cfg: ModelConfig, seq: int, device: torch.device 
 
 def _measure(cfg: ModelConfig, small: ModelConfig, seq: int, dev: torch.device, cos, sin) -> dict[str, float]:
     from convergence.train.model import Block
-    from numerics.layer.modules import Linear, RMSNorm
+    from numerics.layer.deepseek_v3 import Linear, RMSNorm
 
     parts = {}
     with torch.device(dev):

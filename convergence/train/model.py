@@ -1,14 +1,14 @@
-"""The DeepSeek-V3 model: a stack of ``numerics.layer.modules`` layers, configs tiny / proxy / 16b.
+"""The DeepSeek-V3 model: a stack of ``numerics.layer.deepseek_v3`` layers, configs tiny / proxy / 16b.
 
 Public: ``Block``, ``Transformer``, ``build_on_meta``. The configs (``ModelConfig``, ``tiny``, ``proxy``,
 ``deepseek_v3_16b``, ``get_config``, ``param_count``) live in ``numerics.layer.configs`` and the layers in
-``numerics.layer.modules``: the layer level measures exactly the modules this model trains.
+``numerics.layer.deepseek_v3``: the layer level measures exactly the modules this model trains.
 
 Activation checkpointing (``Transformer.activation_checkpointing``): each block keeps only its input for
 backward and runs again there, with the same bits (deterministic ops) and without counting its tokens twice.
 
 Mixed precision: parameters are FP32 masters; every matmul runs in the compute dtype (the module
-docstring of ``numerics.layer.modules`` says how and why); a recipe's MXFP8 op goes into a module's
+docstring of ``numerics.layer.deepseek_v3`` says how and why); a recipe's MXFP8 op goes into a module's
 ``mxfp8_op`` seam (``numerics.layer.recipes.apply_recipe``).
 """
 
@@ -22,7 +22,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from numerics.layer.configs import ModelConfig
-from numerics.layer.modules import Attention, FeedForward, Linear, MoE, RMSNorm, rope_frequencies
+from numerics.layer.deepseek_v3 import Attention, FeedForward, Linear, MoE, RMSNorm, rope_frequencies
 
 
 class Block(nn.Module):

@@ -16,8 +16,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from numerics.layer.deepseek_v3 import MoE
 from numerics.layer.harness import mxfp8_vs_bf16
-from numerics.layer.modules import MoE
 from numerics.layer.recipes import Recipe, get_recipe, quantized_fqns
 
 

@@ -1,5 +1,5 @@
 """``mxval validate``: every level this machine can run, one report.
 
-Modules: ``plan`` (what runs at which size), ``levels`` (one function per rung), ``run`` (the driver and
+Modules: ``ladder`` (what runs at which size), ``levels`` (one function per rung), ``run`` (the driver and
 its CLI), ``report`` (report.md / report.html / summary.json), ``figures``.
 """

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from mxval.validate import figures as figs
-from mxval.validate.plan import Check, LevelResult, Plan, level_status
+from mxval.validate.ladder import Check, LadderPlan, LevelResult, level_status
 from numerics.files import atomic_write
 
 Progress = Callable[[str], None]
@@ -44,7 +44,7 @@ def _fmt(v, digits: int = 2) -> str:
 
 # ---------------------------------------------------------------- tensor
 
-def run_tensor(plan: Plan, out: Path, progress: Progress) -> LevelResult:
+def run_tensor(plan: LadderPlan, out: Path, progress: Progress) -> LevelResult:
     from numerics.tensor import report
     from numerics.tolerances import floor
 
@@ -101,7 +101,7 @@ def run_tensor(plan: Plan, out: Path, progress: Progress) -> LevelResult:
 
 # ---------------------------------------------------------------- layer
 
-def run_layer(plan: Plan, out: Path, progress: Progress) -> LevelResult:
+def run_layer(plan: LadderPlan, out: Path, progress: Progress) -> LevelResult:
     from golden import layer_stats
     from numerics import environment
     from numerics.layer import harness
@@ -172,7 +172,7 @@ COMM_GROUPS = {  # what each group of numerics.ep.check rows means, for the repo
 }
 
 
-def run_communication(plan: Plan, out: Path, progress: Progress) -> LevelResult:
+def run_communication(plan: LadderPlan, out: Path, progress: Progress) -> LevelResult:
     from numerics.ep import check
 
     (out / "communication").mkdir()
@@ -190,7 +190,7 @@ def run_communication(plan: Plan, out: Path, progress: Progress) -> LevelResult:
     return communication_result(json.loads(path.read_text()), rc, what, plan)
 
 
-def communication_result(doc: dict, rc: int, what: str, plan: Plan) -> LevelResult:
+def communication_result(doc: dict, rc: int, what: str, plan: LadderPlan) -> LevelResult:
     """The level from ``numerics.ep check``'s JSON: its status and verdict line, never a second opinion.
 
     A group of check rows fails when a row has a difference no known finding explains, or (under
@@ -248,7 +248,7 @@ def communication_result(doc: dict, rc: int, what: str, plan: Plan) -> LevelResu
 
 # ---------------------------------------------------------------- training
 
-def protocol_plan(plan: Plan):
+def protocol_plan(plan: LadderPlan):
     """The convergence protocol at this machine's size: the paired MXFP8 run, BF16 replicates, both controls."""
     from convergence.protocol.plan import ProtocolPlan
 
@@ -257,7 +257,7 @@ def protocol_plan(plan: Plan):
                         mxfp8_kernel=plan.mxfp8_kernel).check()
 
 
-def run_training(plan: Plan, out: Path, progress: Progress) -> LevelResult:
+def run_training(plan: LadderPlan, out: Path, progress: Progress) -> LevelResult:
     from convergence.protocol import pieces
     from convergence.protocol import plan as pr
     from convergence.train.checkpoint import JsonlLog
@@ -349,7 +349,7 @@ def protocol_checks(verdicts: dict[str, dict], pp) -> list[Check]:
     return [Check("MXFP8 within the margin of BF16 (validation loss, paired)", status, detail), *controls]
 
 
-def run_curves(plan: Plan, out: Path, progress: Progress) -> LevelResult:
+def run_curves(plan: LadderPlan, out: Path, progress: Progress) -> LevelResult:
     from convergence.curves.compare import resolution
     from convergence.curves.plots import plot_comparison
     from convergence.protocol import plan as pr

@@ -1,7 +1,7 @@
 """mxval validate: the whole ladder on this machine, and a report.
 
 Runs, in order, every level this machine can run — tensor, layer, communication, training, curves
-(``mxval.validate.levels``; sizes from ``mxval.validate.plan.make_plan``) — and writes
+(``mxval.validate.levels``; sizes from ``mxval.validate.ladder.make_plan``) — and writes
 ``results/<timestamp>/`` with ``report.md``, a self-contained ``report.html`` (figures embedded),
 ``summary.json`` (per level: status, reason, how to enable what was skipped, key numbers; versions
 and hardware), each level's full output under ``<level>/``, figures under ``figures/`` and each
@@ -28,7 +28,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from mxval.validate import levels as lv
-from mxval.validate.plan import LEVELS, Check, LevelResult, Plan, level_status, make_plan, skipped
+from mxval.validate.ladder import LEVELS, Check, LadderPlan, LevelResult, level_status, make_plan, skipped
 from mxval.validate.report import MARK
 from numerics.cli import ArgumentParser, CLIError, seed_arg
 from numerics.files import atomic_write, writable_dir
@@ -92,7 +92,7 @@ class _StepStream(io.TextIOBase):
         self.log.flush()
 
 
-def hardware(plan: Plan) -> dict:
+def hardware(plan: LadderPlan) -> dict:
     import torch
 
     from numerics import environment
@@ -109,7 +109,7 @@ def hardware(plan: Plan) -> dict:
     return hw
 
 
-def _run_level(name: str, plan: Plan, out: Path, display: Display, done: dict[str, LevelResult]) -> LevelResult:
+def _run_level(name: str, plan: LadderPlan, out: Path, display: Display, done: dict[str, LevelResult]) -> LevelResult:
     need = NEEDS.get(name)
     if need and (need not in done or done[need].status == "fail" or done[need].status == "skipped"):
         outcome = ("were not run" if need not in done
@@ -130,7 +130,7 @@ def _run_level(name: str, plan: Plan, out: Path, display: Display, done: dict[st
     return replace(res, seconds=round(time.monotonic() - t0, 1))
 
 
-def validate(plan: Plan, out: Path, levels: Sequence[str], console) -> dict:
+def validate(plan: LadderPlan, out: Path, levels: Sequence[str], console) -> dict:
     """Run ``levels`` (in ladder order) into ``out`` (which exists and is empty); returns the summary."""
     from mxval.validate import report as validate_report
     from numerics.environment import describe

@@ -21,8 +21,8 @@ from torch import nn
 from numerics.cli import ArgumentParser, CLIError, run_main
 from numerics.layer import mxfp8
 from numerics.layer.configs import SUITES, suite
+from numerics.layer.deepseek_v3 import Attention, GroupedLinear, Linear, MoE, rope_frequencies
 from numerics.layer.harness import Named, init_params
-from numerics.layer.modules import Attention, GroupedLinear, Linear, MoE, rope_frequencies
 from numerics.layer.recipes import apply_recipe, get_recipe, set_op
 
 

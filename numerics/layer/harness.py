@@ -6,7 +6,7 @@ Public: ``run_linear``, ``run_grouped_mm``, ``run_moe``, ``run_mla``, ``run_suit
 ``kernel_agreement`` (two kernels of the seam on the same inputs), ``make_input``, ``init_params``,
 ``header``, ``RECIPES``, ``INPUT_FAMILIES``.
 
-The modules are ``numerics.layer.modules``, the ones ``convergence.train.model`` trains, converted by the
+The modules are ``numerics.layer.deepseek_v3``, the ones ``convergence.train.model`` trains, converted by the
 one converter (``numerics.layer.recipes``): a single projection or grouped GEMM gets the recipe's op
 directly (``set_op``: what MXFP8 costs that GEMM, even for ``output``, which torchtitan keeps BF16); the
 MoE block and MLA attention are converted as the model is (``apply_recipe``: torchtitan's selection, so
@@ -28,7 +28,7 @@ from torch import nn
 from numerics import metrics
 from numerics.layer import mxfp8
 from numerics.layer.configs import GroupedShape, LayerSuite, LinearShape, ModelConfig
-from numerics.layer.modules import Attention, GroupedLinear, Linear, MoE, rope_frequencies
+from numerics.layer.deepseek_v3 import Attention, GroupedLinear, Linear, MoE, rope_frequencies
 from numerics.layer.recipes import CONTROLS as _CONTROLS
 from numerics.layer.recipes import RECIPES as _REGISTRY
 from numerics.layer.recipes import apply_recipe, get_recipe, set_op
@@ -163,7 +163,7 @@ def _apply(kernel: str) -> Callable[[nn.Module, str], None]:
 
 def run_linear(s: LinearShape, *, recipes=RECIPES, device="cpu", seed=0, family="normal",
                kernel: str | None = None) -> LayerResult:
-    """One of the model's projections (``modules.Linear``) as its own MXFP8 GEMM."""
+    """One of the model's projections (``deepseek_v3.Linear``) as its own MXFP8 GEMM."""
     mxfp8.check_mx_gemm(s.tokens, s.in_features, s.out_features, what=f"linear {s.name}")
     kernel = kernel or mxfp8.default_kernel(device)
     g = _gen(seed, device)
@@ -176,7 +176,7 @@ def run_linear(s: LinearShape, *, recipes=RECIPES, device="cpu", seed=0, family=
 
 def run_grouped_mm(s: GroupedShape, *, recipes=RECIPES, device="cpu", seed=0, family="normal",
                    kernel: str | None = None) -> LayerResult:
-    """One of the experts' grouped GEMMs (``modules.GroupedLinear``) over one split of the routed rows."""
+    """One of the experts' grouped GEMMs (``deepseek_v3.GroupedLinear``) over one split of the routed rows."""
     padded = any(n % mxfp8.BLOCK for n in s.group_sizes)
     mxfp8.check_mx_gemm(s.tokens, s.dim, s.hidden, what=f"grouped_mm {s.name}", tokens_blocked=False)
     kernel = kernel or mxfp8.default_kernel(device)

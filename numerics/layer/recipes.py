@@ -18,7 +18,7 @@ b5bcd76c): ``MXFP8LinearConverter(fqns=["attention", "shared_experts", "feed_for
 include-list matched as substrings of a Linear's fully-qualified name -- plus
 ``MXFP8GroupedExpertsConverter`` for the routed experts' grouped GEMMs. Everything else stays BF16:
 the MoE router gate (``moe.router.gate``), the output head (``output``; torchtitan's ``lm_head``), the
-embedding and the norms. ``numerics.layer.modules`` names its modules as torchtitan does, so the same
+embedding and the norms. ``numerics.layer.deepseek_v3`` names its modules as torchtitan does, so the same
 strings select the same layers.
 
 A selected module gets the op of ``numerics.layer.mxfp8`` in its ``mxfp8_op`` seam; parameters stay as
@@ -34,7 +34,7 @@ import torch
 from torch import nn
 
 from numerics.layer import mxfp8
-from numerics.layer.modules import GroupedLinear, Linear
+from numerics.layer.deepseek_v3 import GroupedLinear, Linear
 
 TORCHTITAN_MXFP8_LINEAR_FQNS = ("attention", "shared_experts", "feed_forward")
 
@@ -179,7 +179,7 @@ def set_op(module: nn.Module, recipe: Recipe, kernel: str) -> None:
     elif isinstance(module, Linear):
         module.mxfp8_op = mxfp8.linear_op(recipe.op_recipe, kernel)
     else:
-        raise TypeError(f"{type(module).__name__} has no mxfp8_op seam (numerics.layer.modules.Linear or "
+        raise TypeError(f"{type(module).__name__} has no mxfp8_op seam (numerics.layer.deepseek_v3.Linear or "
                         "GroupedLinear)")
 
 

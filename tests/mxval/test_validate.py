@@ -14,7 +14,7 @@ import pytest
 
 from mxval.__main__ import main as mxval_main
 from mxval.validate import run as validate
-from mxval.validate.plan import LEVELS, Check, LevelResult, level_status, make_plan
+from mxval.validate.ladder import LEVELS, Check, LevelResult, level_status, make_plan
 
 
 def test_validate_quick_run_end_to_end(tmp_path):

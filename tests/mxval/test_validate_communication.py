@@ -4,8 +4,8 @@ the status (it said "every check bit-exact" while a KNOWN row failed the level, 
 
 from __future__ import annotations
 
+from mxval.validate.ladder import make_plan
 from mxval.validate.levels import communication_result
-from mxval.validate.plan import make_plan
 from numerics.ep.check import CheckRow, verdict
 
 

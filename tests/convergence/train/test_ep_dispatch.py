@@ -20,7 +20,7 @@ from convergence.train.loop import TrainConfig
 from numerics.ep.reference import AllToAllReference
 from numerics.errors import BadInput
 from numerics.layer.configs import get_config
-from numerics.layer.modules import MoE
+from numerics.layer.deepseek_v3 import MoE
 
 # float32 values that a router-weight gradient can take, down to where the third piece is still normal
 finite_f32 = st.floats(width=32, allow_nan=False, allow_infinity=False).filter(lambda v: v == 0 or abs(v) >= 2**-102)

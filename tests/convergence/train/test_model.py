@@ -9,7 +9,7 @@ import torch
 
 from convergence.train.model import Transformer, build_on_meta
 from numerics.layer.configs import CONFIGS, deepseek_v3_16b, get_config, param_count, tiny
-from numerics.layer.modules import MoE, rope_frequencies
+from numerics.layer.deepseek_v3 import MoE, rope_frequencies
 
 # DeepSeek-V2-Lite / torchtitan DeepSeek-V3 16B: "15.7B total parameters" (model card), untied head
 KNOWN_16B_TOTAL = 15.7e9

@@ -14,7 +14,7 @@ from torch import nn
 
 from convergence.train.model import Transformer
 from numerics.layer.configs import tiny
-from numerics.layer.modules import GroupedLinear, Linear
+from numerics.layer.deepseek_v3 import GroupedLinear, Linear
 from numerics.layer.mxfp8 import default_kernel, kernel_problem
 from numerics.layer.recipes import RECIPES, apply_recipe, get_recipe, quantized_fqns
 

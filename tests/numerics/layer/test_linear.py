@@ -1,4 +1,4 @@
-"""The model's projection (modules.Linear) through torchao's MXFP8 linear against BF16 and FP32: floors,
+"""The model's projection (deepseek_v3.Linear) through torchao's MXFP8 linear against BF16 and FP32: floors,
 the quantize_ API's bias finding, bad input."""
 
 from __future__ import annotations

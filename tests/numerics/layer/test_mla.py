@@ -9,7 +9,7 @@ from torch import nn
 
 from numerics.layer import harness
 from numerics.layer.configs import suite, tiny
-from numerics.layer.modules import Attention
+from numerics.layer.deepseek_v3 import Attention
 from numerics.layer.recipes import apply_recipe, get_recipe
 from numerics.layer.results import floor_violations
 

@@ -11,7 +11,7 @@ from torch import nn
 
 from numerics.layer import harness
 from numerics.layer.configs import suite, tiny
-from numerics.layer.modules import MoE
+from numerics.layer.deepseek_v3 import MoE
 from numerics.layer.recipes import apply_recipe, get_recipe
 from numerics.layer.results import floor_violations
 

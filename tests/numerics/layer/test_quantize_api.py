@@ -18,7 +18,7 @@ from torch import nn
 
 from numerics.assertions import assert_bits_equal
 from numerics.layer import harness
-from numerics.layer.modules import GroupedExperts, GroupedLinear, Linear
+from numerics.layer.deepseek_v3 import GroupedExperts, GroupedLinear, Linear
 from numerics.layer.mxfp8 import op_config
 from numerics.layer.recipes import MX_RECIPES, apply_recipe, get_recipe
 

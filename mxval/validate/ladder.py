@@ -1,6 +1,6 @@
-"""What ``mxval validate`` runs on this machine: the levels, their sizes, and the result records.
+"""What ``mxval validate`` runs on this machine (the ladder): the levels, their sizes, and the result records.
 
-Public: ``LEVELS`` (the ladder, in order), ``Plan`` / ``make_plan(...)`` (sizes chosen from the
+Public: ``LEVELS`` (the ladder, in order), ``LadderPlan`` / ``make_plan(...)`` (sizes chosen from the
 hardware: CPU -> the tiny model's layers and the tiny model, a GPU -> 16B shapes and the proxy model, two GPUs
 with deep_ep -> DeepEP against NCCL), ``Check`` and ``LevelResult`` (what each level returns; the
 report and ``summary.json`` are written from these alone), ``level_status(checks)``.
@@ -26,7 +26,7 @@ STATUSES = ("pass", "fail", "inconclusive", "skipped")
 
 
 @dataclass(frozen=True)
-class Plan:
+class LadderPlan:
     device: str  # "cpu" or "cuda"
     gpus: int
     deep_ep: bool  # deep_ep importable
@@ -49,7 +49,7 @@ class Plan:
 
 
 def make_plan(*, gpus: int, deep_ep: bool, quick: bool = False, steps: int | None = None, seed: int = 0,
-              strict: bool = False) -> Plan:
+              strict: bool = False) -> LadderPlan:
     """Sizes for this machine. CPU numbers are chosen so the whole ladder fits in a few minutes on
     2 cores (measured in README.md (validate section)); ``quick`` shrinks every level further (tests, smoke runs).
     """
@@ -68,7 +68,7 @@ def make_plan(*, gpus: int, deep_ep: bool, quick: bool = False, steps: int | Non
         # tiny on 2 CPU cores, six protocol runs: ~0.05 s (bf16) + ~0.3 s (emulated mxfp8) per step -> ~4 min for
         # 200 steps (README, validate section)
         default_steps = 20 if quick else 200
-    return Plan(
+    return LadderPlan(
         device="cuda" if gpu else "cpu", gpus=gpus, deep_ep=deep_ep, quick=quick,
         tensor_size="quick",
         layer_config="16b" if gpu and not quick else "tiny",

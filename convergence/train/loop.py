@@ -59,6 +59,7 @@ from convergence.train import data as data_mod
 from convergence.train.checkpoint import JsonlLog
 from convergence.train.model import Transformer, build_initialised
 from convergence.train.placement import CHECKPOINT_FILE, HostStateAdamW, Single, deterministic_mode
+from convergence.train.stopping import stop_requested
 from numerics.errors import BadInput
 from numerics.files import atomic_write, writable_dir
 from numerics.layer.configs import get_config
@@ -383,7 +384,9 @@ def train_recipe(cfg: TrainConfig, recipe_name: str, run_dir: Path, tokens: data
                                                             else {}))
         if place.writer:
             metrics.append(rec)
-        out_of_time = place.any(stop_after_s is not None and time.monotonic() - t_start > stop_after_s)
+        # out of time: the piece's own deadline, or a scheduler's signal inside stopping.stop_on_signals
+        out_of_time = place.any((stop_after_s is not None and time.monotonic() - t_start > stop_after_s)
+                                or stop_requested() is not None)
         last = done == cfg.steps
         if cfg.ckpt_every and (final_checkpoint or not last) and (done % cfg.ckpt_every == 0 or last or out_of_time
                                                                    or not math.isfinite(loss_f)):
@@ -582,7 +585,7 @@ def _run_recipes(cfg: TrainConfig, out: Path, place: Single, resume: bool, progr
     t0 = time.monotonic()
     for i, name in enumerate(cfg.recipes):
         left = None if stop_after_s is None else stop_after_s - (time.monotonic() - t0)
-        if left is not None and left <= 0 and i > 0:  # out of time: the next call starts this recipe
+        if i > 0 and ((left is not None and left <= 0) or stop_requested()):  # out of time: the next call starts it
             return None
         if not train_recipe(cfg, name, out / name, tokens, place=place, resume=resume, progress=progress,
                             stop_after_s=left):

@@ -95,8 +95,8 @@ SchedulerType=sched/backfill
 SchedulerParameters=batch_sched_delay=0
 AccountingStorageType=accounting_storage/slurmdbd
 AccountingStorageHost=localhost
-# an account the association table does not hold is refused at submission, as on a cluster
-AccountingStorageEnforce=associations
+# an account or QOS accounting does not hold is refused at submission, as on a cluster
+AccountingStorageEnforce=associations,qos
 JobAcctGatherType=jobacct_gather/none
 JobCompType=jobcomp/none
 MpiDefault=none

@@ -103,7 +103,10 @@ MpiDefault=none
 ReturnToService=2
 GresTypes=gpu
 $topology Gres=gpu:2 State=UNKNOWN
-PartitionName=debug Nodes=$HOST Default=YES MaxTime=INFINITE State=UP
+# each core taken by up to 4 jobs at once: tests hold jobs running on purpose while two pytest workers share the
+# node, and on 2 cores a held job and a queued 2-CPU job would leave every later job waiting behind the backfill
+# reservation (its time limit ends after the held job's)
+PartitionName=debug Nodes=$HOST Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:4
 EOF
     cat >"$CONF/gres.conf" <<EOF
 $MARK

@@ -14,7 +14,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -130,9 +129,10 @@ class Piece:
             return f"stopped before its end; not requeued after {restarts} requeues: submit it again"
         job = os.environ["SLURM_JOB_ID"]
         print(f"piece: stopped before its end ({self.done} not written): requeueing job {job}", flush=True)
-        sys.stdout.flush()
-        subprocess.run(["scontrol", "requeue", job], check=True)
-        return "requeued"
+        # refused where Slurm is requeueing the job already (a preemption's SIGTERM stopped the worker): either way
+        # the run continues, and otherwise the next submit continues it
+        r = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True)
+        return "requeued" if r.returncode == 0 else f"not requeued: {' '.join(r.stderr.split())}"
 
     def checkpoint(self):
         """submitit's hook when its warning signal arrives (time limit near, or a preemption that signals first):

@@ -220,10 +220,12 @@ def test_a_finished_gpu_folder_is_judged_on_a_machine_without_one(tmp_path, caps
     trained its file's runs, not the judging machine's (the CPU here, which made none of them): a run's its own
     config.json's, a verdict's the runs' (two commits listed when made at two), with the judging one beside it."""
     out = tmp_path / "p"
-    # 6 steps: at 4 the tiny rounding replicates still end with bit-identical validation losses (copies, which
-    # judging refuses: check_design); at 6 they differ
+    # design seed: judging refuses replicates that end as copies of their paired run (check_design), and at this
+    # size a rounding replicate (the batch rows permuted) can end bit-identical on a CPU whose BF16 sums round
+    # alike; a replicate at another seed starts from other weights on any machine
     common = ["--model", "tiny", "--steps", "6", "--replicates", "3", "--batch", "4", "--seq", "32", "--val-every",
-              "2", "--val-batches", "3", "--probe-every", "0", "--mxfp8-kernel", "emulated", "--out", str(out)]
+              "2", "--val-batches", "3", "--probe-every", "0", "--mxfp8-kernel", "emulated", "--design", "seed",
+              "--out", str(out)]
     convergence_main(["protocol", *common])
     state = json.loads((out / "protocol.json").read_text())
     (out / "protocol.json").write_text(json.dumps(state | {"device": "cuda"}))  # as the GPU machine wrote it
@@ -315,11 +317,11 @@ def test_a_plan_is_not_continued_where_its_runs_would_be_computed_differently(tm
     assert pr.environment_change(cuda, out, h200 | {"cuda": "13.1"}) is None  # a run that did not record it
 
 
-def _small_plan(steps: int = 4, probe_every: int = 0, **kw) -> pr.ProtocolPlan:
+def _small_plan(steps: int = 4, probe_every: int = 0, design: str = "rounding", **kw) -> pr.ProtocolPlan:
     """Six tiny runs (of 4 steps unless told) on a small batch: seconds each on 2 CPU cores."""
     over = (("batch", 4.0), ("seq", 32.0), ("val_every", 2.0), ("val_batches", 3.0),
             ("probe_every", float(probe_every)))
-    return pr.ProtocolPlan(model="tiny", steps=steps, replicates=3, design="rounding", mxfp8_kernel="emulated",
+    return pr.ProtocolPlan(model="tiny", steps=steps, replicates=3, design=design, mxfp8_kernel="emulated",
                            overrides=over, **kw).check()
 
 
@@ -521,7 +523,9 @@ def test_a_compacted_folder_is_judged_and_its_results_written_as_the_plain_one(t
     compresses a plain one to the same bytes)."""
     from convergence.protocol import pieces
 
-    plan = _small_plan(steps=6, probe_every=2)  # 6: at 4 steps the tiny rounding replicates end as copies
+    # design seed: judged, the runs must not be copies (check_design); rounding replicates this small can end
+    # bit-identical on a CPU whose BF16 sums round alike, runs at other seeds differ on any machine
+    plan = _small_plan(steps=6, probe_every=2, design="seed")
     packed, plain = tmp_path / "packed", tmp_path / "plain"
     pr.open_protocol(plan, packed)
     assert set(pieces.execute(plan, packed, progress=False).values()) == {"done"}
@@ -567,9 +571,11 @@ def test_protocol_cli_runs_to_the_end_and_exits_with_the_candidates_verdict(tmp_
     from convergence.curves.load import load_curve
 
     out = tmp_path / "p"
+    # design seed: judging refuses replicates that end as copies (check_design), which rounding replicates this
+    # small can be on a CPU whose BF16 sums round alike; runs at other seeds differ on any machine
     argv = ["protocol", "--model", "tiny", "--steps", "6", "--replicates", "3", "--batch", "4", "--seq", "32",
             "--val-every", "2", "--val-batches", "3", "--probe-every", "2", "--mxfp8-kernel", "emulated",
-            "--out", str(out)]
+            "--design", "seed", "--out", str(out)]
     rc = convergence_main(argv)
     verdict = json.loads((out / "results" / "tiny_long_verdict__cpu.json").read_text())
     assert rc == EXIT_CODES[verdict["verdict"]]
@@ -578,7 +584,7 @@ def test_protocol_cli_runs_to_the_end_and_exits_with_the_candidates_verdict(tmp_
     names = {p.name for p in (out / "results").iterdir()}
     assert {"record.sh"} | {f"tiny_long_{v}__cpu.json" for v in pr.VERDICTS} <= names
     assert {f"tiny_long_{v}__cpu.png" for v in pr.VERDICTS} <= names  # each verdict's figure
-    runs = pr.ProtocolPlan(model="tiny", steps=6, replicates=3).runs()
+    runs = pr.ProtocolPlan(model="tiny", steps=6, replicates=3, design="seed").runs()
     curves = [n for n in names if n.endswith(".jsonl.gz") and "_probes__" not in n]
     assert len(curves) == len(runs)
     for spec in runs:  # each run's metrics as the run wrote them, gzip-compressed, loading as they are

@@ -24,7 +24,7 @@ Public functions
       curves so). A damaged gzip file is ``BadInput``; ``OSError`` is left to the caller, who knows what the
       file was for.
   ``gzip_or_plain(path) -> Path``  ``path + ".gz"`` when that exists, else ``path``: where a run's JSON lines
-      are, compacted or not (a finished protocol run keeps its logs gzip: ``convergence.protocol.plan``).
+      are, compacted or not (a finished protocol run keeps its logs gzip: ``convergence.protocol.folder``).
   ``read_json_object(path, *, what) -> dict``  the JSON object a file holds (a plan, a run's config), gzip or
       not; a file that cannot be read, is not JSON or holds something else is ``BadInput`` naming it and what
       it should be.

@@ -123,19 +123,19 @@ def fake_validate_folder():
 
     import numpy as np
 
-    from convergence.protocol import plan as pr
+    from convergence.protocol.folder import open_protocol, run_dir
     from mxval.validate.ladder import make_plan
     from mxval.validate.levels import protocol_plan
 
     def make(out, steps: int = 200) -> list[str]:
         plan = protocol_plan(make_plan(gpus=0, deep_ep=False, quick=True))
         training = out / "training"
-        pr.open_protocol(plan, training)
+        open_protocol(plan, training)
         rng = np.random.default_rng(0)
         for spec in plan.runs():
             lines = "".join(json.dumps({"step": s, "loss": 3.0 / s ** 0.3 * (1 + 0.002 * rng.standard_normal())})
                             + "\n" for s in range(1, steps + 1))
-            path = pr.run_dir(training, spec) / "metrics.jsonl.gz"
+            path = run_dir(training, spec) / "metrics.jsonl.gz"
             path.parent.mkdir(parents=True)
             path.write_bytes(gzip.compress(lines.encode(), mtime=0))
         return [spec.name for spec in plan.runs()]
@@ -151,16 +151,17 @@ def val_loss_protocol(tmp_path):
     equivalent. Seconds instead of training; shared by ``--status``'s tests and the notebook helper's."""
     import json
 
-    from convergence.protocol import plan as pr
+    from convergence.protocol.folder import metrics_path, open_protocol
+    from convergence.protocol.plan import ProtocolPlan
 
-    plan = pr.ProtocolPlan(model="tiny", steps=10, replicates=3, candidate_replicates=4).check()
-    pr.open_protocol(plan, tmp_path)
+    plan = ProtocolPlan(model="tiny", steps=10, replicates=3, candidate_replicates=4).check()
+    open_protocol(plan, tmp_path)
     noise = {"bf16": 0.0, "bf16_rounding1": 1e-4, "bf16_rounding2": -1e-4, "bf16_rounding3": 2e-4,
              "mxfp8": 5e-5, "mxfp8_rounding1": -5e-5, "mxfp8-head": 0.05, "mxfp8-head_rounding1": 0.0501,
              "mxfp8_rounding2": 4e-4, "mxfp8-head_rounding2": 0.0502, "bf16_rounding4": -2e-4, "bf16_rounding5": 1.5e-4}
 
     def write(spec):
-        path = pr.metrics_path(tmp_path, spec)
+        path = metrics_path(tmp_path, spec)
         path.parent.mkdir(parents=True, exist_ok=True)
         level = 1 + noise[spec.name]
         path.write_text("".join(json.dumps({"step": s, "loss": 2.0, "val_loss": (2.0 - s / 20) * level}) + "\n"

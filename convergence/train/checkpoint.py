@@ -84,13 +84,13 @@ class JsonlLog:
 
     def records(self) -> list[dict]:
         """Every whole record, up to a torn last line. A gzip file (a finished protocol run's log, compacted:
-        ``convergence.protocol.plan.compact_run``) is read too, told by its magic bytes (``file_bytes``);
+        ``convergence.protocol.folder.compact_run``) is read too, told by its magic bytes (``file_bytes``);
         ``append`` and ``truncate_after`` are for the plain file training writes.
 
         Only the last line may be torn (no newline: what a kill leaves); any whole line that is not a JSON record,
         a ``.gz`` that is not gzip, or bytes that are not UTF-8 are damage, and a ``BadInput`` naming the file and
         line: read as the end of the log, it made a finished protocol run look unfinished, and the protocol trained
-        it again over the user's log (``convergence.protocol.plan.run_state`` also refuses a compacted log that
+        it again over the user's log (``convergence.protocol.folder.run_state`` also refuses a compacted log that
         ends short)."""
         if not self.path.exists():
             return []

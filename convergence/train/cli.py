@@ -27,7 +27,6 @@ from numerics.cli import EXIT_BAD_INPUT, ArgumentParser, CLIError, seed_arg
 from numerics.errors import BadInput
 from numerics.files import atomic_write, check_writable
 from numerics.layer.configs import CONFIGS
-from numerics.layer.mxfp8 import FAST_ONLY, recipe_kernel_problem
 from numerics.layer.mxfp8 import KERNELS as MXFP8_KERNELS
 from numerics.layer.mxfp8 import kernel_problem as mxfp8_problem
 from numerics.layer.recipes import RECIPES
@@ -37,16 +36,17 @@ DIST_TIMEOUT_S = 300.0  # a collective's wait before a rank gives up: far above 
 
 def check_recipe_kernels(recipes: Sequence[str], kernel: str, device: str | None = None) -> None:
     """One line when a recipe cannot run on the chosen kernel. ``auto`` picks the fast kernel for a recipe only it
-    computes (``FAST_ONLY``): whether that runs on ``device`` is checked here too, before any run starts (not as a
-    traceback at the recipe's first step, after the other recipes have trained); None: not checked (a folder
+    computes (``OpRecipe.kernels``): whether that runs on ``device`` is checked here too, before any run starts (not
+    as a traceback at the recipe's first step, after the other recipes have trained); None: not checked (a folder
     only judged)."""
     for name in recipes:
         recipe = RECIPES[name]()
         if not recipe.mxfp8:
             continue
         if kernel != "auto":
-            problem = recipe_kernel_problem(recipe.op_recipe, kernel)
-        elif recipe.op_recipe in FAST_ONLY and device is not None:
+            problem = recipe.op.kernel_problem(kernel)
+            problem = problem and f"{name} {problem}"
+        elif recipe.op.kernels == ("fast",) and device is not None:
             problem = mxfp8_problem("fast", device)  # its advice after ';' names the other kernels: not for this one
             problem = problem and f"{name} runs on kernel 'fast' only, and {problem.partition(';')[0]}"
         else:

@@ -162,13 +162,13 @@ def _op_fns(kind: str, x, w, offs):
     rceil = ScaleCalculationMode.RCEIL
     if kind == "linear":
         return {
-            "fast": lambda a, b: ops.linear(a, b, wgrad_with_hp=False),
+            "fast": lambda a, b: ops.linear(a, b),
             "emulated": lambda a, b: _to_mxfp8_then_scaled_mm(a, b, kernel_preference=_emulated(),
                                                               scale_calculation_mode=rceil, wgrad_with_hp=False),
             "bf16": lambda a, b: a @ b.t(),
         }
     return {
-        "fast": lambda a, b: ops.grouped_mm(a, b.transpose(-2, -1), offs, wgrad_with_hp=False, pad_groups=False),
+        "fast": lambda a, b: ops.grouped_mm(a, b.transpose(-2, -1), offs, pad_groups=False),
         "emulated": lambda a, b: _to_mxfp8_then_scaled_grouped_mm(
             a, b.transpose(-2, -1), offs, out_dtype=torch.bfloat16, kernel_preference=_emulated(),
             wgrad_with_hp=False, scale_calculation_mode=rceil),

@@ -24,7 +24,7 @@ def test_jsonl_log_ignores_and_repairs_a_torn_last_line(tmp_path):
 
 
 def test_jsonl_log_reads_a_gzip_log_as_its_plain_one(tmp_path):
-    """A finished protocol run's logs are compacted to gzip (convergence.protocol.plan.compact_run) and read back
+    """A finished protocol run's logs are compacted to gzip (convergence.protocol.folder.compact_run) and read back
     through JsonlLog: the same records, the torn last line of the plain file still left out."""
     log = JsonlLog(tmp_path / "m.jsonl")
     for s in range(1, 4):

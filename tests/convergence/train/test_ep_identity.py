@@ -96,7 +96,7 @@ def test_ep_identity_bad_input_one_line(tmp_path, capsys):
 
 def test_ep_identity_reads_a_finished_protocol_runs_compacted_log_and_refuses_a_file_without_losses(tmp_path,
                                                                                                    capsys):
-    """A protocol run keeps its logs gzip once finished (convergence.protocol.plan.compact_run): such a run folder
+    """A protocol run keeps its logs gzip once finished (convergence.protocol.folder.compact_run): such a run folder
     was refused as holding no metrics (bad-input audit, 2026-12-02). The control: the compacted runs compare as
     their plain logs do, identical and not; a probes file (steps, no loss) or a text loss is one line, exit 2
     (it had been called DIFFERENT, exit 1, or a traceback)."""

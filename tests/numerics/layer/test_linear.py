@@ -43,7 +43,7 @@ def _quantize_api(lin: nn.Linear) -> nn.Module:
     from torchao.quantization import quantize_
 
     m = nn.Sequential(lin)
-    quantize_(m, op_config("mxfp8"), filter_fn=lambda mod, fqn: isinstance(mod, nn.Linear))
+    quantize_(m, op_config(), filter_fn=lambda mod, fqn: isinstance(mod, nn.Linear))
     return m
 
 
@@ -64,7 +64,7 @@ def test_linear_quantize_api_keeps_bias():
 def test_linear_non_contiguous_upstream_gradient_is_accepted():
     x = torch.randn(32, 64, dtype=torch.bfloat16, requires_grad=True)
     w = torch.randn(96, 64, dtype=torch.bfloat16, requires_grad=True)
-    torchao_linear(x, w, "mxfp8").sum().backward()  # expanded ones: stride 0
+    torchao_linear(x, w).sum().backward()  # expanded ones: stride 0
     assert x.grad is not None and torch.isfinite(x.grad.float()).all()
 
 
@@ -81,7 +81,7 @@ def test_linear_bad_shapes_raise_valueerror_naming_the_constraint(m, k, n, dtype
     x = torch.randn(m, k).to(dtype)
     w = torch.randn(n, k).to(dtype)
     with pytest.raises(ValueError, match=needle.replace("(", r"\(").replace(")", r"\)")):
-        torchao_linear(x, w, "mxfp8")
+        torchao_linear(x, w)
     if dtype == torch.bfloat16:
         with pytest.raises(ValueError, match="multiple of the MX block size 32"):
             harness.run_linear(LinearShape("bad", m, k, n))

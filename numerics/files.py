@@ -16,6 +16,9 @@ Public functions
       a reader sees the old file or the new one, never a torn one.
   ``writable_dir(path, *, what="folder") -> Path``  create a folder (and its parents) and prove a file
       can be made in it; a file in its place or a place that cannot be written is ``BadInput``.
+  ``removed_if_left_empty(path)``  a context manager for a command that makes its output folder before work that
+      may still refuse (its data, its memory): the folders of ``path`` it made are removed again, if still
+      empty, when the block raises; nothing half-made is left behind, and nothing that was there is touched.
   ``atomic_path(path, *, force=False)``  the same for writers that want a file name (matplotlib's
       ``savefig``, a TensorBoard writer): a context manager yielding the temporary path, renamed over
       ``path`` when the block ends without an exception and removed otherwise.
@@ -133,6 +136,21 @@ def writable_dir(path, *, what: str = "folder") -> Path:
     except OSError as exc:
         raise BadInput(f"cannot write the {what} {path}: {exc.strerror or exc}") from None
     return path
+
+
+@contextlib.contextmanager
+def removed_if_left_empty(path) -> Iterator[Path]:
+    path = Path(path).absolute()
+    made = [p for p in (path, *path.parents) if not p.exists()]  # the deepest first
+    try:
+        yield path
+    except BaseException:  # bad input and Ctrl-C alike
+        for folder in made:
+            try:
+                folder.rmdir()  # only an empty one: what the block wrote there stays
+            except OSError:
+                break
+        raise
 
 
 @contextlib.contextmanager

@@ -28,9 +28,9 @@ Public functions
       file was for.
   ``gzip_or_plain(path) -> Path``  ``path + ".gz"`` when that exists, else ``path``: where a run's JSON lines
       are, compacted or not (a finished protocol run keeps its logs gzip: ``convergence.protocol.plan``).
-  ``read_json_object(path, *, what) -> dict``  the JSON object a file holds (a plan, a run's config), gzip or
-      not; a file that cannot be read, is not JSON or holds something else is ``BadInput`` naming it and what
-      it should be.
+  ``read_json_object(path, *, what, fix=...) -> dict``  the JSON object a file holds (a plan, a run's config),
+      gzip or not; a file that cannot be read, is not JSON or holds something else is ``BadInput`` naming it,
+      what it should be and ``fix`` (by default: restore it, as a file the suite wrote and the user did not pick).
   ``read_json_lines(path, *, what, hint, need, inside=None) -> list[dict]``  every JSON object of a
       JSON-lines file, gzip or not (``inside`` it when ``path`` is a folder, through ``gzip_or_plain``), blank
       lines and a torn last line (no newline, not JSON: a kill's) skipped; a missing or unreadable file, a line
@@ -204,16 +204,16 @@ def file_bytes(path, limit: int | None = None) -> bytes:
         raise BadInput(f"{path}: a damaged gzip file ({exc or 'cut short'})") from None
 
 
-def read_json_object(path, *, what: str) -> dict:
+def read_json_object(path, *, what: str, fix: str = "restore it, e.g. from git") -> dict:
     path = Path(path)
     try:
         value = json.loads(file_bytes(path).decode("utf-8"))  # gzip-aware, as the logs beside it are
     except OSError as exc:
         raise BadInput(f"{path}: cannot read {what}: {exc.strerror or exc}") from None
     except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError both are
-        raise BadInput(f"{path}: not {what} (not JSON: {exc}); restore it, e.g. from git") from None
+        raise BadInput(f"{path}: not {what} (not JSON: {exc}); {fix}") from None
     if not isinstance(value, dict):
-        raise BadInput(f"{path}: not {what} (a JSON {type(value).__name__}, not an object)")
+        raise BadInput(f"{path}: not {what} (a JSON {type(value).__name__}, not an object); {fix}")
     return value
 
 

@@ -230,8 +230,8 @@ def _children_ignore_sigint() -> Iterator[None]:
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
+    finally:  # None: a handler not set from Python, which cannot be put back; the default is the nearest
+        signal.signal(signal.SIGINT, signal.SIG_DFL if previous is None else previous)
 
 
 class Session:

@@ -37,9 +37,9 @@ DIST_TIMEOUT_S = 300.0  # a collective's wait before a rank gives up: far above 
 
 def check_recipe_kernels(recipes: Sequence[str], kernel: str, device: str | None = None) -> None:
     """One line when a recipe cannot run on the chosen kernel. ``auto`` picks the fast kernel for a recipe only it
-    computes (``FAST_ONLY``): whether that runs on ``device`` is checked here too, before any run starts (it was
-    found at the recipe's first step, a traceback, after the other recipes had trained); None: not checked (a
-    folder only judged)."""
+    computes (``FAST_ONLY``): whether that runs on ``device`` is checked here too, before any run starts (not as a
+    traceback at the recipe's first step, after the other recipes have trained); None: not checked (a folder
+    only judged)."""
     for name in recipes:
         recipe = RECIPES[name]()
         if not recipe.mxfp8:
@@ -141,7 +141,7 @@ def train_parser() -> ArgumentParser:
     p.add_argument("--data", help="text / .jsonl / .parquet / pre-tokenized .bin (default: Python stdlib)")
     p.add_argument("--val-percent", type=int, default=None,
                    help="documents held out for validation, percent (default 2; 1 %% of a .bin): a larger held-out "
-                   "set has a smaller sampling error (README, the convergence protocol) and less to train on")
+                   "set has a smaller sampling error (docs/protocol.md) and less to train on")
     p.add_argument("--data-dtype", default="uint16", help="token dtype of a .bin: uint16 or uint32")
     p.add_argument("--tokenizer", default=None, choices=["byte", "bpe"],
                    help="byte, or a byte-level BPE trained on the data's train split and cached (pip install "
@@ -153,7 +153,7 @@ def train_parser() -> ArgumentParser:
     p.add_argument("--stop-after-minutes", type=float, default=None,
                    help="checkpoint and stop after this long; rerun with --resume to continue")
     p.add_argument("--ep", type=int, default=None,
-                   help="expert-parallel size = number of torchrun processes (FSDP2 + EP); README: distributed")
+                   help="expert-parallel size = number of torchrun processes (FSDP2 + EP); docs/distributed.md")
     p.add_argument("--ep-backend", default="reference",
                    help="reference (all-to-all), deepep (V1 Buffer) or deepep-v2 (numerics.ep.backends)")
     p.add_argument("--deterministic", action="store_true", help="deterministic algorithms, fixed seeds")
@@ -179,18 +179,18 @@ def train_parser() -> ArgumentParser:
 
 
 def check_run_flags(args) -> None:
-    """The flags that shape how a run is made, not what it computes (``config_from_args`` checks those): each
-    was taken unchecked, NaN and negative values alike (a negative --threads failed inside torch, --stop-after-minutes
-    -1 stopped as 0 does, after one step, and NaN ones were ignored)."""
+    """The flags that shape how a run is made, not what it computes (``config_from_args`` checks those): NaN and
+    out-of-range values are refused in one line (unchecked, a negative --threads fails inside torch,
+    --stop-after-minutes -1 stops as 0 does, after one step, and NaN values are ignored)."""
     if args.threads is not None and args.threads < 1:
         raise CLIError(f"--threads must be >= 1, got {args.threads}")
     if args.stop_after_minutes is not None and not 0 <= args.stop_after_minutes < math.inf:  # 0: after one step
         raise CLIError(f"--stop-after-minutes must be a number >= 0, got {args.stop_after_minutes}")
     if args.dist_timeout is not None and not 0 < args.dist_timeout < math.inf:
         raise CLIError(f"--dist-timeout must be a number of seconds > 0, got {args.dist_timeout}")
-    if args.dist_timeout is not None and args.ep is None:  # it had been ignored: one process waits on no peer
+    if args.dist_timeout is not None and args.ep is None:  # refused, not ignored: one process waits on no peer
         raise CLIError("--dist-timeout goes with --ep (one process has no collective to time out)")
-    if args.stop_after_minutes is not None and args.ckpt_every == 0:  # it stopped, then --resume had nothing to load
+    if args.stop_after_minutes is not None and args.ckpt_every == 0:  # it would stop, and --resume have nothing to load
         raise CLIError("--stop-after-minutes stops at a checkpoint to continue from, and --ckpt-every 0 writes none")
 
 

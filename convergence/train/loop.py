@@ -9,10 +9,10 @@ What a run is:
   applied; their fingerprint is in config.json) and sees the same batches in the same order
   (``data.Batches`` is a function of the data seed and step). Three knobs vary one source of training
   randomness at a time: ``seed`` (initial weights), ``data_seed`` (the order of the training windows;
-  None follows ``seed``, so runs made before it existed are unchanged bit for bit) and ``row_order`` (the
+  None follows ``seed``, so a plain seed changes both) and ``row_order`` (the
   order of a batch's rows: the same arithmetic summed in another order, one rounding apart);
-* validation is on a fixed held-out set (the first ``val_batches`` batches of the validation split, the
-  same for every seed), logged with the standard error of its mean and every batch's loss;
+* validation is on a fixed held-out set (``val_batches`` batches spread evenly over the validation split,
+  the same for every seed), logged with the standard error of its mean and every batch's loss;
 * the BF16 baseline is defined as FP32 master weights and AdamW state, forward and backward under
   ``torch.autocast(dtype=bfloat16)``: every matmul in BF16 with FP32 accumulation, norms, softmax,
   router scoring and the loss in FP32. The MXFP8 recipes are the same run with the recipe's layers'
@@ -59,6 +59,7 @@ from convergence.train import data as data_mod
 from convergence.train.checkpoint import JsonlLog
 from convergence.train.model import Transformer, build_initialised
 from convergence.train.placement import CHECKPOINT_FILE, HostStateAdamW, Single, deterministic_mode
+from convergence.train.stopping import stop_requested
 from numerics.errors import BadInput
 from numerics.files import atomic_write, removed_if_left_empty, writable_dir
 from numerics.layer.configs import get_config
@@ -88,7 +89,7 @@ class TrainConfig:
     ep_backend: str = "reference"  # numerics.ep backend for dispatch / combine: reference or deepep
     deterministic: bool = False  # torch.use_deterministic_algorithms(True) and friends
     mxfp8_kernel: str = "auto"  # numerics.layer.mxfp8.KERNELS, or auto: real on SM100, emulated elsewhere
-    data_seed: int | None = None  # order of the training windows; None: ``seed`` (what every run did before)
+    data_seed: int | None = None  # order of the training windows; None: ``seed`` (plain seeds vary both)
     row_order: int | None = None  # None: batch rows as drawn; N: permuted by (N, step), a benign reduction order
     activation_checkpointing: bool = False  # blocks recomputed in backward (the CLI turns it on for 16b)
     phase_times: bool = False  # time forward / backward / optimizer apart (synchronizes between them on a GPU)
@@ -133,8 +134,8 @@ REAL_VOCAB_MODELS = ("16b",)  # models that keep their own vocabulary size whate
 
 def model_config(cfg: TrainConfig, vocab_size: int):
     """The run's ``ModelConfig``: its model's shapes with the tokenizer's vocabulary, except that the 16b keeps
-    the real model's 102,400 rows when the tokenizer has fewer ids (issue #19: the embedding and the output
-    head, 0.4B parameters, at their real size; the rows no token uses are still trained by the softmax), and
+    the real model's 102,400 rows when the tokenizer has fewer ids (the embedding and the output head, 0.4B
+    parameters, at their real size; the rows no token uses are still trained by the softmax), and
     only its first ``cfg.layers`` layers when that is set (a 16b checkpoint is 176 GiB at 27 layers)."""
     base = get_config(cfg.model)
     if cfg.model in REAL_VOCAB_MODELS:
@@ -148,10 +149,10 @@ def build_model(cfg: TrainConfig, vocab_size: int) -> Transformer:
 
 def fingerprint(model: torch.nn.Module) -> str:
     """A short hash of the model's weights, bit for bit: SHA-256 over each state tensor's name, dtype, shape and
-    bytes. (It was float64 sums per tensor, which depend on the CPU thread count above torch's parallel grain:
-    a torchrun rank, one thread, and a single process fingerprinted the same proxy weights differently; and
-    it took ~110 s of the 16b's start-up on 2 x H200, where hashing 63 GB at the 1.8 GB/s SHA-256 ran on a
-    2-core CPU here would take ~35 s.)"""
+    bytes. Not float sums per tensor: those depend on the CPU thread count above torch's parallel grain (a
+    torchrun rank, one thread, and a single process would fingerprint the same weights differently), and
+    summing the 16b's 63 GB took ~110 s of its start-up on 2 x H200, where hashing them at SHA-256's ~1.8 GB/s
+    takes ~35 s."""
     h = hashlib.sha256()
     for name, t in sorted(model.state_dict().items()):
         t = t.detach().cpu().contiguous()
@@ -383,7 +384,9 @@ def train_recipe(cfg: TrainConfig, recipe_name: str, run_dir: Path, tokens: data
                                                             else {}))
         if place.writer:
             metrics.append(rec)
-        out_of_time = place.any(stop_after_s is not None and time.monotonic() - t_start > stop_after_s)
+        # out of time: the piece's own deadline, or a scheduler's signal inside stopping.stop_on_signals
+        out_of_time = place.any((stop_after_s is not None and time.monotonic() - t_start > stop_after_s)
+                                or stop_requested() is not None)
         last = done == cfg.steps
         if cfg.ckpt_every and (final_checkpoint or not last) and (done % cfg.ckpt_every == 0 or last or out_of_time
                                                                    or not math.isfinite(loss_f)):
@@ -471,8 +474,8 @@ def check_run_dir(cfg: TrainConfig, out: Path, resume: bool, force: bool) -> Non
 def _check_resumable(run_dir: Path, ckpt_every: int) -> None:
     """A run that logged steps past its first checkpoint but has none cannot continue: say so instead of restarting
     it (it was deleted, or never written: --ckpt-every 0). One killed before its first checkpoint was in place
-    starts again from step 0, as any resume redoes the steps after its checkpoint (``train_recipe`` says so): it
-    had been refused, and nothing but --force, which restarts every recipe of the command, continued it."""
+    starts again from step 0, as any resume redoes the steps after its checkpoint (``train_recipe`` says so),
+    rather than being refused, which would leave only --force, restarting every recipe of the command."""
     logged = JsonlLog(run_dir / "metrics.jsonl").records()
     has_ckpt = (run_dir / CHECKPOINT_FILE).exists() or (run_dir / "checkpoint").exists() \
         or (run_dir / "checkpoint.old").exists()
@@ -586,7 +589,7 @@ def _run_recipes(cfg: TrainConfig, out: Path, place: Single, resume: bool, progr
     t0 = time.monotonic()
     for i, name in enumerate(cfg.recipes):
         left = None if stop_after_s is None else stop_after_s - (time.monotonic() - t0)
-        if left is not None and left <= 0 and i > 0:  # out of time: the next call starts this recipe
+        if i > 0 and ((left is not None and left <= 0) or stop_requested()):  # out of time: the next call starts it
             return None
         if not train_recipe(cfg, name, out / name, tokens, place=place, resume=resume, progress=progress,
                             stop_after_s=left):

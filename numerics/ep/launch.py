@@ -19,6 +19,11 @@ The cases and results travel over a gloo group (``control_group``), also when th
 NCCL: a rank waiting for the next case then waits on the CPU, not in an NCCL kernel spinning on its
 GPU. Such a kernel, from another process, time-slices that GPU against rank 0's work on it, and costs a
 peer copy timed meanwhile a third of its bandwidth (``numerics.ep.bench``).
+
+Ctrl-C belongs to rank 0. A terminal sends SIGINT to every process of its foreground group, so spawned ranks
+would each stop wherever they were (their imports included) and print a traceback of their own; ``Session``
+starts them ignoring SIGINT, and on Ctrl-C rank 0 ends them itself and lets the ``KeyboardInterrupt`` go on to
+its command line's one line.
 """
 
 from __future__ import annotations

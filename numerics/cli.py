@@ -125,8 +125,8 @@ class _Output:
 
     * a reader that went away (``| head -1`` closed the pipe) ends the output, not the command: the first write
       that fails with EPIPE points the descriptor at /dev/null (what was buffered goes there too) and every write
-      after it succeeds, so the command finishes, writes its files and exits with its own code; Python's own
-      BrokenPipeError had become a traceback and exit code 1 (compare's "not_equivalent") or 120 at exit.
+      after it succeeds, so the command finishes, writes its files and exits with its own code (Python's own
+      BrokenPipeError would end it with a traceback and exit code 1, compare's "not_equivalent", or 120 at exit).
     * whether its last line is still open (a progress bar rewriting itself with ``\\r``), so that the command's last
       word (an error, "interrupted") starts on a line of its own.
     """

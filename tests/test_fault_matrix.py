@@ -186,7 +186,8 @@ def test_a_missing_input_is_one_line_and_makes_nothing(cmd, tmp_path, capsys):
 
 
 def test_train_resume_with_nothing_to_resume_is_one_line_and_makes_no_folder(tmp_path, capsys):
-    """A mistyped --out with --resume trained from step 1 without a word; a data error left an empty --out."""
+    """--resume over a folder with nothing to resume (a mistyped --out) is refused, not a run from step 1; and data
+    found bad after --out was made leaves no empty --out behind."""
     argv = ["train", "--model", "tiny", "--recipe", "bf16", "--steps", "2", "--out", str(tmp_path / "typo" / "run")]
     err = _refused(capsys, tmp_path, "convergence", [*argv, "--resume"])
     assert "holds no run of bf16 to continue" in err
@@ -258,7 +259,7 @@ def _interrupted_cleanly(code: int, err: str) -> None:
 
 
 def test_ctrl_c_in_the_communication_check_is_rank_0s_one_line(tmp_path):
-    """Each spawned rank got SIGINT too and printed a 20-line traceback from wherever it was."""
+    """The spawned ranks get the terminal's SIGINT too: rank 0 alone answers it, and ends them."""
     code, err = _interrupt(["numerics.ep", "check", "--world", "2", "--cases", "400"], " cases, ")
     _interrupted_cleanly(code, err)
 
@@ -275,7 +276,7 @@ def test_ctrl_c_in_each_level_of_validate_stops_it_with_a_partial_report(tmp_pat
 
 
 def test_ctrl_c_in_training_leaves_the_progress_bar_its_line(tmp_path):
-    """"interrupted" landed on the progress bar's line ("... 130 tok/sinterrupted")."""
+    """"interrupted" starts a line of its own after the progress bar (which rewrites its line, no newline)."""
     data = _inputs(tmp_path)["data"]
     code, err = _interrupt(["convergence", "train", "--model", "tiny", "--recipe", "bf16", "--steps", "400",
                             *SMALL_RUN, "--data", str(data), "--out", str(tmp_path / "run")], "bf16 [")
@@ -291,8 +292,8 @@ def test_ctrl_c_in_a_parallel_protocol_ends_its_workers_and_is_one_line(tmp_path
 
 
 def test_compare_into_a_closed_pipe_keeps_its_verdicts_exit_code_and_writes_its_files(tmp_path):
-    """``compare ... --json J --plot P | head -1`` printed the verdict, then a BrokenPipeError traceback, exited 1
-    (which reads as not_equivalent) and never wrote P. A real pipe whose reader closed, in a real process."""
+    """``compare ... --json J --plot P | head -1``: the verdict's exit code (not 1, which reads as not_equivalent),
+    both files written, no traceback. A real pipe whose reader closed, in a real process."""
     inputs = _inputs(tmp_path)
     runs = [str(inputs["baseline"]), str(inputs["candidate"])]
     verdict = convergence_main(["compare", *runs])  # the exit code with a reader

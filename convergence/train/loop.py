@@ -425,7 +425,7 @@ def check_run_dir(cfg: TrainConfig, out: Path, resume: bool, force: bool) -> Non
     if resume and force:
         raise BadInput("--resume and --force exclude each other")
     if resume and not any((out / r).is_dir() and any((out / r).iterdir()) for r in cfg.recipes):
-        # it had trained from step 1 without a word: a mistyped --out went unnoticed
+        # training from step 1 instead would hide a mistyped --out
         raise BadInput(f"--resume: {out} holds no run of {', '.join(cfg.recipes)} to continue; check --out, or leave "
                        "--resume out to start one")
     writable_dir(out, what="run folder")

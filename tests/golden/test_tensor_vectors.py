@@ -48,8 +48,8 @@ def test_tensor_vectors_detects_a_changed_byte_with_a_matching_checksum(tmp_path
 
 
 def test_tensor_vectors_names_a_tampered_value_the_golden_files_not_the_oracles(tmp_path):
-    """torchao's disagreement with a tampered byte quoted the file's value as "the oracle", which had just said it
-    gives another one."""
+    """torchao's disagreement with a tampered byte names that byte the golden file's: the oracle gives another one,
+    and says so on a line of its own."""
     path, _ = _copy(tmp_path)
     _tamper(path)
     problems, _ = tv.check_dir(tmp_path)

@@ -237,8 +237,8 @@ def test_protocol_checks_trust_the_verdict_only_when_both_controls_come_out_as_e
 
 
 def test_curves_summary_puts_a_control_that_missed_before_the_verdict_it_makes_untrusted():
-    """The inconclusive curves row read "equivalent: ..." and said only at its end that a control had missed; and
-    the training note described replicates "at other seeds" beside a table of one seed's rounding replicates."""
+    """A control that missed makes the curves row inconclusive, so the row says so before the verdict it untrusts;
+    and the training note describes the replicates the table lists (one seed, one benign change each)."""
     from mxval.validate.levels import curves_summary
     from mxval.validate.report import READING
 

@@ -42,8 +42,8 @@ def _closed_pipe():
 
 
 def test_a_command_whose_stdout_reader_went_away_finishes_with_its_own_exit_code(monkeypatch, tmp_path):
-    """BrokenPipeError had escaped as a traceback and exit code 1 (compare's not_equivalent), and the files the
-    command would write after the failed print were never written."""
+    """A reader that went away ends the output only: the command writes what it writes after its prints and exits
+    with its own code (a BrokenPipeError would be a traceback and exit code 1, compare's not_equivalent)."""
     from numerics.cli import run_main
 
     def command(argv):
@@ -59,7 +59,8 @@ def test_a_command_whose_stdout_reader_went_away_finishes_with_its_own_exit_code
 
 
 def test_interrupted_starts_a_line_of_its_own_after_a_progress_bar(capsys):
-    """A progress bar rewrites its line with carriage returns and no newline: "interrupted" landed on it."""
+    """A progress bar rewrites its line with carriage returns and no newline: "interrupted" starts a line of its
+    own after it."""
     from numerics.cli import run_main
 
     def command(argv):
@@ -79,8 +80,8 @@ def test_interrupted_starts_a_line_of_its_own_after_a_progress_bar(capsys):
 
 @pytest.mark.parametrize("argv, code, stream", [([], 2, "err"), (["--help"], 0, "out")])
 def test_a_command_without_its_subcommand_prints_usage_to_stderr_and_exits_2(capsys, argv, code, stream):
-    """``mxval`` alone printed its usage on stdout (as --help does), where a script reading the output takes it for
-    a result; the control: --help is output, exit 0."""
+    """A command without its subcommand is a usage error: the usage goes to stderr, not to the output a script
+    reads; the control: --help is output, exit 0."""
     from convergence.__main__ import main as convergence_main
     from mxval.__main__ import main as mxval_main
 

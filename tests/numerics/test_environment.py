@@ -73,8 +73,8 @@ def _mxval_commit() -> str | None:
 
 
 def test_the_recorded_commit_is_mxvals_own_from_inside_another_repository_and_outside_any(tmp_path, monkeypatch):
-    """git was asked in the current directory: a run started inside another repository recorded that repository's
-    commit, and one started outside any repository recorded none."""
+    """The commit is the checkout's that numerics runs from, wherever the command starts: not the commit of a
+    repository around the current directory, and not None outside any."""
     from numerics import environment
 
     monkeypatch.delenv("MXVAL_COMMIT", raising=False)

@@ -11,7 +11,8 @@ VERDICT = Path(__file__).resolve().parents[3] / "golden" / "training" / "proxy_l
 
 
 def test_power_names_the_final_window_estimate_it_plans_from(capsys):
-    """It said "candidate estimate -3.682 %" while the verdict it read reports -2.536 %, the whole range's."""
+    """The report plans from the final window's estimate, while the verdict it reads reports the whole range's
+    (-3.682 % and -2.536 % here): the report names the one it prints."""
     result = json.loads(VERDICT.read_text())
     assert main(["power", str(VERDICT)]) == 0
     out = capsys.readouterr().out

@@ -83,8 +83,8 @@ def test_checkpoint_of_an_mxfp8_model_is_plain_and_atomic(tmp_path):
 
 
 def test_a_damaged_checkpoints_message_holds_torchs_whole_reason_on_one_line():
-    """torch's reason for refusing a checkpoint often comes last (after a list of missing keys): it was cut at 160
-    characters, mid-word."""
+    """torch's reason for refusing a checkpoint often comes last, after a list of missing keys: the message holds
+    all of it, on one line."""
     from convergence.train.placement import damaged
 
     missing = ", ".join(f'"layers.{i}.attn.wq.weight"' for i in range(12))

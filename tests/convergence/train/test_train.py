@@ -670,7 +670,7 @@ def test_a_run_that_diverges_is_judged_diverged(capsys, tmp_path):
 
 
 def test_train_help_describes_the_command_in_whole_sentences(capsys):
-    """The description was the module docstring's first line, which stops mid-sentence ("... from the")."""
+    """The description is the docstring's whole first paragraph: its first line alone stops mid-sentence."""
     with pytest.raises(SystemExit) as exc:
         convergence_main(["train", "--help"])
     assert exc.value.code == 0

@@ -148,6 +148,11 @@ if __name__ == "__main__":
     sys.exit(run_main(main))
 
 
+# what power takes, said where a file is something else (a user's file, not one of the suite's to restore)
+POWER_READS = ("power reads the JSON that `python -m convergence compare ... --metric val_loss --json OUT` writes, "
+               "or a protocol folder")
+
+
 def power_main(argv: Sequence[str] | None = None) -> int:
     """python -m convergence power RESULT [RESULT ...]: replicates and steps for a margin, from measured spreads."""
     from convergence.curves import power
@@ -188,7 +193,7 @@ def power_main(argv: Sequence[str] | None = None) -> int:
     check_once(files, counts="each measurement counts once in the spread's fit")
     ms, judged = [], {"margin": set(), "confidence": set()}
     for f in files:
-        result = read_json_object(f, what="a compare --metric val_loss result")
+        result = read_json_object(f, what="a compare --metric val_loss result", fix=POWER_READS)
         for key, seen in judged.items():
             if is_number(result.get(key)):
                 seen.add(result[key])

@@ -3,7 +3,8 @@
 Public API (the training harness and the CLI call exactly these)
   ``compare_paths(baselines, candidate, *, margin=0.0025, each_once=True, **opts) -> dict``
       load the files (``convergence.curves.load.load_curve``; ``format``/``loss_key``/``step_key``/``tag``
-      in ``opts`` go to the loader; a file given twice is refused unless ``each_once`` is False), then
+      in ``opts`` go to the loader; a file given twice, or two baselines or two candidate runs that are one run
+      by content (a copy, renamed, moved or gzip'd), is refused unless ``each_once`` is False), then
       ``compare_curves``. Returns the dict that ``python -m convergence compare --json`` writes.
   ``compare_curves(baselines, candidate, options=None) -> dict``  the same on loaded ``Curve``s.
   ``CompareOptions``  every knob, defaults from ``numerics.tolerances`` (each with its reason).
@@ -392,6 +393,33 @@ def _statistics_verdict(r: dict) -> tuple[str, str]:
 EACH_RUN_ONCE = "each run counts once (as a baseline, the candidate or a replicate)"
 
 
+def _run_digest(curve: Curve, batches) -> str:
+    """What makes a run itself, whatever its file's name, folder or compression: the decoded curve (steps and
+    values) and, where the file has them, the per-batch validation losses."""
+    import hashlib
+    import json
+
+    h = hashlib.sha256(np.ascontiguousarray(curve.steps, dtype=np.int64).tobytes())
+    h.update(np.ascontiguousarray(curve.values, dtype=np.float64).tobytes())
+    if batches:
+        h.update(json.dumps(sorted(batches.items()), allow_nan=True).encode())
+    return h.hexdigest()
+
+
+def _check_distinct_runs(paths, curves: list[Curve], batches=None) -> None:
+    """Refuse (``BadInput``) two of ``paths`` whose runs are the same run: a byte copy, a gzip'd copy or a copy in
+    another folder would count twice among the replicates, and their spread would shrink to nothing (a zero-width
+    interval: a verdict the data cannot carry)."""
+    seen: dict[str, object] = {}
+    for path, curve, b in zip(paths, curves, batches or [None] * len(paths)):
+        digest = _run_digest(curve, b)
+        if digest in seen:
+            raise BadInput(f"{seen[digest]} and {path} are the same run (the same losses at every step"
+                           f"{', batch for batch' if b else ''}), whatever their names, folders or compression: "
+                           f"{EACH_RUN_ONCE}")
+        seen[digest] = path
+
+
 def compare_paths(baselines, candidate, *, margin: float = CompareOptions.margin, candidate_replicates=(),
                   each_once: bool = True, **opts) -> dict:
     """Load and compare; ``opts``: CompareOptions fields and loader keys (format, loss_key, step_key, tag).
@@ -424,6 +452,9 @@ def compare_paths(baselines, candidate, *, margin: float = CompareOptions.margin
         own = (load_keys.get("loss_key") or "val_loss") == "val_loss"
         batches = [load_field(p, "val_batch_losses", step_key=load_keys.get("step_key") or "step")
                    if own and c.meta.format == "jsonl" else None for p, c in zip(paths, curves)]
+        if each_once:  # the replicates of each side: a baseline and the candidate alike is a finding, not a copy
+            _check_distinct_runs(paths[:k], curves[:k], batches[:k])
+            _check_distinct_runs(paths[k:], curves[k:], batches[k:])
         result = compare_curves(curves[:k], curves[k], options, candidate_replicates=curves[k + 1:],
                                 divergence_runs=div_runs, batches=batches)
         result["divergence_judged_on"] = div_note
@@ -435,6 +466,7 @@ def compare_paths(baselines, candidate, *, margin: float = CompareOptions.margin
         *base, cand = load_curves(paths, **load_keys)
         if each_once:
             check_once(paths, counts=EACH_RUN_ONCE)
+            _check_distinct_runs(paths[:k], base)
         result = compare_curves(base, cand, options)
     from numerics.environment import describe
 

@@ -272,7 +272,8 @@ def report(a: dict) -> str:
     out = [f"margin +-{m:.3%}, family confidence {a['confidence']:.0%} (two ranges, as the verdict)"]
     for r in a["rows"]:
         x = r["measured"]
-        est = "" if x["estimate"] is None else f", candidate estimate {x['estimate']:+.3%}"
+        # the final window's: what these rows plan for (the verdict's estimate is the whole range's)
+        est = "" if x["estimate"] is None else f", the candidate's final-window estimate {x['estimate']:+.3%}"
         lo, hi = spread_interval(x["spread"], x["replicates"] - 1)
         out.append(f"{x['source'] or 'measured'}: {x['replicates']} replicates at {x['steps']} steps, spread "
                    f"{x['spread']:.3%} (95 % interval {lo:.3%} to {hi:.3%}), held-out set s.e. "

@@ -126,7 +126,7 @@ class _RankParser(ArgumentParser):
 
 def train_parser() -> ArgumentParser:
     """The parser of ``python -m convergence train`` (the protocol's run commands are parsed by it in tests)."""
-    p = _RankParser(prog="python -m convergence train", description=__doc__.splitlines()[0])
+    p = _RankParser(prog="python -m convergence train", description=" ".join(__doc__.split("\n\n")[0].split()))
     p.add_argument("--model", required=True, help=f"one of {', '.join(CONFIGS)}")
     p.add_argument("--recipe", action="append", help=f"repeatable; one of {', '.join(RECIPES)}")
     p.add_argument("--steps", type=int, required=True)

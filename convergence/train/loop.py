@@ -61,7 +61,7 @@ from convergence.train.model import Transformer, build_initialised
 from convergence.train.placement import CHECKPOINT_FILE, HostStateAdamW, Single, deterministic_mode
 from convergence.train.stopping import stop_requested
 from numerics.errors import BadInput
-from numerics.files import atomic_write, writable_dir
+from numerics.files import atomic_write, removed_if_left_empty, writable_dir
 from numerics.layer.configs import get_config
 from numerics.layer.recipes import apply_recipe, get_recipe
 
@@ -424,6 +424,10 @@ def check_run_dir(cfg: TrainConfig, out: Path, resume: bool, force: bool) -> Non
     would overwrite without ``--force`` (``--resume`` continues the same recipes)."""
     if resume and force:
         raise BadInput("--resume and --force exclude each other")
+    if resume and not any((out / r).is_dir() and any((out / r).iterdir()) for r in cfg.recipes):
+        # training from step 1 instead would hide a mistyped --out
+        raise BadInput(f"--resume: {out} holds no run of {', '.join(cfg.recipes)} to continue; check --out, or leave "
+                       "--resume out to start one")
     writable_dir(out, what="run folder")
     existing = [out / r for r in cfg.recipes if (out / r).exists() and any((out / r).iterdir())]
     if force:
@@ -514,7 +518,7 @@ def run(cfg: TrainConfig, out: Path, *, resume: bool = False, force: bool = Fals
 
     ``cfg.ep`` >= 1 runs on the torchrun group (``convergence.train.distributed``); 0 on one process."""
     out = Path(out)
-    with deterministic_mode(cfg.deterministic, cfg.device):
+    with removed_if_left_empty(out), deterministic_mode(cfg.deterministic, cfg.device):
         if cfg.ep:
             from convergence.train.distributed import open_group
 

@@ -151,7 +151,7 @@ class Single:
 
 def damaged(path: Path, exc: Exception) -> BadInput:
     """The one message for a checkpoint that cannot be resumed from."""
-    detail = " ".join(str(exc).split())[:160]
+    detail = " ".join(str(exc).split())  # whole, on one line: torch's reason is often in its last words
     return BadInput(f"--resume: {path} cannot be loaded ({type(exc).__name__}: {detail}); it is damaged or not "
                     "this run's checkpoint: restore it, or pass --force to start again")
 

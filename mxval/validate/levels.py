@@ -350,8 +350,25 @@ def protocol_checks(verdicts: dict[str, dict], pp) -> list[Check]:
     return [Check("MXFP8 within the margin of BF16 (validation loss, paired)", status, detail), *controls]
 
 
-def run_curves(plan: LadderPlan, out: Path, progress: Progress) -> LevelResult:
+def curves_summary(verdicts: dict[str, dict]) -> str:
+    """The curves level's line: a control that missed comes first, since it makes the candidate's verdict
+    untrusted whatever that verdict says (the row's status is inconclusive then: ``protocol_checks``)."""
     from convergence.curves.compare import resolution
+    from convergence.protocol.judge import as_expected
+    from convergence.protocol.plan import VERDICTS
+
+    r = verdicts["verdict"]
+    said = f"{r['verdict']}: {r['reason']}; {resolution(r)}"
+    missed = [f"the {name.replace('_', ' ')} came out {verdicts[name]['verdict']}, not {expected}"
+              for name, (_, expected, _) in VERDICTS.items()
+              if expected is not None and not as_expected(verdicts[name]["verdict"], expected)]
+    if missed:
+        return f"not trusted at this size: {' and '.join(missed)}; the candidate's comparison alone: {said}"
+    return (f"{said}; controls: positive {verdicts['positive_control']['verdict']}, negative "
+            f"{verdicts['negative_control']['verdict']}")
+
+
+def run_curves(plan: LadderPlan, out: Path, progress: Progress) -> LevelResult:
     from convergence.curves.plots import plot_comparison
     from convergence.protocol.judge import judge
 
@@ -387,7 +404,6 @@ def run_curves(plan: LadderPlan, out: Path, progress: Progress) -> LevelResult:
         table.append((name, v["verdict"], f"{v['estimate']:+.3%}" if v.get("estimate") is not None else "-",
                       f"[{iv[0]:+.3%}, {iv[1]:+.3%}]" if iv else "-",
                       f"{part['half_width']:.3%}" if part.get("half_width") is not None else "-"))
-    summary = (f"{r['verdict']}: {r['reason']}; {resolution(r)}; controls: positive "
-               f"{verdicts['positive_control']['verdict']}, negative {verdicts['negative_control']['verdict']}")
+    summary = curves_summary(verdicts)
     return LevelResult("curves", status, summary, tuple(checks), numbers, tuple(table), (_rel(fig, out),),
                        tuple(f"curves/{name}.json" for name in verdicts), enable)

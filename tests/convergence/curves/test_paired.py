@@ -183,8 +183,8 @@ def test_compare_paths_val_loss_on_tensorboard_runs_reads_the_validation_tag(tmp
     for i, c in enumerate(curves):
         run = tmp_path / f"tb{i}"
         run.mkdir()
-        write_scalars(run / "events.out.tfevents.1.host", {
-            "loss_metrics/global_avg_loss": (train_steps, 2.0 + 1.0 / train_steps),
+        write_scalars(run / "events.out.tfevents.1.host", {  # training losses alike, not equal: a copy is refused
+            "loss_metrics/global_avg_loss": (train_steps, 2.0 + 1.0 / train_steps + 1e-9 * i),
             "validation_metrics/loss": (STEPS, c.values)})
         paths.append(run)
     r = compare_paths(paths[:-1], paths[-1], metric="val_loss")

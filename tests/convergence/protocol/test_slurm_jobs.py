@@ -199,15 +199,17 @@ def test_slurms_warning_signal_stops_the_worker_and_the_job_comes_back_to_finish
     """The time-limit warning (SIGUSR2, as submitit asks Slurm for it; sent here with scancel --signal): the worker,
     inside stop_on_signals, stops; Piece.checkpoint waits for it and submitit requeues the job, which finishes the
     run when it comes back (the same job id)."""
-    starts, stopped, done = tmp_path / "starts", tmp_path / "stopped", tmp_path / "done"
+    starts, armed, stopped, done = (tmp_path / n for n in ("starts", "armed", "stopped", "done"))
     code = (f"import signal, time\nfrom pathlib import Path\nfrom convergence.train.stopping import stop_on_signals, "
             f"stop_requested\np = Path({str(starts)!r})\nn = int(p.read_text()) + 1 if p.exists() else 1\n"
             f"p.write_text(str(n))\nif n == 2:\n    Path({str(done)!r}).touch()\n    raise SystemExit(0)\n"
-            "with stop_on_signals(signal.SIGUSR2, signal.SIGTERM):\n    while not stop_requested():\n"
+            "with stop_on_signals(signal.SIGUSR2, signal.SIGTERM):\n"
+            f"    Path({str(armed)!r}).touch()\n    while not stop_requested():\n"
             f"        time.sleep(0.05)\n    Path({str(stopped)!r}).write_text(stop_requested())\n")
     job = sl.submit(tmp_path, [_run("r", code, done=done)], OPTS).submitted["r"]
-    _until("the worker starts", starts.exists)
-    time.sleep(1)  # submitit's handler is installed before the worker starts; 1 s for the worker's own
+    # the signal is sent once the worker's own handler is in place (submitit's is installed before the worker
+    # starts): a fixed pause raced a loaded machine, where the signal came before the handler and the job failed
+    _until("the worker's handler is installed", armed.exists)
     subprocess.run(["scancel", "--signal=USR2", job], check=True)
     _until("the job is requeued", lambda: sl.job_states(tmp_path)["r"].reason == "BeginTime")
     subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], check=True)  # not Slurm's 2-minute wait

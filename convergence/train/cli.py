@@ -114,7 +114,10 @@ def config_from_args(args) -> TrainConfig:
         raise CLIError("--fork-from and --fork-step go together: the trunk's run folder and the step it stopped at")
     if args.fork_from is not None:  # a fork keeps its trunk's order unless told to perturb it
         fork_from = str(Path(args.fork_from).resolve())  # as recorded, so that --resume from elsewhere matches
-        data_seed, row_order = fork_mod.inherit(fork_mod.trunk_config(Path(fork_from))["train"], data_seed, row_order)
+        # a fork continued with --resume keeps what it started with (its trunk may have moved on since)
+        own = [args.out / r for r in recipes if args.resume and (args.out / r / "config.json").is_file()]
+        source = fork_mod.trunk_config(own[0] if own else Path(fork_from))
+        data_seed, row_order = fork_mod.inherit(source["train"], data_seed, row_order)
     return TrainConfig(model=args.model, recipes=recipes, steps=args.steps, seed=args.seed,
                        device=args.device, data=spec, ep=args.ep or 0, ep_backend=args.ep_backend,
                        deterministic=args.deterministic, mxfp8_kernel=args.mxfp8_kernel,

@@ -537,7 +537,7 @@ def run(cfg: TrainConfig, out: Path, *, resume: bool = False, force: bool = Fals
     if stop_at_step is not None and not (0 < stop_at_step < cfg.steps and cfg.ckpt_every):
         raise BadInput(f"--stop-at-step must be inside the run, from 1 to {cfg.steps - 1}, with checkpoints (not "
                        f"--ckpt-every 0), got {stop_at_step}")
-    if cfg.fork_from:
+    if cfg.fork_from and not (resume and all((out / r / CHECKPOINT_FILE).exists() for r in cfg.recipes)):
         fork_mod.check_fork(cfg)  # before any work: the trunk, its checkpoint's step, its configuration
     with deterministic_mode(cfg.deterministic, cfg.device):
         if cfg.ep:

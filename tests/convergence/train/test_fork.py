@@ -102,20 +102,28 @@ def test_a_perturbed_fork_shares_its_trunks_records_and_records_what_it_perturbe
 def test_a_stopped_fork_resumes_bit_identically_and_one_without_a_checkpoint_starts_again_from_its_trunk(runs,
                                                                                                           tmp_path):
     """A fork stopped after its first step (--stop-after-minutes 0: exit 4) and continued with --resume ends as the
-    uninterrupted run; with its own checkpoint deleted (a kill before its first), --resume forks again from the
-    trunk and ends the same."""
+    uninterrupted run, though its trunk has moved on since (continued to the end: its checkpoint is no longer at
+    the fork step, which a fork with its own checkpoint does not need); with its own checkpoint deleted (a kill
+    before its first), --resume forks again from a trunk at the fork step and ends the same."""
+    trunk = tmp_path / "trunk"
+    shutil.copytree(runs / "trunk", trunk)
     out = tmp_path / "stopped"
-    argv = ["--recipe", "bf16", "--out", str(out), "--fork-from", str(runs / "trunk" / "bf16"),
-            "--fork-step", str(FORK)]
+    argv = ["--recipe", "bf16", "--out", str(out), "--fork-from", str(trunk / "bf16"), "--fork-step", str(FORK)]
     assert _train(*argv, "--stop-after-minutes", "0") == 4
     assert [r["step"] for r in _curve(out / "bf16")] == list(range(1, FORK + 2))
     again = tmp_path / "again"
     shutil.copytree(out, again)
     (again / "bf16" / "checkpoint.pt").unlink()
+    assert _train("--recipe", "bf16", "--out", str(trunk), "--resume") == 0  # the trunk moves on to step 12
     ref = runs / "ref" / "bf16"
-    for folder in (out, again):
-        assert _train(*[str(folder) if a == str(out) else a for a in argv], "--resume") == 0
-        assert _curve(folder / "bf16") == _curve(ref) and _same_weights(folder / "bf16", ref)
+    assert _train(*argv, "--resume") == 0
+    assert _curve(out / "bf16") == _curve(ref) and _same_weights(out / "bf16", ref)
+    argv_again = [str(again) if a == str(out) else a for a in argv]
+    assert _train(*argv_again, "--resume") == 2  # it needs the trunk at step 6, which is gone: refused
+    shutil.rmtree(trunk)
+    shutil.copytree(runs / "trunk", trunk)
+    assert _train(*argv_again, "--resume") == 0
+    assert _curve(again / "bf16") == _curve(ref) and _same_weights(again / "bf16", ref)
 
 
 def _checksums(root: Path) -> dict[str, bytes]:

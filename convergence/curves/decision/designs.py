@@ -7,8 +7,8 @@ delta, margin, ...)``, ``pace_costs(path)``, ``endpoint_spread(result)``, ``tabl
 Designs (n runs per arm: n BF16 and n candidate runs; the estimate's variance ``spread^2 * 2/n + se_set^2``):
 
 * ``independent`` (today's): every run from step 0, runs of one recipe ``spread`` apart (their levels over the
-  endpoint, pooled over both arms); the spread is estimated on ``2n - 2`` degrees of freedom (Welch's, for equal
-  arms and spreads, in expectation).
+  endpoint, pooled over both arms); the spread is estimated on ``2n - 2`` degrees of freedom (the pooled number;
+  the verdict's Welch degrees of freedom are at most that, and close to it for equal arms and spreads).
 * ``fork``: trunks are BF16 runs to the fork step (``fork_fraction`` of the run), and each trunk is continued by
   ``pairs_per_trunk`` BF16 and as many candidate runs (``python -m convergence train --fork-from``). What the
   trunk decides is shared by its continuations and cancels in the difference, so ``spread`` is the spread of a

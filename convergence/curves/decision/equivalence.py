@@ -38,9 +38,9 @@ and the spread is estimated with ``dof`` degrees of freedom independently of ``d
 ``s^2 / sigma^2 ~ chi^2_dof / dof``. Conditional on ``s`` the verdict is a normal probability; integrating over
 the chi-square distribution gives its exact probability (for ``e = 0`` and non-inferiority this is the noncentral
 t distribution; for equivalence it is Owen's Q, which the integral computes without the usual two-t
-approximation). Welch's degrees of freedom are random; planning takes the pooled ``k + m - 2`` (they coincide in
-expectation for equal spreads and arms): ``tests/convergence/curves/test_equivalence.py`` measures the difference
-through the verdict's code.
+approximation). Welch's degrees of freedom are random and at most ``k + m - 2``; planning takes that pooled number
+(for equal arms and spreads Welch's stays close to it): ``tests/convergence/curves/test_equivalence.py`` holds the
+formula to simulated protocols judged by the verdict's code (within their simulation error).
 """
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ FILE = "mx_vectors__any.json"
 SEED = 20261129
 BLOCKS_PER_FAMILY = 4
 FORMAT = "mxval-mx-vectors-v1"
-ELEMS = ("e4m3", "e5m2", "e2m1")  # e2m1 since stop 27: torchao's FP4 cast is a subject
+ELEMS = ("e4m3", "e5m2", "e2m1")  # e2m1: MXFP4's element, which torchao's FP4 cast and the e2m1 control use
 FORMAT_DOC = __doc__.split("Data format (JSON): ")[1].split("\n\n")[0].replace("\n", " ")
 
 

@@ -31,7 +31,7 @@ class ArgumentParser(argparse.ArgumentParser):
 
 def seed_arg(text: str) -> int:
     """argparse ``type`` of a seed: an integer from 0 to ``SEED_MAX``, refused while the command line is parsed
-    (a larger one crashed inside torch after the command had written its output folder)."""
+    (a larger one would crash inside torch after the command has written its output folder)."""
     try:
         value = int(text)
     except ValueError:
@@ -80,7 +80,7 @@ def parse_run_report(parser: ArgumentParser, argv: Sequence[str] | None) -> tupl
 
 
 class KnownBenignLogs(logging.Filter):
-    """Drops exactly two log records every command used to print before its own output:
+    """Drops exactly two log records every command would otherwise print before its own output:
 
     * torchao's ``Failed to load .../torchao/_C_mxfp8...so`` (and the other ``_C*.so``): its compiled
       MX / CUTLASS kernels for SM100, which the emulated and fast paths never call, do not load on this

@@ -44,8 +44,9 @@ def _git_commit() -> str | None:
 
 
 def cpu_model() -> str | None:
-    """The host CPU's model name: the lent GPU machines' hosts differ, and emulated MX steps, many small kernels,
-    ran ~16 % slower on one H200 machine than on another while BF16 steps did not (README, #15)."""
+    """The host CPU's model name: machines of one GPU image can sit on different hosts, and emulated MX steps,
+    many small kernels, ran ~16 % slower on one H200 machine than on another while BF16 steps did not
+    (docs/studies/proxy-protocol.md)."""
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:

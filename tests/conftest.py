@@ -2,6 +2,7 @@
 
 Markers (registered in pyproject.toml) become skips with a reason that says how to enable the test:
 ``gpu`` needs CUDA, ``multigpu`` needs two or more GPUs, ``sm100`` needs MXFP8 tensor cores (B200/GB200),
+``slurm`` needs submitit and a Slurm answering ``sinfo`` (``.ci/slurm.sh start`` runs one on this machine),
 ``torchao_quantize_api`` needs a torch on which torchao accepts ``quantize_(MXFP8TrainingOpConfig)``
 (torchao 0.18.0 refuses torch 2.11; FINDINGS.md C1). A test parametrized with a tensor-level subject
 (``numerics.tensor.subjects.Subject`` as the parameter ``subject``) is skipped when that subject's library
@@ -68,6 +69,28 @@ def hardware_skip_reason(markers: set[str], hw: dict) -> str | None:
             f"needs MXFP8 tensor cores (compute capability 10.x, B200/GB200), found {hw['capability']}; "
             "the same comparison runs emulated-vs-emulated in the CPU tier"
         )
+    return None
+
+
+@functools.cache
+def slurm_unreachable() -> str | None:
+    """Why the ``slurm`` tests cannot run here (no submitit, no Slurm answering ``sinfo``), or None."""
+    import importlib.util
+    import shutil
+    import subprocess
+
+    if importlib.util.find_spec("submitit") is None:
+        return "needs submitit: pip install 'mxval[slurm]'"
+    if shutil.which("sinfo") is None:
+        return ("needs a Slurm (no sinfo on PATH): run one on this machine with `.ci/slurm.sh install` and "
+                "`.ci/slurm.sh start` (root, Debian/Ubuntu)")
+    try:
+        r = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True, timeout=30)
+    except subprocess.TimeoutExpired:
+        return "needs a Slurm: sinfo did not answer within 30 s; start one with `.ci/slurm.sh start`"
+    if r.returncode != 0 or not r.stdout.strip():
+        err = " ".join(r.stderr.split())[:200] or "no nodes"
+        return f"needs a Slurm: sinfo failed ({err}); start one with `.ci/slurm.sh start`"
     return None
 
 
@@ -272,6 +295,8 @@ def pytest_collection_modifyitems(config, items):
             reason = torchao_training_api_missing()
         if reason is None and "torchao_quantize_api" in markers:
             reason = _quantize_api_refusal()
+        if reason is None and "slurm" in markers:
+            reason = slurm_unreachable()
         if reason is None and _subject_of(item):
             reason = _subject_unavailable(_subject_of(item))
         if reason:

@@ -66,7 +66,7 @@ def _parser() -> ArgumentParser:
                    help="a run must be compared to within this fraction of the longest span at each end")
     p.add_argument("--metric", choices=METRICS, default=d.metric,
                    help="loss: training loss (step noise, baseline seeds); val_loss: held-out validation loss of a "
-                   "paired candidate against baseline replicates (README: the convergence protocol)")
+                   "paired candidate against baseline replicates (docs/protocol.md)")
     p.add_argument("--overlap-only", action="store_true",
                    help="judge the steps all runs share even when a run stops early or starts late")
     p.add_argument("--format", choices=FORMATS, help="skip content detection")
@@ -292,7 +292,7 @@ def power_main(argv: Sequence[str] | None = None) -> int:
             ms = [power.with_larger_set(m, args.larger_set) for m in ms]
         except ValueError as exc:
             raise BadInput(str(exc)) from None
-    plan_at = {}  # the margin and confidence the results were judged at, unless told (0.25 %, 95 % had been fixed)
+    plan_at = {}  # the margin and confidence the results were judged at, unless told (not a fixed 0.25 %, 95 %)
     for key, default in (("margin", 0.0025), ("confidence", 0.95)):
         given, seen = getattr(args, key), judged[key]
         if given is None and len(seen) > 1:

@@ -285,7 +285,7 @@ def compare_curves(baselines: list[Curve], candidate: Curve, options: CompareOpt
     }
     first = int(np.searchsorted(steps, al.steps[0] + o.start_fraction * (al.steps[-1] - al.steps[0])))
     steps, cand, bases = steps[first:], cand[..., first:], bases[:, first:]
-    if (bases <= 0).any():  # every difference is relative to the baselines' loss: n/a intervals before
+    if (bases <= 0).any():  # every difference is relative to the baselines' loss: else n/a intervals
         run, t = np.argwhere(bases <= 0)[0]
         raise BadInput(f"{baselines[run].meta.source}: loss {bases[run, t]:g} at step {int(steps[t])}: the "
                        "comparison is relative to the baselines' losses, which must be above 0 (a cross-entropy is)")
@@ -347,7 +347,7 @@ def compare_paths(baselines, candidate, *, margin: float = CompareOptions.margin
     load_keys = {k: opts.pop(k) for k in ("format", "loss_key", "step_key", "tag") if k in opts}
     if load_keys.get("loss_key") and load_keys.get("loss_key") == load_keys.get("step_key"):
         raise BadInput(f"--loss-key and --step-key name the same field ({load_keys['loss_key']!r}): the steps "
-                       "would be compared as losses")  # a bogus DIVERGED verdict before
+                       "would be compared as losses")  # else a bogus DIVERGED verdict
     options = replace(CompareOptions(), margin=margin, **opts).check()
     k = len(baselines)
     paths = [*baselines, candidate, *candidate_replicates]

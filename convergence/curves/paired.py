@@ -4,7 +4,7 @@ Public: ``statistics(steps, candidate, baselines, batches, options) -> dict`` (t
 ``final_window``, ``noise`` and plotting parts of ``convergence.curves.compare``'s result for
 ``metric="val_loss"``), ``range_statistic``, ``jackknife_se``, ``between_runs``, ``REPLICATE_DESIGN``.
 
-The design (README, "The convergence protocol"): the candidate (say MXFP8) and the first baseline (BF16)
+The design (docs/protocol.md): the candidate (say MXFP8) and the first baseline (BF16)
 start from the same weights and see the same data; the other baselines are *replicates*, BF16 runs that
 differ from the first by a benign change only (other initial weights, or another reduction order), and
 together they say how far apart two runs of one recipe end up on this data. Validation loss is measured

@@ -4,7 +4,7 @@ command line, on one process or under ``torchrun --nproc-per-node N ... --ep N``
 Bad input is one line on stderr and exit code 2 (on rank 0 only, under torchrun); the verdict line says
 what the comparison of the recipes' curves concluded, and on one process the exit code is ``compare``'s.
 A run stopped by --stop-after-minutes exits 4 (incomplete); one stopped by --stop-at-step exits 0 (it did what was
-asked: a trunk for ``--fork-from``, ``convergence.train.fork``). Under torchrun a finished or stopped run exits 0
+asked: a trunk for ``--fork-from``, ``convergence.train.checkpoint``). Under torchrun a finished or stopped run exits 0
 whatever the verdict: torchrun reports any other exit as a failed rank, with a traceback that would read as a
 crash.
 """
@@ -21,8 +21,8 @@ from pathlib import Path
 import torch
 
 from convergence.curves.compare import EXIT_CODES
+from convergence.train import checkpoint as ckpt_mod
 from convergence.train import data as data_mod
-from convergence.train import fork as fork_mod
 from convergence.train.loop import REAL_VOCAB_MODELS, TrainConfig, defaults_for, run
 from convergence.train.placement import OPTIMIZER_STATES
 from numerics.cli import EXIT_BAD_INPUT, ArgumentParser, CLIError, seed_arg
@@ -39,9 +39,9 @@ DIST_TIMEOUT_S = 300.0  # a collective's wait before a rank gives up: far above 
 
 def check_recipe_kernels(recipes: Sequence[str], kernel: str, device: str | None = None) -> None:
     """One line when a recipe cannot run on the chosen kernel. ``auto`` picks the fast kernel for a recipe only it
-    computes (``FAST_ONLY``): whether that runs on ``device`` is checked here too, before any run starts (it was
-    found at the recipe's first step, a traceback, after the other recipes had trained); None: not checked (a
-    folder only judged)."""
+    computes (``FAST_ONLY``): whether that runs on ``device`` is checked here too, before any run starts (not as a
+    traceback at the recipe's first step, after the other recipes have trained); None: not checked (a folder
+    only judged)."""
     for name in recipes:
         recipe = RECIPES[name]()
         if not recipe.mxfp8:
@@ -116,8 +116,8 @@ def config_from_args(args) -> TrainConfig:
         fork_from = str(Path(args.fork_from).resolve())  # as recorded, so that --resume from elsewhere matches
         # a fork continued with --resume keeps what it started with (its trunk may have moved on since)
         own = [args.out / r for r in recipes if args.resume and (args.out / r / "config.json").is_file()]
-        source = fork_mod.trunk_config(own[0] if own else Path(fork_from))
-        data_seed, row_order = fork_mod.inherit(source["train"], data_seed, row_order)
+        source = ckpt_mod.trunk_config(own[0] if own else Path(fork_from))
+        data_seed, row_order = ckpt_mod.inherit(source["train"], data_seed, row_order)
     return TrainConfig(model=args.model, recipes=recipes, steps=args.steps, seed=args.seed,
                        device=args.device, data=spec, ep=args.ep or 0, ep_backend=args.ep_backend,
                        deterministic=args.deterministic, mxfp8_kernel=args.mxfp8_kernel,
@@ -152,7 +152,7 @@ def train_parser() -> ArgumentParser:
     p.add_argument("--data", help="text / .jsonl / .parquet / pre-tokenized .bin (default: Python stdlib)")
     p.add_argument("--val-percent", type=int, default=None,
                    help="documents held out for validation, percent (default 2; 1 %% of a .bin): a larger held-out "
-                   "set has a smaller sampling error (README, the convergence protocol) and less to train on")
+                   "set has a smaller sampling error (docs/protocol.md) and less to train on")
     p.add_argument("--data-dtype", default="uint16", help="token dtype of a .bin: uint16 or uint32")
     p.add_argument("--tokenizer", default=None, choices=["byte", "bpe"],
                    help="byte, or a byte-level BPE trained on the data's train split and cached (pip install "
@@ -173,7 +173,7 @@ def train_parser() -> ArgumentParser:
                    "without them the trunk's are kept")
     p.add_argument("--fork-step", type=int, default=None, help="the trunk's step to fork at (its checkpoint's)")
     p.add_argument("--ep", type=int, default=None,
-                   help="expert-parallel size = number of torchrun processes (FSDP2 + EP); README: distributed")
+                   help="expert-parallel size = number of torchrun processes (FSDP2 + EP); docs/distributed.md")
     p.add_argument("--ep-backend", default="reference",
                    help="reference (all-to-all), deepep (V1 Buffer) or deepep-v2 (numerics.ep.backends)")
     p.add_argument("--deterministic", action="store_true", help="deterministic algorithms, fixed seeds")
@@ -199,18 +199,18 @@ def train_parser() -> ArgumentParser:
 
 
 def check_run_flags(args) -> None:
-    """The flags that shape how a run is made, not what it computes (``config_from_args`` checks those): each
-    was taken unchecked, NaN and negative values alike (a negative --threads failed inside torch, --stop-after-minutes
-    -1 stopped as 0 does, after one step, and NaN ones were ignored)."""
+    """The flags that shape how a run is made, not what it computes (``config_from_args`` checks those): NaN and
+    out-of-range values are refused in one line (unchecked, a negative --threads fails inside torch,
+    --stop-after-minutes -1 stops as 0 does, after one step, and NaN values are ignored)."""
     if args.threads is not None and args.threads < 1:
         raise CLIError(f"--threads must be >= 1, got {args.threads}")
     if args.stop_after_minutes is not None and not 0 <= args.stop_after_minutes < math.inf:  # 0: after one step
         raise CLIError(f"--stop-after-minutes must be a number >= 0, got {args.stop_after_minutes}")
     if args.dist_timeout is not None and not 0 < args.dist_timeout < math.inf:
         raise CLIError(f"--dist-timeout must be a number of seconds > 0, got {args.dist_timeout}")
-    if args.dist_timeout is not None and args.ep is None:  # it had been ignored: one process waits on no peer
+    if args.dist_timeout is not None and args.ep is None:  # refused, not ignored: one process waits on no peer
         raise CLIError("--dist-timeout goes with --ep (one process has no collective to time out)")
-    if args.stop_after_minutes is not None and args.ckpt_every == 0:  # it stopped, then --resume had nothing to load
+    if args.stop_after_minutes is not None and args.ckpt_every == 0:  # it would stop, and --resume have nothing to load
         raise CLIError("--stop-after-minutes stops at a checkpoint to continue from, and --ckpt-every 0 writes none")
 
 

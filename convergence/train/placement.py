@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from convergence.train.checkpoint import load_checkpoint, save_checkpoint
+from convergence.train.checkpoint import CHECKPOINT_FILE, load_checkpoint, save_checkpoint
 from numerics.errors import BadInput
 
 
@@ -55,9 +55,6 @@ def deterministic_mode(enabled: bool, device: str) -> Iterator[None]:
     finally:
         torch.use_deterministic_algorithms(saved[0], warn_only=saved[1])
         torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic = saved[2], saved[3]
-
-
-CHECKPOINT_FILE = "checkpoint.pt"  # a single-process run's checkpoint in its run folder
 
 
 class Single:
@@ -133,7 +130,7 @@ class Single:
 
     def load(self, run_dir: Path, model: nn.Module, opt, sched, *, what: str = "--resume") -> dict:
         """Restore model, optimizer, scheduler and RNG in place; returns the saved meta (step, ...). ``what``: the
-        flag that asked (``--resume``, or ``--fork-from``: another run's checkpoint, ``convergence.train.fork``)."""
+        flag that asked (``--resume``, or ``--fork-from``: another run's checkpoint, ``train.checkpoint.begin``)."""
         path = self.checkpoint_path(run_dir)
         try:  # truncated, garbage, empty, or another model's: torch raises many kinds of error
             ckpt = load_checkpoint(path)

@@ -229,7 +229,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--strict", action="store_true", help="known findings (FINDINGS.md) fail their level")
     p.add_argument("--force", action="store_true", help="replace an existing results folder of an earlier run")
     args = p.parse_args(argv)
-    given = ",".join(args.levels or LEVELS)  # every --levels counts: a second one had replaced the first
+    given = ",".join(args.levels or LEVELS)  # every --levels counts, not only the last one given
     levels = [v for v in given.split(",") if v]
     unknown = [v for v in levels if v not in LEVELS]
     if unknown or not levels:

@@ -17,8 +17,8 @@ ends children that outlive it.
 
 The cases and results travel over a gloo group (``control_group``), also when the payload group is
 NCCL: a rank waiting for the next case then waits on the CPU, not in an NCCL kernel spinning on its
-GPU. Such a kernel, from another process, time-slices that GPU against rank 0's work on it, which is
-how the old bench lost a third of the peer-copy bandwidth (``numerics.ep.bench``).
+GPU. Such a kernel, from another process, time-slices that GPU against rank 0's work on it, and costs a
+peer copy timed meanwhile a third of its bandwidth (``numerics.ep.bench``).
 """
 
 from __future__ import annotations
@@ -272,8 +272,8 @@ class Session:
                             _settle(self.channel.control)
                 except Exception:
                     # with an exception in flight (Ctrl-C: the ranks got SIGINT too and are gone), telling them to stop
-                    # fails ("connection closed by peer"); raised, that error replaced the Ctrl-C, and mxval validate
-                    # recorded a failed level instead of an interrupted run
+                    # fails ("connection closed by peer"); raised, that error would replace the Ctrl-C, and mxval
+                    # validate would record a failed level instead of an interrupted run
                     if exc_type is None:
                         raise
         finally:

@@ -17,7 +17,7 @@ import numpy as np
 
 from convergence.curves.decision.equivalence import LEGACY, PART_OF
 
-# the command-line contract of a verdict (DESIGN: compare exits 0 / 1 / 3 / 4, and 2 for bad input); the
+# the command-line contract of a verdict (docs/curves.md: compare exits 0 / 1 / 3 / 4, and 2 for bad input); the
 # non-inferiority words keep the codes' meaning: 0 the test's claim is shown, 1 its opposite
 EXIT_CODES = {"equivalent": 0, "non_inferior": 0, "not_equivalent": 1, "inferior": 1, "diverged": 1,
               "inconclusive": 3, "incomplete": 4}

@@ -46,7 +46,8 @@ def test_runs_per_arm_is_none_where_no_number_of_runs_reaches_the_margin():
 
 
 def test_the_proxy_table_by_design_and_test():
-    """README's table (the proxy at 1,500 steps, margin +-0.25 %, alpha 0.05, 80 % power at no true difference):
+    """docs/protocol.md's table (the proxy at 1,500 steps, margin +-0.25 %, alpha 0.05, 80 % power at no true
+    difference):
     independent runs need 299 per arm for equivalence, 206 for non-inferiority and 470 under the two-ranges rule
     (~1.6x TOST's: the 97.5 % intervals); a fork at step 500 with the assumed within-trunk spread (0.527 %) 91, 63
     and 143, in 12, 8 and 18 trunks of 8 pairs. GPU-hours at the k16 plan's measured 371 s a run and a 60 s

@@ -1,5 +1,6 @@
-"""Forks (convergence.train.fork) on the tiny model: a trunk stopped at a step, forks from its checkpoint that continue
-it bit for bit or perturbed, into another recipe, through a stop and --resume, and the inputs a fork refuses."""
+"""Forks (convergence.train.checkpoint) on the tiny model: a trunk stopped at a step, forks from its checkpoint that
+continue it bit for bit or perturbed, into another recipe, through a stop and --resume, and the inputs a fork
+refuses."""
 
 from __future__ import annotations
 

@@ -141,6 +141,13 @@ _TABLE: list[Tolerance] = [
         "by construction; measured rates in docs/curves.md (python -m convergence calibrate)",
     ),
     Tolerance(
+        "training", "any", "loss_curve", "alpha", 0.05,
+        "level of each one-sided test of a declared test on validation loss (convergence.curves.decision.equivalence): "
+        "TOST's equivalent when the 90% interval lies inside the margin (Schuirmann 1987, J. Pharmacokinet. "
+        "Biopharm. 15:657; the level regulators use for bioequivalence), so a candidate on the margin is called "
+        "equivalent (or non_inferior) at most 5% of the time; measured in tests/convergence/curves/test_equivalence.py",
+    ),
+    Tolerance(
         "training", "any", "loss_curve", "spike_sigma", 8.0,
         "a spike is log-loss above its trailing median by > 8 robust sigmas (1.4826*MAD); Gaussian "
         "tail at 8 sigma is ~6e-16 per point, so 1e6-point runs of pure noise flag none; measured 0 "

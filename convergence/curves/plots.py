@@ -81,8 +81,9 @@ def plot_comparison(result: dict, out_png, *, force: bool = False) -> Path:
         part = result.get(key)
         if part and part["interval"]:
             lo, hi = part["interval"]
+            level = part.get("confidence_each") or part["interval_level"]  # two-ranges, or a declared test's
             bottom.fill_between([part["start_step"], part["end_step"]], lo, hi, color=color, alpha=0.35,
-                                label=f"{key} {part['confidence_each']:.1%} interval ({part['decision']})")
+                                label=f"{key} {level:.1%} interval ({part['decision']})")
     bottom.set_ylabel("candidate / baseline - 1")
     bottom.set_xlabel("step")
     bottom.legend(loc="upper left", fontsize=8)
@@ -91,8 +92,8 @@ def plot_comparison(result: dict, out_png, *, force: bool = False) -> Path:
     return out
 
 
-DECISION_COLORS = {"equivalent": "tab:green", "not_equivalent": "tab:red", "diverged": "tab:red",
-                   "inconclusive": "tab:gray"}
+DECISION_COLORS = {"equivalent": "tab:green", "non_inferior": "tab:green", "not_equivalent": "tab:red",
+                   "inferior": "tab:red", "diverged": "tab:red", "inconclusive": "tab:gray"}
 
 
 def plot_verdicts(verdicts: dict[str, dict], out_png, *, title: str, force: bool = False) -> Path:

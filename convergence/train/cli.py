@@ -3,7 +3,8 @@ command line, on one process or under ``torchrun --nproc-per-node N ... --ep N``
 
 Bad input is one line on stderr and exit code 2 (on rank 0 only, under torchrun); the verdict line says
 what the comparison of the recipes' curves concluded, and on one process the exit code is ``compare``'s.
-A run stopped by --stop-after-minutes exits 4 (incomplete). Under torchrun a finished or stopped run exits 0
+A run stopped by --stop-after-minutes exits 4 (incomplete); one stopped by --stop-at-step exits 0 (it did what was
+asked: a trunk for ``--fork-from``, ``convergence.train.checkpoint``). Under torchrun a finished or stopped run exits 0
 whatever the verdict: torchrun reports any other exit as a failed rank, with a traceback that would read as a
 crash.
 """
@@ -20,6 +21,7 @@ from pathlib import Path
 import torch
 
 from convergence.curves.compare import EXIT_CODES
+from convergence.train import checkpoint as ckpt_mod
 from convergence.train import data as data_mod
 from convergence.train.loop import REAL_VOCAB_MODELS, TrainConfig, defaults_for, run
 from convergence.train.placement import OPTIMIZER_STATES
@@ -107,10 +109,19 @@ def config_from_args(args) -> TrainConfig:
     spec = data_mod.DataSpec(path=args.data, tokenizer=tokenizer, bpe_vocab=bpe_vocab, bin_dtype=args.data_dtype,
                              val_percent=args.val_percent)
     checkpointing = args.model == "16b" if args.activation_checkpointing is None else args.activation_checkpointing
+    data_seed, row_order, fork_from = args.data_seed, args.row_order, None
+    if (args.fork_from is None) != (args.fork_step is None):
+        raise CLIError("--fork-from and --fork-step go together: the trunk's run folder and the step it stopped at")
+    if args.fork_from is not None:  # a fork keeps its trunk's order unless told to perturb it
+        fork_from = str(Path(args.fork_from).resolve())  # as recorded, so that --resume from elsewhere matches
+        # a fork continued with --resume keeps what it started with (its trunk may have moved on since)
+        own = [args.out / r for r in recipes if args.resume and (args.out / r / "config.json").is_file()]
+        source = ckpt_mod.trunk_config(own[0] if own else Path(fork_from))
+        data_seed, row_order = ckpt_mod.inherit(source["train"], data_seed, row_order)
     return TrainConfig(model=args.model, recipes=recipes, steps=args.steps, seed=args.seed,
                        device=args.device, data=spec, ep=args.ep or 0, ep_backend=args.ep_backend,
                        deterministic=args.deterministic, mxfp8_kernel=args.mxfp8_kernel,
-                       data_seed=args.data_seed, row_order=args.row_order,
+                       data_seed=data_seed, row_order=row_order, fork_from=fork_from, fork_step=args.fork_step or 0,
                        activation_checkpointing=checkpointing, phase_times=args.phase_times,
                        optimizer_state=args.optimizer_state, layers=args.layers or 0, **d)
 
@@ -152,6 +163,15 @@ def train_parser() -> ArgumentParser:
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     p.add_argument("--stop-after-minutes", type=float, default=None,
                    help="checkpoint and stop after this long; rerun with --resume to continue")
+    p.add_argument("--stop-at-step", type=int, default=None,
+                   help="checkpoint and stop at this step, on the whole --steps schedule (exit 0): a trunk for "
+                   "--fork-from; rerun with --resume to continue it")
+    p.add_argument("--fork-from", type=Path, default=None, metavar="TRUNK",
+                   help="start from another run's checkpoint (its run folder, e.g. OUT/bf16, stopped with "
+                   "--stop-at-step) at --fork-step, with this command's recipes; its records up to there are copied. "
+                   "Perturb the continuation with --row-order (or --data-seed: the remaining windows reshuffled); "
+                   "without them the trunk's are kept")
+    p.add_argument("--fork-step", type=int, default=None, help="the trunk's step to fork at (its checkpoint's)")
     p.add_argument("--ep", type=int, default=None,
                    help="expert-parallel size = number of torchrun processes (FSDP2 + EP); docs/distributed.md")
     p.add_argument("--ep-backend", default="reference",
@@ -217,7 +237,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             cfg = config_from_args(args)
             result = run(cfg, args.out, resume=args.resume, force=args.force, stop_after_s=stop,
-                         timeout_s=DIST_TIMEOUT_S if args.dist_timeout is None else args.dist_timeout)
+                         timeout_s=DIST_TIMEOUT_S if args.dist_timeout is None else args.dist_timeout,
+                         stop_at_step=args.stop_at_step)
         except PeerFailed:
             return EXIT_BAD_INPUT  # rank 0 has printed the one line
         except BadInput:  # before any process group: every rank found the same error alone
@@ -238,7 +259,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
     else:
         cfg = config_from_args(args)
-        result = run(cfg, args.out, resume=args.resume, force=args.force, stop_after_s=stop)
+        result = run(cfg, args.out, resume=args.resume, force=args.force, stop_after_s=stop,
+                     stop_at_step=args.stop_at_step)
     if result is None:  # exit 4 on one process, as compare's incomplete and protocol's stopped; 0 under torchrun
         print(f"stopped before the end; continue with the same command and --resume (out: {args.out})")
         return 0 if args.ep is not None else EXIT_CODES["incomplete"]

@@ -319,7 +319,8 @@ def run_training(plan: LadderPlan, out: Path, progress: Progress) -> LevelResult
 
 # ---------------------------------------------------------------- curves
 
-VERDICT_STATUS = {"equivalent": "pass", "not_equivalent": "fail", "diverged": "fail", "inconclusive": "inconclusive",
+VERDICT_STATUS = {"equivalent": "pass", "non_inferior": "pass", "not_equivalent": "fail", "inferior": "fail",
+                  "diverged": "fail", "inconclusive": "inconclusive",
                   "incomplete": "fail"}  # a run that did not cover the others is not a pass
 # A control that does not come out as expected says the protocol cannot be trusted at this size (too short, too
 # few replicates), not that MXFP8 failed: its check is inconclusive, and so is the candidate's verdict.

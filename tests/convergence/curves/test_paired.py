@@ -430,7 +430,7 @@ def test_one_candidate_run_assumes_equal_spreads_and_says_so_replicates_do_not()
     reps (sd ~1.1 and 0.4 points): > 6 % for one run and < 3 % for four are 5 sd or more from what was measured.
     The one-run result must carry the caveat in its noise note; with replicates it is not needed."""
     from convergence.curves import paired
-    from convergence.curves.compare import _statistics_verdict
+    from convergence.curves.decision.verdict import statistics_verdict
 
     rng = np.random.default_rng(21)
     steps = np.arange(500, 1501, 250)
@@ -442,7 +442,7 @@ def test_one_candidate_run_assumes_equal_spreads_and_says_so_replicates_do_not()
             bases = curve * (1 + rng.normal(0, 0.01, (4, 1)))
             cands = curve * (1 + rng.normal(0, 0.023, (m, 1)))
             r = paired.statistics(steps, cands[0] if m == 1 else cands, bases, None, OPTS, final_from=3)
-            hits += _statistics_verdict(r)[0] == "not_equivalent"
+            hits += statistics_verdict(r)[0] == "not_equivalent"
         return hits / reps, r
 
     one, r1 = rate(1, 800)

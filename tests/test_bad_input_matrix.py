@@ -125,6 +125,7 @@ CASES = [
     ("bench-json-unwritable", "convergence", ["bench", "--model", "tiny", "--device", "cpu", "--json",
                                               "{unwritable}"], "cannot write"),
     ("bench-range", "convergence", ["bench", "--model", "tiny", "--device", "cpu", "--steps", "0"], "> 0"),
+    ("bench-repeats", "convergence", ["bench", "--model", "tiny", "--device", "cpu", "--repeats", "0"], "--repeats"),
     ("ep-identity-missing", "convergence", ["ep-identity", "{good}", "{missing}"], ""),
     ("ep-identity-empty", "convergence", ["ep-identity", "{good}", "{empty}"], ""),
     ("ep-identity-truncated", "convergence", ["ep-identity", "{good}", "{garbage}"], ""),

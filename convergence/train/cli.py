@@ -326,7 +326,8 @@ def bench_main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--no-compile", action="store_true", help="eager only (eager and compiled is the default)")
     p.add_argument("--compile-emulated", action="store_true",
                    help="also compile the emulated kernel (minutes of compilation on an H200)")
-    p.add_argument("--json", type=Path, help="write the rows, the cast-work floor and the environment here")
+    p.add_argument("--json", type=Path, help="write the rows, the cast-work floor and the environment here (again "
+                   "after every round of repeats: a run cut short keeps the rounds it finished)")
     p.add_argument("--force", action="store_true", help="overwrite an existing --json file")
     args = p.parse_args(argv)
     if args.model not in CONFIGS:
@@ -347,12 +348,19 @@ def bench_main(argv: Sequence[str] | None = None) -> int:
     cfg_flops = bench.step_flops(bench.get_config(args.model), args.seq)
     print(f"model {args.model}, {args.batch} x {args.seq} tokens/step, {cfg_flops / 1e9:.4g} GFLOP/token, "
           f"device {args.device}", flush=True)
+    # the run's settings, copy bandwidth and environment first: the JSON is written after every round of repeats
+    doc = bench.report([], model=args.model, batch=args.batch, seq=args.seq, device=device, steps=args.steps,
+                       warmup=args.warmup, repeats=args.repeats)
+
+    def after_round(rows, done):
+        doc.update(rows=rows, repeats_done=done)
+        if args.json:
+            atomic_write(args.json, json.dumps(doc, indent=1, default=str) + "\n", force=True)
+
     bench.progress_line(bench.format_rows([]))
     rows = bench.bench(args.model, batch=args.batch, seq=args.seq, steps=args.steps, warmup=args.warmup,
                        device=device, compile_=not args.no_compile, kernels=args.kernel, progress=bench.progress_line,
-                       compile_emulated=args.compile_emulated, repeats=args.repeats)
-    doc = bench.report(rows, model=args.model, batch=args.batch, seq=args.seq, device=device, steps=args.steps,
-                       warmup=args.warmup, repeats=args.repeats)
+                       compile_emulated=args.compile_emulated, repeats=args.repeats, after_round=after_round)
     print(bench.format_rows(rows))
     if doc["cast_floor_ms"] is not None:
         print(f"cast-work floor: {doc['cast_bytes_per_step'] / 1e9:.2f} GB per step at {doc['copy_gbps']:.0f} GB/s "
@@ -363,7 +371,6 @@ def bench_main(argv: Sequence[str] | None = None) -> int:
             print(f"step-time ratio mxfp8/{r['kernel']} (compiled={r['compiled']}) / bf16: {r['ratio_to_bf16']:.2f}x "
                   f"(ratio of medians of {r['repeats']}; per-repeat ratios {lo:.2f}-{hi:.2f})")
     if args.json:
-        atomic_write(args.json, json.dumps(doc, indent=1, default=str) + "\n", force=True)
         print(f"wrote {args.json}")
     return 0
 

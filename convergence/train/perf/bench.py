@@ -10,7 +10,8 @@ happens here) and times ``steps`` steps with CUDA events (a synchronised wall cl
 the variants (the first of every variant, then the second, ...), so a variant's repeats are separate builds at
 separate times and repeat r of MXFP8 sits next to repeat r of BF16. A row reports the median step time and the
 range (min-max) of its repeats; its ratio to BF16 is the ratio of the medians, and its range is the range of the
-per-repeat ratios (repeat r over BF16's repeat r). FLOPs per token follow
+per-repeat ratios (repeat r over BF16's repeat r). ``after_round`` hands over the rows after every round, so
+``python -m convergence bench --json`` keeps what a run cut short had measured. FLOPs per token follow
 the PaLM / torchtitan convention: 6 x (matmul parameters active per token) + 6 x n_layers x seq x n_heads
 x (qk_head_dim + v_head_dim) for attention (causal masking not discounted); MFU divides by the GPU's
 dense BF16 peak. Emulated and fast MXFP8 below SM100 run BF16 matmuls plus the cast work, so their
@@ -140,10 +141,11 @@ def _time_variant(cfg: ModelConfig, recipe: str, kernel: str | None, *, batch: i
 
 def bench(model: str, *, batch: int, seq: int, steps: int, warmup: int, device: torch.device, compile_: bool,
           kernels: Sequence[str] | None = None, progress=None, compile_emulated: bool = False, repeats: int = 3,
-          measure=_time_variant) -> list[dict]:
+          measure=_time_variant, after_round=None) -> list[dict]:
     """One row per variant, ``repeats`` measurements each, taken round the variants; a variant whose measurement
     fails (e.g. compiling an op) is a row with its error and is not measured again. ``measure`` takes the
-    arguments of ``_time_variant`` and returns its dict (a test's stand-in)."""
+    arguments of ``_time_variant`` and returns its dict (a test's stand-in); ``after_round(rows, done)`` gets the
+    rows of the first ``done`` rounds after each (a run cut short keeps what it measured)."""
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
     cfg = get_config(model)
@@ -165,6 +167,14 @@ def bench(model: str, *, batch: int, seq: int, steps: int, warmup: int, device: 
                                         errors.get((recipe, kernel, compiled))))
             if m is not None:
                 done[(recipe, kernel, compiled)].append(m)
+        if after_round is not None:
+            after_round(_rows(cfg, plan, done, errors, batch=batch, seq=seq, device=device), r + 1)
+    return _rows(cfg, plan, done, errors, batch=batch, seq=seq, device=device)
+
+
+def _rows(cfg: ModelConfig, plan, done: dict, errors: dict, *, batch: int, seq: int,
+          device: torch.device) -> list[dict]:
+    """The rows of the measurements made so far, with their ratios to BF16."""
     rows = []
     for recipe, kernel, compiled in plan:
         head = {"recipe": recipe, "kernel": kernel, "compiled": compiled}
@@ -172,6 +182,8 @@ def bench(model: str, *, batch: int, seq: int, steps: int, warmup: int, device: 
             rows.append(head | {"error": errors[(recipe, kernel, compiled)]})
             continue
         ms = done[(recipe, kernel, compiled)]
+        if not ms:
+            continue
         each = [m["step_s"] for m in ms]
         mems = [m["max_mem_gib"] for m in ms if m["max_mem_gib"] is not None]
         tps = batch * seq / statistics.median(each)
@@ -247,7 +259,7 @@ def report(rows: list[dict], *, model: str, batch: int, seq: int, device: torch.
             "cast_bytes_per_step": cast_bytes(cfg, batch * seq), "cast_floor_ms": floor_ms,
             "quantized_modules": len(quantized_fqns(Transformer(cfg) if device.type == "meta" else _meta(cfg),
                                                     get_recipe("mxfp8"))),
-            "rows": rows, "environment": describe()}
+            "rows": rows, "repeats_done": None, "environment": describe()}
 
 
 # what a measured row of each version must hold (an error row holds recipe, kernel, compiled and error)

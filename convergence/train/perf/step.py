@@ -3,7 +3,9 @@
 Public: ``TrainingStep``, ``build_step(cfg, recipe, kernel, *, batch, seq, device, compile_)``,
 ``seconds_per_step(step, steps, device)``, ``peak_gib(device)``, ``free(device)``.
 
-A step is the model built from seed 0, its recipe applied with its MXFP8 kernel, fused AdamW on a GPU, optionally
+A step is the model with seed 0's initial weights (drawn once per process on the CPU and copied into each fresh
+model: the same values as ``build_initialised(cfg, 0)``, without drawing a billion normals again for every
+measurement), its recipe applied with its MXFP8 kernel, fused AdamW on a GPU, optionally
 ``torch.compile``d, on one fixed batch of random tokens: forward under BF16 autocast, cross-entropy, backward,
 optimizer step, gradients dropped, the MoE token counts reset. Nothing reads a value back to the host, so any
 host-device synchronisation a profile finds comes from the model and its ops. It is not the training loop's step
@@ -12,6 +14,7 @@ host-device synchronisation a profile finds comes from the model and its ops. It
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,7 +22,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from convergence.train.model import Transformer, build_initialised
+from convergence.train.model import Transformer, build_initialised, build_on_meta
 from numerics.layer.configs import ModelConfig
 from numerics.layer.recipes import apply_recipe, get_recipe
 
@@ -48,8 +51,12 @@ def build_step(cfg: ModelConfig, recipe: str, kernel: str | None, *, batch: int,
     """A fresh model, optimizer and batch: every call builds its own, so two calls are independent measurements.
     A compiled step starts from an empty dynamo cache: each compilation is whole (and dynamo's limit of
     recompilations per function, past which it would silently run eagerly, is never reached)."""
-    model = build_initialised(cfg, 0)
-    model.to(device)
+    model = build_on_meta(cfg)
+    model.to_empty(device=device)
+    initial = _initial_values(cfg)
+    with torch.no_grad():
+        for name, t in [*model.named_parameters(), *model.named_buffers()]:
+            t.copy_(initial[name])
     apply_recipe(model, get_recipe(recipe), device, kernel=kernel)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.type == "cuda")
     if compile_:
@@ -58,6 +65,13 @@ def build_step(cfg: ModelConfig, recipe: str, kernel: str | None, *, batch: int,
     tokens = torch.randint(0, cfg.vocab_size, (batch, seq + 1), device=device,
                            generator=torch.Generator(device=device).manual_seed(0))
     return TrainingStep(model, opt, forward, tokens, device)
+
+
+@functools.lru_cache(maxsize=1)
+def _initial_values(cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    """Every parameter and buffer (non-persistent ones too) of ``build_initialised(cfg, 0)``, on the CPU."""
+    model = build_initialised(cfg, 0)
+    return {name: t.detach() for name, t in [*model.named_parameters(), *model.named_buffers()]}
 
 
 def sync(device: torch.device) -> None:

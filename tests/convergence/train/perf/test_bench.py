@@ -33,9 +33,9 @@ class _StandIn:
                 "max_mem_gib": None}
 
 
-def _run(measure, repeats=3, kernels=("emulated",)):
+def _run(measure, repeats=3, kernels=("emulated",), after_round=None):
     return bench.bench("tiny", batch=1, seq=32, steps=1, warmup=0, device=CPU, compile_=False, kernels=kernels,
-                       repeats=repeats, measure=measure)
+                       repeats=repeats, measure=measure, after_round=after_round)
 
 
 def test_bench_repeats_are_separate_measurements_taken_round_the_variants():
@@ -52,6 +52,14 @@ def test_bench_repeats_are_separate_measurements_taken_round_the_variants():
     assert mx["tokens_per_s"] == pytest.approx(32 / 3.3) and mx["warmup_s_each"] == [1.0] * 3
 
 
+def test_bench_hands_over_the_rows_of_each_finished_round():
+    times = {("bf16", None, False): [1.0, 3.0], ("mxfp8", "emulated", False): [1.5, 3.3]}
+    seen = []
+    _run(_StandIn(times), repeats=2, after_round=lambda rows, done: seen.append(
+        (done, [r["step_s_each"] for r in rows], rows[1]["ratio_to_bf16_each"])))
+    assert seen == [(1, [[1.0], [1.5]], [1.5]), (2, [[1.0, 3.0], [1.5, 3.3]], [1.5, 3.3 / 3.0])]
+
+
 def test_bench_a_failing_variant_is_an_error_row_measured_once():
     m = _StandIn({("bf16", None, False): [1.0, 1.0]}, fail={("mxfp8", "emulated", False)})
     rows = _run(m, repeats=2)
@@ -66,7 +74,7 @@ def test_bench_tiny_cpu_run_writes_version_2_rows_of_independent_repeats(tmp_pat
                        "--warmup", "0", "--no-compile", "--kernel", "emulated", "--repeats", "2",
                        "--json", str(out)]) == 0
     doc = json.loads(out.read_text())
-    assert doc["kind"] == bench.KIND and doc["version"] == 2 and doc["repeats"] == 2
+    assert doc["kind"] == bench.KIND and doc["version"] == 2 and doc["repeats"] == doc["repeats_done"] == 2
     for row in doc["rows"]:
         assert row["repeats"] == 2 and len(row["step_s_each"]) == len(row["build_s_each"]) == 2
         # two builds, two timings: wall-clock seconds of separate runs are never equal to the last bit

@@ -62,7 +62,7 @@ ATTENTION_FRAMES = re.compile(r"scaled_dot_product|flash_attention|efficient_att
 GEMM_OPS = re.compile(r"^aten::(mm|addmm|bmm|baddbmm|_grouped_mm|_scaled_mm|_scaled_grouped_mm)$")
 CAST_FRAMES = re.compile(r"mxval::fast_mx_dequantize|fast/cast\.py|mx_formats/|"
                          r"moe_training/mxfp8_(grouped_mm|linear)\.py")
-OPTIMIZER_FRAMES = re.compile(r"^Optimizer\.|adam", re.I)
+OPTIMIZER_FRAMES = re.compile(r"^Optimizer\.|adam|torch/optim/", re.I)
 # CUPTI may name a call with its API version or per-thread-stream variant (cudaStreamSynchronize_v3020, _ptsz)
 _SUFFIX = re.compile(r"(_v\d+|_ptsz|_ptds)+$")
 GAPS = ((0.0, 10.0, "<10us"), (10.0, 100.0, "10-100us"), (100.0, 1000.0, "0.1-1ms"), (1000.0, float("inf"), ">=1ms"))
@@ -175,7 +175,8 @@ def analyse(events: Iterable[dict], *, gpu: bool, top: int = 15) -> dict:
     host_end = max(e["ts"] + e["dur"] for e in marks)
     host = _nest([e for e in evs if e.get("cat") in HOST_CATS])
     in_steps = [h for h in host if t0 <= h.ts < host_end]
-    device = [e for e in evs if e.get("cat") in GPU_CATS and e["ts"] + e["dur"] > t0] if gpu else []
+    device = sorted((e for e in evs if e.get("cat") in GPU_CATS and e["ts"] + e["dur"] > t0) if gpu else (),
+                    key=lambda e: e["ts"])
     t_end = max([host_end] + [e["ts"] + e["dur"] for e in device])
     per = 1e3 * steps  # us in total -> ms per step
 
@@ -191,18 +192,25 @@ def analyse(events: Iterable[dict], *, gpu: bool, top: int = 15) -> dict:
             host_table[(h.name, g)][1] += 1
     result = {"steps": steps, "wall_ms": (t_end - t0) / per, "gpu": None, "groups": groups, "top_kernels": None,
               "top_host_ops": _top(host_table, steps, top, "self_ms"), "syncs_by_caller": None}
-    if not gpu:
-        return result
+    if gpu:
+        _device_figures(result, host, in_steps, device, (t0, t_end), top)
+    return result
 
+
+def _device_figures(result: dict, host: list[_Host], in_steps: list[_Host], device: list[dict],
+                    window: tuple[float, float], top: int) -> None:
+    """The GPU figures of ``analyse``, into ``result``: device events (sorted by start) grouped by their launches,
+    the busy union and its gaps, launches, synchronisations and copies."""
+    steps, groups = result["steps"], result["groups"]
+    t0, t_end = window
+    per = 1e3 * steps
     launches = {h.corr: h for h in host if h.cat in ("cuda_runtime", "cuda_driver") and h.corr is not None}
     kernel_table: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0.0, 0])
-    device.sort(key=lambda e: e["ts"])
-    groups_of_device = []
+    first_at: dict[float, str] = {}  # a start time -> the group of the first device work starting there
     for e in device:
         corr = (e.get("args") or {}).get("correlation")
-        frames = _frames(launches[corr]) if corr in launches else []
-        g = group_of(frames, e["name"] if e["cat"] == "kernel" else None)
-        groups_of_device.append(g)
+        g = group_of(_frames(launches[corr]) if corr in launches else [], e["name"] if e["cat"] == "kernel" else None)
+        first_at.setdefault(max(e["ts"], t0), g)
         groups[g]["gpu_ms"] += e["dur"] / per
         if e["cat"] == "kernel":
             groups[g]["kernels"] += 1 / steps
@@ -210,29 +218,25 @@ def analyse(events: Iterable[dict], *, gpu: bool, top: int = 15) -> dict:
             kernel_table[(e["name"], g)][1] += 1
     busy = _union([(max(e["ts"], t0), min(e["ts"] + e["dur"], t_end)) for e in device])
     edges = [t0] + [x for iv in busy for x in iv] + [t_end]
-    gaps = [(a, b) for a, b in zip(edges[::2], edges[1::2]) if b > a]
-    # each gap charged to the group of the device work that ended it (what the GPU was waiting to be given)
-    first_at = {}
-    for e, g in zip(device, groups_of_device):
-        first_at.setdefault(max(e["ts"], t0), g)
-    waited: dict[str, float] = defaultdict(float)
-    for a, b in gaps:
+    spans = [(a, b) for a, b in zip(edges[::2], edges[1::2]) if b > a]
+    waited: dict[str, float] = defaultdict(float)  # each gap charged to the work that ended it
+    for a, b in spans:
         waited[first_at.get(b, "after the last GPU work")] += (b - a) / per
-    gaps = [b - a for a, b in gaps]
+    gaps = [b - a for a, b in spans]
     syncs = [h for h in in_steps if h.cat in ("cuda_runtime", "cuda_driver") and _SUFFIX.sub("", h.name) in SYNC_CALLS]
     callers: dict[str, int] = defaultdict(int)
     for h in syncs:
         callers[_caller(h)] += 1
     copies = [e for e in device if e["cat"] == "gpu_memcpy"]
-    result["gpu"] = {
+    g = result["gpu"] = {
         "kernel_ms": sum(e["dur"] for e in device if e["cat"] == "kernel") / per,
         "memcpy_ms": sum(e["dur"] for e in copies) / per,
         "memset_ms": sum(e["dur"] for e in device if e["cat"] == "gpu_memset") / per,
         "busy_ms": sum(b - a for a, b in busy) / per,
         "idle_ms": sum(gaps) / per,
         "idle_before": dict(sorted(waited.items(), key=lambda kv: -kv[1])),
-        "idle_gaps": {label: {"count": sum(lo <= g < hi for g in gaps) / steps,
-                              "ms": sum(g for g in gaps if lo <= g < hi) / per} for lo, hi, label in GAPS},
+        "idle_gaps": {label: {"count": sum(lo <= x < hi for x in gaps) / steps,
+                              "ms": sum(x for x in gaps if lo <= x < hi) / per} for lo, hi, label in GAPS},
         "launches": sum(e["cat"] == "kernel" for e in device) / steps,
         "launch_call_ms": sum(h.end - h.ts for h in in_steps if LAUNCH_CALLS.match(h.name)) / per,
         "syncs": len(syncs) / steps,
@@ -240,11 +244,10 @@ def analyse(events: Iterable[dict], *, gpu: bool, top: int = 15) -> dict:
         "d2h_copies": sum("DtoH" in e["name"] for e in copies) / steps,
         "pageable_h2d_copies": sum("HtoD" in e["name"] and "Pageable" in e["name"] for e in copies) / steps,
     }
-    result["gpu"]["idle_share"] = result["gpu"]["idle_ms"] / result["wall_ms"] if result["wall_ms"] else None
+    g["idle_share"] = g["idle_ms"] / result["wall_ms"] if result["wall_ms"] else None
     result["top_kernels"] = _top(kernel_table, steps, top, "ms")
     result["syncs_by_caller"] = [{"caller": c, "count": n / steps}
                                  for c, n in sorted(callers.items(), key=lambda kv: -kv[1])[:top]]
-    return result
 
 
 def _ms(x) -> str:

@@ -65,6 +65,7 @@ CAST_FRAMES = re.compile(r"mxval::fast_mx_dequantize|fast/cast\.py|mx_formats/|"
 OPTIMIZER_FRAMES = re.compile(r"^Optimizer\.|adam|torch/optim/", re.I)
 # CUPTI may name a call with its API version or per-thread-stream variant (cudaStreamSynchronize_v3020, _ptsz)
 _SUFFIX = re.compile(r"(_v\d+|_ptsz|_ptds)+$")
+_ADDRESS = re.compile(r" at 0x[0-9a-f]+")  # a Python frame of a C method names its object's address
 GAPS = ((0.0, 10.0, "<10us"), (10.0, 100.0, "10-100us"), (100.0, 1000.0, "0.1-1ms"), (1000.0, float("inf"), ">=1ms"))
 
 
@@ -188,8 +189,9 @@ def analyse(events: Iterable[dict], *, gpu: bool, top: int = 15) -> dict:
             g = group_of(_frames(h))
             self_us = max(0.0, h.end - h.ts - h.child_us)
             groups[g]["host_self_ms"] += self_us / per
-            host_table[(h.name, g)][0] += self_us
-            host_table[(h.name, g)][1] += 1
+            name = _ADDRESS.sub("", h.name)
+            host_table[(name, g)][0] += self_us
+            host_table[(name, g)][1] += 1
     result = {"steps": steps, "wall_ms": (t_end - t0) / per, "gpu": None, "groups": groups, "top_kernels": None,
               "top_host_ops": _top(host_table, steps, top, "self_ms"), "syncs_by_caller": None}
     if gpu:

@@ -110,3 +110,11 @@ def test_trace_without_step_marks_is_bad_input():
 ])
 def test_trace_group_of_follows_its_rules(frames, kernel, group):
     assert group_of(frames, kernel) == group
+
+
+def test_trace_host_table_merges_a_c_methods_frames_across_objects():
+    ev = _trace() + [_x("python_function", f"<built-in method tolist of Tensor object at 0x{a:x}>", 41 + a, 1)
+                     for a in (1, 2)]
+    rows = [op for op in analyse(ev, gpu=True)["top_host_ops"] if op["name"].startswith("<built-in method tolist")]
+    assert rows == [{"name": "<built-in method tolist of Tensor object>", "group": "padding", "self_ms": 1e-3,
+                     "calls": 1.0}]

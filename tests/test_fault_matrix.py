@@ -70,7 +70,10 @@ COMMANDS = [
             "protocol", writes=False),
     Command("convergence-bench", "convergence", ["bench", "--model", "tiny", "--device", "cpu", "--batch", "1",
                                                  "--seq", "16", "--steps", "1", "--warmup", "0", "--no-compile",
-                                                 "--json", "{out}"], 0, "file"),
+                                                 "--repeats", "1", "--json", "{out}"], 0, "file"),
+    Command("profile-step", "convergence", ["profile-step", "--model", "tiny", "--device", "cpu", "--batch", "1",
+                                            "--seq", "16", "--steps", "1", "--warmup", "0", "--json", "{out}"], 0,
+            "file"),
     Command("golden", "golden", ["check", "--only", "recorded", "--root", "{in}"], 0, None, "golden"),
 ]
 WRITING = [c for c in COMMANDS if c.output]

@@ -526,12 +526,12 @@ def test_adamw_moments_in_host_memory_train_and_resume_the_same_bits_on_cuda(tmp
 
 
 def test_bench_smoke_prints_the_step_time_ratio(capsys):
-    from convergence.train.bench import step_flops
     from convergence.train.cli import bench_main
+    from convergence.train.perf.bench import step_flops
     from numerics.layer.configs import get_config, param_count
 
     assert bench_main(["--model", "tiny", "--device", "cpu", "--batch", "2", "--seq", "64", "--steps", "1",
-                       "--warmup", "0", "--no-compile"]) == 0
+                       "--warmup", "0", "--no-compile", "--repeats", "1"]) == 0
     out = capsys.readouterr().out
     assert "step-time ratio mxfp8/emulated" in out
     c = get_config("16b")

@@ -156,12 +156,12 @@ def test_a_two_process_run_under_srun_and_torchrun_equals_a_standalone_launch(tm
     args = ["--model", "tiny", "--steps", "4", "--val-every", "2", "--ckpt-every", "2", "--threads", "1",
             "--recipe", "bf16", "--data", str(corpus), "--ep", "2", "--deterministic"]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    run = sl.SlurmRun("ep2", (sys.executable, "-m", "convergence", "train", *args, "--out", str(tmp_path / "job")))
+    sl.submit(tmp_path, [run], sl.SlurmOptions(time_minutes=10, cpus=2), nproc_per_node=2)  # runs meanwhile
     local = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                             "-m", "convergence", "train", *args, "--out", str(tmp_path / "local")],
                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=WAIT_S)
     assert local.returncode == 0, local.stderr[-2000:]
-    run = sl.SlurmRun("ep2", (sys.executable, "-m", "convergence", "train", *args, "--out", str(tmp_path / "job")))
-    sl.submit(tmp_path, [run], sl.SlurmOptions(time_minutes=10, cpus=2), nproc_per_node=2)
     state = _wait(tmp_path, ["ep2"])["ep2"]
     log = state.log.read_text()
     assert state.state == "completed", log[-3000:]

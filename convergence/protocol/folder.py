@@ -8,8 +8,9 @@ Public: ``open_protocol(plan, out)``, ``load_plan(out)``, ``read_plan(path)``, `
 
 Layout: ``OUT/protocol.json`` (the plan), ``OUT/runs/<run>/<recipe>/`` (each run's ``config.json``,
 ``metrics.jsonl``, ``probes.jsonl`` and, while unfinished, its checkpoint), ``OUT/logs/`` (the workers' output),
-``OUT/pace.jsonl`` (each piece's pace: ``convergence.protocol.schedule``) and ``OUT/results/`` (the verdicts and
-their files: ``convergence.protocol.judge``). A run is continued from its checkpoint until it has ``steps`` steps;
+``OUT/pace.jsonl`` (each piece's pace: ``convergence.protocol.schedule``), ``OUT/slurm/`` (the Slurm jobs' record
+and logs: ``convergence.protocol.slurm``) and ``OUT/results/`` (the verdicts and their files:
+``convergence.protocol.judge``). A run is continued from its checkpoint until it has ``steps`` steps;
 its checkpoint is written only when a piece stops and at the end, and deleted once the run is complete (a proxy
 checkpoint is ~11 GB). A complete run's ``metrics.jsonl`` and ``probes.jsonl`` are then replaced by their gzip
 (``compact_run``); every reader finds either through ``metrics_path`` / ``probes_path`` and reads it gzip-aware.
@@ -60,12 +61,12 @@ def open_protocol(plan: ProtocolPlan, out: Path, *, force: bool = False) -> str 
     """Make ``out`` hold ``plan`` (``out/protocol.json``): a new or empty folder gets it; a folder with the same
     plan is continued, also when only ``CHANGEABLE`` fields differ (the plan is rewritten, every run made is
     kept; returns a line saying so); another plan, or a folder of something else, is refused (``force``
-    deletes this protocol's own runs, logs, results and pace first, nothing else)."""
+    deletes this protocol's own runs, logs, results, pace and Slurm jobs' records first, nothing else)."""
     out = Path(out)
     state = out / "protocol.json"
     forced = force and state.exists()
     if forced:
-        for sub in ("runs", "logs", "results", "results.partial"):
+        for sub in ("runs", "logs", "results", "results.partial", "slurm"):  # slurm: convergence.protocol.slurm
             shutil.rmtree(out / sub, ignore_errors=True)
         (out / PACE_FILE).unlink(missing_ok=True)  # the paces of runs no longer there
         state.unlink()

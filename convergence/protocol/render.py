@@ -169,8 +169,8 @@ def status_lines(p: Progress, figure: Path | None = None, drift_figure: Path | N
 
 
 def _started(name: str, s, steps: int) -> str:
-    note = {"restart": " (no checkpoint here: starts again at step 0)", "running": " (running)",
-            "failed": " (failed)"}.get(s.state, "")
+    note = {"restart": " (no checkpoint here: starts again at step 0)"}.get(s.state, f" ({s.state})")
+    note = "" if s.state == "stopped" else note
     where = f" [{s.where}]" if s.where else ""
     log = f" (log: {s.log})" if s.state == "failed" and s.log else ""
     return f"{name} {s.steps}/{steps}{note}{where}{log}"

@@ -86,8 +86,9 @@ class RunFailed(Exception):
 class RunState:
     """One run as an executor sees it: ``state`` is ``done``, ``stopped`` (``steps`` logged; it continues from its
     checkpoint), ``restart`` (steps logged, no checkpoint here: it starts again at step 0), ``pending`` (nothing
-    logged yet, or waiting where it was submitted), ``running`` or ``failed``; ``log`` its output, ``where`` where it
-    runs or waits (a worker slot, a job id), when the executor knows."""
+    logged yet, or waiting where it was submitted), ``running``, ``failed``, or how a batch job ended before its
+    run did: ``cancelled``, ``timeout``, ``preempted`` (the run continues from its checkpoint when submitted again);
+    ``log`` its output, ``where`` where it runs or waits (a worker slot, a job id), when the executor knows."""
 
     state: str
     steps: int
@@ -143,17 +144,17 @@ def run_piece(plan: ProtocolPlan, spec: RunSpec, out: Path, *, stop_after_s: flo
 
 
 def record_pace(out: Path, spec: RunSpec, steps_before, steps_after, wall_s: float, per_gpu: int,
-                total_steps: int) -> None:
+                total_steps: int, where: dict | None = None) -> None:
     """Append one piece's pace (the steps it added and its wall seconds, start-up included) to ``OUT/pace.jsonl``,
     with the host CPU it ran on: machines of one GPU model ran the MX recipes ~16 % apart, and a run's pieces may
-    run on different machines."""
+    run on different machines; ``where``: more about where it ran (a batch job's id and node)."""
     from numerics.environment import cpu_model
 
     def count(v):
         return total_steps if v == "done" else int(v)
 
     entry = {"run": spec.name, "recipe": spec.recipe, "per_gpu": per_gpu, "from_step": count(steps_before),
-             "to_step": count(steps_after), "wall_s": round(wall_s, 2), "cpu": cpu_model()}
+             "to_step": count(steps_after), "wall_s": round(wall_s, 2), "cpu": cpu_model()} | (where or {})
     JsonlLog(Path(out) / PACE_FILE).append(entry)
 
 
@@ -219,11 +220,11 @@ class PaceHold:
     call_minutes: float | None
 
 
-def protocol_worker(out: Path, threads: int | None = None,
-                    gpu_share: int = 1) -> Callable[[str, float | None], list[str]]:
+def protocol_worker(out: Path, threads: int | None = None, gpu_share: int = 1,
+                    extra: Sequence[str] = ()) -> Callable[[str, float | None], list[str]]:
     """The command of one worker piece: ``python -m convergence protocol --out OUT --piece NAME``, stopping after
     ``minutes`` (None: when its run is done) with ``threads`` torch CPU threads (None: torch's default) and, when
-    ``gpu_share`` runs share a GPU, at most 1/``gpu_share`` of its memory."""
+    ``gpu_share`` runs share a GPU, at most 1/``gpu_share`` of its memory; ``extra``: flags added at its end."""
 
     def argv(name: str, minutes: float | None) -> list[str]:
         cmd = [sys.executable, "-m", "convergence", "protocol", "--out", str(out), "--piece", name]
@@ -231,7 +232,7 @@ def protocol_worker(out: Path, threads: int | None = None,
             cmd += ["--stop-after-minutes", f"{minutes:.4f}"]
         if gpu_share > 1:
             cmd += ["--gpu-share", str(gpu_share)]
-        return cmd + ([] if threads is None else ["--threads", str(threads)])
+        return cmd + ([] if threads is None else ["--threads", str(threads)]) + list(extra)
 
     return argv
 

@@ -297,7 +297,7 @@ def time_left(plan: ProtocolPlan, out: Path, states: dict[str, RunState], per_gp
         if need is None:
             no_pace.append((recipe, len(todo)))
             continue
-        share = sum(1 - (s.steps if s.state in ("stopped", "running") else 0) / plan.steps for s in todo)
+        share = sum(1 - (0 if s.state == "restart" else s.steps) / plan.steps for s in todo)  # the rest resume
         total += need[0] * share
         recipes.append((recipe, need[0], share))
     return TimeLeft(total, recipes, no_pace)

@@ -43,7 +43,7 @@ def test_protocol_cli_bad_input_is_one_line_and_touches_nothing(tmp_path, refuse
     assert "a tag such as h200" in refused(*TINY, "--out", str(out), "--hardware", "../../elsewhere")
     with pytest.raises(SystemExit) as exit_:
         convergence_main(["protocol", *TINY, "--out", str(out), "--executor", "elsewhere"])
-    assert exit_.value.code == 2 and list(EXECUTORS) == ["local"]
+    assert exit_.value.code == 2 and list(EXECUTORS) == ["local", "slurm"]
 
 
 def test_protocol_cli_refuses_bad_values_and_damaged_plans_in_one_line(tmp_path, refused):

@@ -211,7 +211,7 @@ def test_validate_interrupted_in_its_curves_level_writes_a_partial_report_and_sa
 
     monkeypatch.setitem(validate.RUNNERS, "training", lambda *_: LevelResult("training", "pass", "stood in",
                                                                              (Check("runs", "pass"),)))
-    monkeypatch.setattr("convergence.protocol.plan.judge", judged)
+    monkeypatch.setattr("convergence.protocol.judge.judge", judged)
     out = tmp_path / "v"
     assert mxval_main(["validate", "--quick", "--levels", "training,curves", "--out", str(out)]) == 130
     err = capsys.readouterr().err

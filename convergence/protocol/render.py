@@ -19,13 +19,46 @@ IN_RANGE = {"overall": "over the whole range", "final_window": "in the final win
 
 
 def verdict_line(name: str, r: dict) -> str:
-    """One verdict as the protocol prints it: the decision, for a control whether it came out as it must, the
-    reason and what the runs resolve."""
+    """One verdict as the protocol prints it: the decision, for a control whether it came out as it must (a plan
+    with a declared test: by its own check, ``judge.control_outcome``), the reason (the estimate, its interval, the
+    p-value against no difference and the test's), what the runs resolve and the secondary endpoint."""
     from convergence.curves.compare import resolution
 
-    exp, ok = r["protocol"]["expected"], r["protocol"]["as_expected"]
-    check = "" if exp is None else f" [control: expected {exp}: {'OK' if ok else 'FAILED'}]"
-    return f"{name:<17} {r['verdict'].upper()}{check}: {r['reason']}; {resolution(r)}"
+    proto = r["protocol"]
+    exp, ok, outcome = proto["expected"], proto["as_expected"], proto.get("outcome")
+    mark = "OK" if ok else "FAILED"
+    if outcome is None:
+        check = "" if exp is None else f" [control: expected {exp}: {mark}]"
+        return f"{name:<17} {r['verdict'].upper()}{check}: {r['reason']}; {resolution(r)}" + _secondary(r)
+    if outcome["check"] == "identical":
+        return f"{name:<17} {r['verdict'].upper()} [control: expected identical: {mark}]: {r['reason']}"
+    if outcome["check"] == "covers_zero":
+        covers = {True: "yes", False: "no", None: "cannot tell"}[outcome["covers_zero"]]
+        said = "" if outcome["interval"] is None else (
+            f"{outcome['interval_level']:.0%} interval [{outcome['interval'][0]:+.3%}, {outcome['interval'][1]:+.3%}],"
+            f" p = {outcome['p_no_difference']:.3g} against no difference; ")
+        return (f"{name:<17} COVERS 0: {covers.upper()} [control: expected yes: {mark}]: {said}its test: "
+                f"{r['verdict']}: {r['reason']}")
+    chance = outcome.get("planned_chance")
+    planted = "" if outcome.get("planted_shift") is None else f"planted +{outcome['planted_shift']:.3%}, "
+    said = f"{planted}planned chance {chance:.0%}" if chance is not None else f"{planted}no planned chance"
+    return (f"{name:<17} {r['verdict'].upper()} [control: detected ({outcome['detected_as']}): "
+            f"{'yes' if ok else 'no'}; {said}]: {r['reason']}; {resolution(r)}")
+
+
+def _secondary(r: dict) -> str:
+    """A declared test's other part, reported, never deciding."""
+    from convergence.curves.decision.equivalence import PART_OF
+
+    if not r.get("endpoint") or not r.get("test") or r["test"] == "two-ranges":
+        return ""
+    other = next(p for e, p in PART_OF.items() if e != r["endpoint"])
+    part = r.get(other) or {}
+    if part.get("interval") is None:
+        return ""
+    lo, hi = part["interval"]
+    return (f"; secondary, {WHERE[other]} (never decides): {part['estimate']:+.3%} [{lo:+.3%}, {hi:+.3%}], "
+            f"p = {part['p_no_difference']:.3g} against no difference")
 
 
 def made_with_line(made: dict) -> str | None:

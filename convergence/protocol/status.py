@@ -286,18 +286,25 @@ def pairs(plan: ProtocolPlan, verdicts: dict) -> list[Pairs]:
 
 def time_left(plan: ProtocolPlan, out: Path, states: dict[str, RunState], per_gpu: int = 1) -> TimeLeft:
     """The compute time the runs not done need at this folder's pace (``expected_wall_s``): a stopped run its
-    steps left, a run that starts again (no checkpoint here) all of them."""
+    steps left, a run that starts again (no checkpoint here) all of them; a fork's trunk and continuations their
+    own part of the run (``forks.span``), each priced as a whole run of ``recipes``' seconds."""
+    from convergence.protocol.forks import span
+
     runs = plan.runs()
     total, recipes, no_pace = 0.0, [], []
     for recipe in dict.fromkeys(r.recipe for r in runs):
-        todo = [states[r.name] for r in runs if r.recipe == recipe and states[r.name].state != "done"]
+        todo = [(r, states[r.name]) for r in runs if r.recipe == recipe and states[r.name].state != "done"]
         if not todo:
             continue
         need = expected_wall_s(out, plan, recipe, per_gpu)
         if need is None:
             no_pace.append((recipe, len(todo)))
             continue
-        share = sum(1 - (s.steps if s.state in ("stopped", "running") else 0) / plan.steps for s in todo)
+        share = 0.0
+        for r, st in todo:
+            first, last = span(plan, r)
+            done = max(st.steps - first, 0) if st.state in ("stopped", "running") else 0
+            share += (last - first - done) / plan.steps
         total += need[0] * share
         recipes.append((recipe, need[0], share))
     return TimeLeft(total, recipes, no_pace)

@@ -28,9 +28,9 @@ from numerics.cli import ArgumentParser, CLIError, seed_arg
 from numerics.environment import check_hardware_tag
 from numerics.files import check_distinct, check_writable
 from numerics.layer.configs import CONFIGS
-from numerics.layer.recipes import NULL_CONTROLS
 from numerics.layer.mxfp8 import KERNELS as MXFP8_KERNELS
 from numerics.layer.mxfp8 import kernel_problem as mxfp8_problem
+from numerics.layer.recipes import NULL_CONTROLS
 
 
 def local_executor(args, *, slots: int, per_gpu: int, threads: int | None) -> schedule.Executor:

@@ -29,8 +29,9 @@ from convergence.protocol.plan import PLANTED, ProtocolPlan
 
 # The proxy's run-to-run spread of the final-window level (relative), and its held-out set's standard error, from
 # the k16 plan (golden/training/proxy_long_lr3e-4_k16_*: 32 BF16 and 16 MXFP8 runs of 1,500 steps at lr 3e-4, 290
-# held-out batches of a 20 % split, one H200): the BF16 and MXFP8 runs pooled, each around their own mean
-# (designs.endpoint_spread of the verdict; tests/convergence/protocol/test_projection.py re-derives it). It holds
+# held-out batches of a 20 % split, one H200): the 32 BF16 runs (baselines and held-out) and the 16 MXFP8 runs
+# pooled, each group around its own mean, 46 degrees of freedom (tests/convergence/protocol/test_declared.py
+# re-derives it from the golden verdicts). It holds
 # for plans of that length, learning rate and held-out set; another plan gives its own --planned-spread.
 PLANNED = {"proxy": {"spread": 0.0096264, "se_set": 0.00032849,
                      "source": "the k16 plan's final window (32 BF16, 16 MXFP8 runs of 1,500 steps, lr 3e-4, "

@@ -1,7 +1,7 @@
 """A fork pilot's result: how far BF16 continuations of one trunk spread, at each evaluation after the fork and
 over the final window, beside the spread of independent runs.
 
-Public: ``pilot_result(plan, out, reference=K16) -> dict``, ``pilot_lines(r)``, ``fork_spread(r)``, ``K16``.
+Public: ``pilot_result(plan, out, reference=K16) -> dict``, ``pilot_lines(r)``, ``K16``.
 
 The pilot (``python -m convergence protocol --design fork --pilot N --fork-step S``): a BF16 trunk to step S and N
 BF16 continuations of it, rows permuted by 1..N from S on. A continuation's level at an evaluation is its
@@ -10,7 +10,7 @@ deviation of those levels (pooled within trunks when there are several), with it
 ``convergence.curves.power.spread_interval``). The final-window spread is the one the verdict plans with: the
 continuations as ``compare --metric val_loss`` baselines (its final window: the last fifth of the compared range,
 ``designs.endpoint_spread``'s arithmetic), and ``fork_spread`` is what ``python -m convergence power --fork-pilot``
-puts in the fork design's row.
+puts in the fork design's row (``convergence.curves.decision.designs.pilot_spread``).
 
 Beside it, when the reference files are there and the pilot's runs are theirs in model, steps, learning rate,
 evaluations and held-out split: the independent spread of the golden k16 plan (32 BF16 runs of
@@ -126,16 +126,6 @@ def pilot_result(plan: ProtocolPlan, out: Path, reference: Path | str | None = K
             "fork_spread": None if final is None else final["spread"],
             "independent": None if ref is None else ref | {"at_step": {str(k): v for k, v in ref["at_step"].items()}},
             "explained": explained, "gpu_hours": _gpu_hours(out)}
-
-
-def fork_spread(r: dict, where: str = "pilot") -> tuple[float, int]:
-    """(within-trunk final-window spread, its degrees of freedom) of a pilot result; ``BadInput`` for another file."""
-    fw = r.get("final_window") if isinstance(r, dict) else None
-    if not isinstance(r, dict) or r.get("kind") != "fork pilot" or not isinstance(fw, dict) \
-            or not isinstance(r.get("fork_spread"), float) or not r["fork_spread"] > 0:
-        raise BadInput(f"{where}: not a fork pilot's result (python -m convergence protocol --design fork --pilot N "
-                       "writes it in OUT/results/*_pilot__*.json)")
-    return r["fork_spread"], int(fw.get("dof") or 0)
 
 
 def pilot_lines(r: dict) -> list[str]:

@@ -1,8 +1,8 @@
 """What a plan should decide, said before any run: the declared test's chances at its planned spread, the
 controls' chances, and the GPU-hours, level by level.
 
-Public: ``projection(plan, costs=None) -> dict``, ``planning_spread(plan)``, ``plan_cost_s(plan, costs)``,
-``projection_lines(p)``, ``PLANNED``, ``COSTS``.
+Public: ``projection(plan, costs=None) -> dict``, ``planning_spread(plan)``, ``arms(plan)``, ``plan_cost_s(plan,
+costs)``, ``projection_lines(p)``, ``PLANNED``, ``COSTS``.
 
 The chances are ``convergence.curves.decision.equivalence.chance`` (exact for normal run levels) for the estimate
 the plan's verdicts compute: k baselines against m judged runs, ``c = 1/k + 1/m`` on ``k + m - 2`` degrees of
@@ -59,7 +59,7 @@ def planning_spread(plan: ProtocolPlan) -> tuple[float | None, float, str]:
     return d.spread, se_set, f"{d.source}; the independent one {known['source']}"
 
 
-def _arms(plan: ProtocolPlan) -> tuple[float, float]:
+def arms(plan: ProtocolPlan) -> tuple[float, float]:
     """(c, dof) of the verdict's estimate: module docstring."""
     k, m = plan.replicates, plan.candidate_replicates
     if plan.design == "fork":
@@ -68,7 +68,7 @@ def _arms(plan: ProtocolPlan) -> tuple[float, float]:
 
 
 def _chances(plan: ProtocolPlan, spread: float, se_set: float) -> dict:
-    c, dof = _arms(plan)
+    c, dof = arms(plan)
     if dof < 1:
         return {"dof": dof, "note": "no degree of freedom for the spread at this level"}
     kw = dict(alpha=plan.alpha, sigma=spread, c=c, dof=dof, se_set=se_set)

@@ -175,8 +175,16 @@ def status_lines(p: Progress, figure: Path | None = None, drift_figure: Path | N
                          "looks decided would bias it, stopping for want of compute time does not)")
         if lv.planning_error is not None:
             lines.append(f"  cannot plan from every finished run ({lv.planning_error}): planning from the level's runs")
-        lines.append("  " + projection_text(lv.projection))
+        # a plan with a declared test: what its test resolves; the projection by the two-ranges rule for one under it
+        lines.append("  " + (projection_text(lv.projection) if lv.resolves is None else lv.resolves))
         lines += [f"  {line}" for line in pairs_lines(lv.pairs)]
+        if lv.designs:
+            from convergence.curves.decision.designs import report_table
+
+            lines.append(f"  runs a declared test needs, by design ({lv.designs_note}):")
+            lines += [f"    {line}" for line in report_table(lv.designs, plan.margin, 0.8, plan.alpha).splitlines()]
+        elif lv.designs_note:
+            lines.append(f"  runs a declared test needs, by design: {lv.designs_note}")
         if figure is not None:
             lines.append(f"  figure: {figure}")
     if figure is not None and lv is None:
@@ -230,7 +238,7 @@ def draw_figures(p: Progress, figure: Path | None, drift_figure: Path | None, *,
     plan, lv = p.plan, p.level
     runs = f"{p.done} of {len(p.states)} runs of {plan.steps} steps"
     if figure is not None and lv is not None and lv.verdicts is not None:
-        plot_verdicts(lv.verdicts, figure, force=force,
+        plot_verdicts({n: r for n, r in lv.verdicts.items() if r.get("final_window")}, figure, force=force,
                       title=f"{plan.prefix}: {runs}; judged as k = {lv.replicates}, m = {lv.candidate_replicates}"
                             + ("" if lv.whole else " (interim)"))
     if drift_figure is not None and p.drift:

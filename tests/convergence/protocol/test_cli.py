@@ -174,7 +174,8 @@ def test_protocol_cli_status_shows_the_key_numbers_and_draws_on_request(finished
     assert all(f"{g.title}: {g.done} of {g.runs}" in text for g in p.groups)
     for name, r in p.level.verdicts.items():
         assert verdict_line(name, r) in text
-    assert f"about +-{p.level.projection.half_width:.3%}" in text
+    assert p.level.resolves in text and "should resolve about +-" in p.level.resolves
+    assert "| independent | equivalence | +0.000% | favourable |" in text  # the table by design and test
     assert f"about {p.left.seconds / 3600:.1f} GPU-hours" in text or not p.left.recipes
     assert "spread at each evaluation" in text and "replicates drift" not in text  # the seed design: no drift
 

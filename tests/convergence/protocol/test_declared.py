@@ -190,3 +190,28 @@ def test_declare_only_writes_the_plan_and_its_projection_and_trains_nothing(tmp_
     assert p == json.loads(json.dumps(projection(ProtocolPlan(model="proxy", steps=1500, replicates=8,
                                                               candidate_replicates=8, device="cuda").check())))
     assert "positive control" in capsys.readouterr().out
+
+
+def test_status_gives_the_runs_each_design_and_test_needs_at_the_folders_spread_and_pace(finished_protocol):
+    """--status's table: independent runs at the spread of the folder's BF16 runs (baselines and held-out) and
+    candidate runs over the final window, pooled, each group around its own mean; GPU-hours at the folder's pace
+    (designs.pace_costs); at no true difference and at twice the margin (a worse candidate detected)."""
+    from convergence.curves import power
+    from convergence.curves.decision import designs
+    from convergence.protocol.schedule import STARTUP_S
+    from convergence.protocol.status import progress
+
+    out, plan = finished_protocol["out"], finished_protocol["plan"]
+    lv = progress(plan, out).level
+    v = lv.verdicts
+    bf16 = v["verdict"]["final_window"]["replicate_levels"] + v["negative_control"]["final_window"]["candidate_levels"]
+    spread, _ = power.pooled_spread([bf16, v["verdict"]["final_window"]["candidate_levels"]])
+    costs = designs.pace_costs(out)
+    for row in lv.designs:
+        assert row["true_difference"] in (0.0, 2 * plan.margin)
+        if row["design"] == "independent" and row["runs_per_arm"]:
+            assert row["spread"] == pytest.approx(spread, rel=1e-12)
+            n = row["runs_per_arm"]
+            assert row["gpu_hours"] == pytest.approx(designs.independent(spread).cost_s(
+                n, costs["bf16"], costs["mxfp8"], STARTUP_S["tiny"]) / 3600)
+    assert {r["design"] for r in lv.designs} == {"independent", "fork"}

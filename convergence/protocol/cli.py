@@ -19,9 +19,10 @@ from pathlib import Path
 
 import torch
 
+from convergence.curves.decision.equivalence import ENDPOINTS, TESTS
 from convergence.protocol import folder, render, schedule, slurm, slurm_executor
 from convergence.protocol.judge import judge, write_results
-from convergence.protocol.plan import DESIGNS, TRAIN_OVERRIDES, ProtocolPlan
+from convergence.protocol.plan import DESIGNS, PLANTED, TRAIN_OVERRIDES, ProtocolPlan
 from convergence.protocol.provenance import environment_change, hardware_tag, runs_hardware_tag
 from convergence.protocol.slurm_job import worker_minutes
 from convergence.protocol.status import pairs, progress
@@ -33,6 +34,7 @@ from numerics.files import check_distinct, check_writable
 from numerics.layer.configs import CONFIGS
 from numerics.layer.mxfp8 import KERNELS as MXFP8_KERNELS
 from numerics.layer.mxfp8 import kernel_problem as mxfp8_problem
+from numerics.layer.recipes import NULL_CONTROLS
 
 
 def local_executor(args, *, slots: int, per_gpu: int, threads: int | None) -> schedule.Executor:
@@ -69,9 +71,35 @@ def _protocol_parser() -> ArgumentParser:
     p.add_argument("--candidate-replicates", type=int, default=d.candidate_replicates,
                    help="candidate runs, the paired one included, each with a replicate's change (and as many "
                         "control runs and held-out BF16 runs): below the one-run floor (docs/protocol.md)")
-    p.add_argument("--design", default=d.design, help=f"what a replicate changes: {', '.join(DESIGNS)}")
+    p.add_argument("--design", default=d.design, help=f"what a replicate changes: {', '.join(DESIGNS)} (fork: "
+                   "trunks continued by paired runs)")
     p.add_argument("--candidate", default=d.candidate, help="the recipe judged (default mxfp8)")
-    p.add_argument("--control", default=d.control, help="the positive control recipe (default mxfp8-head)")
+    # declared before any run; None: the folder's plan's, or a new plan's default (an older folder keeps its own)
+    p.add_argument("--control", default=None, help=f"the positive control: '{PLANTED}' (a new plan's default: the "
+                   "held-out BF16 runs made --planted-shift margins worse) or a recipe known to be worse")
+    p.add_argument("--planted-shift", type=float, default=None,
+                   help=f"the planted control's true effect in margins, 1 to 3 (default {d.planted_shift:g})")
+    p.add_argument("--test", default=None, choices=TESTS,
+                   help=f"the declared test (a new plan's default {d.test}; two-ranges: the rule before)")
+    p.add_argument("--alpha", type=float, default=None, help=f"each one-sided test's level (default {d.alpha:g})")
+    p.add_argument("--endpoint", default=None, choices=ENDPOINTS,
+                   help="the primary endpoint: the final window (default) or the whole range; the other is reported")
+    p.add_argument("--null-control", action="store_true",
+                   help="also run mxfp8-null (the seam with no cast) beside its BF16 twin, both --deterministic: they "
+                        "must end bit-identical")
+    p.add_argument("--trunks", type=int, default=None, help="--design fork: BF16 trunks (default 1)")
+    p.add_argument("--fork-step", type=int, default=None, help="--design fork: the trunks' last step")
+    p.add_argument("--fork-change", default=d.fork_change, choices=("rounding", "data"),
+                   help="--design fork: what tells continuations apart: rows permuted (rounding) or the remaining "
+                        "windows' order (data)")
+    p.add_argument("--pilot", type=int, default=None, metavar="N",
+                   help="--design fork without a candidate: N BF16 continuations per trunk; the result is their spread")
+    p.add_argument("--planned-spread", type=float, default=None,
+                   help="the run-to-run spread (fork: within a trunk) the plan's projection is computed at (default: "
+                        "the model's measured one, convergence.protocol.projection)")
+    p.add_argument("--declare-only", action="store_true",
+                   help="write OUT/protocol.json and OUT/projection.json (what the plan should decide, its GPU-hours) "
+                        "and run nothing")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument("--mxfp8-kernel", default="auto", choices=["auto", *MXFP8_KERNELS])
     p.add_argument("--margin", type=float, default=d.margin, help="relative equivalence margin (DeepSeek-V3: 0.0025)")
@@ -120,14 +148,37 @@ def _plan_flags() -> list[str]:
     return [*fields, *TRAIN_OVERRIDES, "hardware"]
 
 
+# what a plan declares that a command line may leave out: the folder's plan's then (an older folder keeps its rule
+# and control), else a new plan's default
+DECLARED = ("test", "alpha", "endpoint", "control", "planted_shift")
+
+
 def _plan_of(args):
     """The plan the command line gives (checked): a run's, or one --status compares with its folder's."""
     overrides = tuple((k, float(v)) for k in TRAIN_OVERRIDES if (v := getattr(args, k)) is not None)
-    return ProtocolPlan(model=args.model, steps=args.steps, seed=args.seed, replicates=args.replicates,
-                           candidate_replicates=args.candidate_replicates,
-                           design=args.design, candidate=args.candidate, control=args.control, device=args.device,
-                           mxfp8_kernel=args.mxfp8_kernel, margin=args.margin, name=args.name, data=args.data,
-                           val_percent=args.val_percent, overrides=overrides).check()
+    held = folder.load_plan(args.out) if (args.out / "protocol.json").is_file() and not args.force else None
+    new = ProtocolPlan(model=args.model, steps=args.steps)
+    declared = {key: getattr(args, key) if getattr(args, key) is not None else getattr(held or new, key)
+                for key in DECLARED}
+    fork = dict(trunks=args.trunks or 1, fork_step=args.fork_step or 0, pilot=args.pilot is not None)
+    if args.pilot is not None:
+        if args.pilot < 2:
+            raise CLIError(f"--pilot must be >= 2 (continuations: their spread is the result), got {args.pilot}")
+        if args.replicates != parser_default("replicates"):
+            raise CLIError("--pilot N gives the continuations per trunk: leave out --replicates")
+        fork["candidate_replicates"] = 1
+    return ProtocolPlan(model=args.model, steps=args.steps, seed=args.seed,
+                        replicates=args.pilot if args.pilot is not None else args.replicates,
+                        candidate_replicates=fork.pop("candidate_replicates", args.candidate_replicates),
+                        design=args.design, candidate=args.candidate, device=args.device,
+                        mxfp8_kernel=args.mxfp8_kernel, margin=args.margin, name=args.name, data=args.data,
+                        val_percent=args.val_percent, overrides=overrides, null_control=args.null_control,
+                        planned_spread=args.planned_spread, fork_change=args.fork_change, **declared,
+                        **fork).check()
+
+
+def parser_default(key: str):
+    return _protocol_parser().get_default(key)
 
 
 def _check_environment(plan: ProtocolPlan, out: Path) -> None:
@@ -191,7 +242,7 @@ def _worker(args) -> int:
         schedule.run_piece(plan, spec, args.out, stop_after_s=stop)
         if where is not None:
             schedule.record_pace(args.out, spec, before, folder.run_state(plan, args.out, spec),
-                                 time.monotonic() - t0, 1, plan.steps, where)
+                                 time.monotonic() - t0, 1, *schedule.run_ends(plan, spec), where=where)
     return 0
 
 
@@ -276,6 +327,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     held = (args.out / "protocol.json").is_file()
     if held and not args.force:  # another plan's runs read as this one's would look damaged (its logs end elsewhere)
         folder.check_same_plan(plan, args.out)
+    if args.declare_only:
+        return _declare(plan, args)
     before = {r.name: 0 for r in plan.runs()} if held and args.force else folder.run_status(plan, args.out)
     judge_only = not args.force and held and all(v == "done" for v in before.values())
     gpus = (args.gpus or torch.cuda.device_count()) if args.device == "cuda" else 0
@@ -291,7 +344,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     problem = None if judge_only or plan.mxfp8_kernel == "auto" else mxfp8_problem(plan.mxfp8_kernel, args.device)
     if problem:
         raise CLIError(f"--mxfp8-kernel: {problem}")
-    check_recipe_kernels((plan.candidate, plan.control), plan.mxfp8_kernel, None if judge_only else args.device)
+    recipes = {r.recipe for r in plan.runs()} - {"bf16"}
+    check_recipe_kernels(sorted(recipes - set(NULL_CONTROLS)), plan.mxfp8_kernel, None if judge_only else args.device)
+    check_recipe_kernels(sorted(recipes & set(NULL_CONTROLS)), "auto", None if judge_only else args.device)
     if plan.data is not None and not judge_only:  # before protocol.json records it: a mistyped path then leaves
         data_mod.check_data_path(plan.data)        # no plan that the corrected command would have to --force
     slots = gpus * args.parallel if args.device == "cuda" else args.parallel
@@ -306,6 +361,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     grew = folder.open_protocol(plan, args.out, force=args.force)
     if grew:
         print(grew, flush=True)
+    _write_projection(plan, args.out, again=bool(grew) or args.force)
     if args.force:  # its runs were deleted: read once more
         before = folder.run_status(plan, args.out)
     if not judge_only and not args.mixed_environment and not on_slurm:  # a Slurm job checks its own node
@@ -328,11 +384,19 @@ def main(argv: Sequence[str] | None = None) -> int:
                  "finish again (--status shows the jobs)" if on_slurm else ". Repeat the same command to continue")
               + f" ({args.out})")
         return 4
-    verdicts = judge(plan, args.out)
     on_its_device = not on_slurm and (args.device == "cpu" or torch.cuda.is_available())
     hardware = args.hardware or (hardware_tag(args.device, gpus) if on_its_device
                                  else runs_hardware_tag(plan, args.out))
     command = plan.command("OUT", gpus=gpus, per_gpu=per_gpu, stop_after_minutes=args.stop_after_minutes)
+    if plan.pilot:
+        from convergence.protocol.pilot import pilot_lines, pilot_result
+
+        result = pilot_result(plan, args.out) | {"environment": _environment()}
+        files = write_results(plan, args.out, {"pilot": result}, command, hardware)
+        print("\n".join(pilot_lines(result)))
+        print(f"pilot complete: {len(files)} result files in {args.out / 'results'} (record.sh lists them in golden/)")
+        return 0
+    verdicts = judge(plan, args.out)
     files = write_results(plan, args.out, verdicts, command, hardware)
     for name, r in verdicts.items():
         print(render.verdict_line(name, r))
@@ -342,6 +406,43 @@ def main(argv: Sequence[str] | None = None) -> int:
     from convergence.curves.compare import EXIT_CODES
 
     return EXIT_CODES[verdicts["verdict"]["verdict"]]  # the candidate's verdict, as compare exits
+
+
+def _environment() -> dict:
+    from numerics.environment import describe
+
+    return describe()
+
+
+def _write_projection(plan: ProtocolPlan, out: Path, *, again: bool) -> dict:
+    """OUT/projection.json: what the plan should decide, written when the plan is declared (or changed), before
+    any run of it (``convergence.protocol.projection``)."""
+    import json
+
+    from convergence.protocol.projection import projection
+    from numerics.files import atomic_write
+
+    path = out / "projection.json"
+    p = projection(plan)
+    if again or not path.exists():
+        atomic_write(path, json.dumps(p, indent=1) + "\n", force=True)
+    return p
+
+
+def _declare(plan: ProtocolPlan, args) -> int:
+    """--declare-only: the plan and its projection written, nothing run."""
+    from convergence.protocol.projection import projection_lines
+
+    if plan.data is not None:
+        data_mod.check_data_path(plan.data)
+    grew = folder.open_protocol(plan, args.out, force=args.force)
+    if grew:
+        print(grew, flush=True)
+    p = _write_projection(plan, args.out, again=True)
+    print("\n".join(projection_lines(p)))
+    print(f"declared in {args.out / 'protocol.json'} and {args.out / 'projection.json'}; run it with: "
+          + plan.command(str(args.out)))
+    return 0
 
 
 if __name__ == "__main__":

@@ -12,6 +12,9 @@ parser)``, ``options_of(args, device)``, ``refuse_active_jobs(out, doing, requir
 * The runs of one call share their options, so they go as one job array; a run whose latest job is pending or
   running is not submitted again, nor a finished one; the rest (never submitted, failed, cancelled, timed out,
   preempted) are, each continuing from its checkpoint. The job ids live in ``OUT/slurm/jobs.jsonl``.
+* A fork plan's continuation is submitted once its trunk's checkpoint is on the shared folder (``forks.ready``):
+  the call that submits the trunks says which runs wait for them, and a later call (or ``--slurm-wait``, which
+  waits for the trunks and then submits the rest) submits those.
 * A run trains in one process: one GPU (a CUDA plan) or none (a CPU plan) per job; runs of several GPUs or nodes
   need a protocol piece under torchrun, which does not exist yet, and are refused.
 """
@@ -25,7 +28,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from convergence.protocol import slurm
+from convergence.protocol import forks, slurm
 from convergence.protocol.folder import run_dir
 from convergence.protocol.plan import ProtocolPlan, RunSpec
 from convergence.protocol.schedule import STARTUP_S, LocalExecutor, RunFailed, RunState, protocol_worker
@@ -79,6 +82,8 @@ class SlurmExecutor:
         if not runs:
             return
         out = Path(out).resolve()
+        waiting = [s for s in runs if not forks.ready(plan, out, s)]  # a continuation whose trunk is not there yet
+        runs = [s for s in runs if s not in waiting]
         argv = protocol_worker(out, self.threads,
                                extra=("--batch-job", *(["--mixed-environment"] if self.mixed_environment else [])))
         minutes = worker_minutes(self.options.time_minutes, STARTUP_S.get(plan.model, 60.0))
@@ -99,8 +104,14 @@ class SlurmExecutor:
         if sub.active:
             self._say(f"{len(sub.active)} run(s) left to their jobs: "
                       + ", ".join(f"{n} ({s.where(state=True)})" for n, s in sub.active.items()))
+        if waiting:
+            self._say(f"{len(waiting)} run(s) wait for their trunk's checkpoint: "
+                      + ("submitted once it is there" if self.wait else
+                         "repeat the same command once the trunks' jobs end to submit them"))
         if self.wait:
             self._wait(out, names)
+            if waiting and any(forks.ready(plan, out, s) for s in waiting):
+                self.run(plan, out, waiting, stop_after_s=None, whole_runs=False)
 
     def _wait(self, out: Path, names: list[str]) -> None:
         said = time.monotonic()

@@ -101,6 +101,30 @@ def test_run_states_show_each_runs_job_beside_the_folders_state(tmp_path):
     assert got["never"] is folder["never"] and got["done"] is folder["done"]  # no job, or finished: the folder's
 
 
+def test_a_forks_continuations_are_submitted_only_once_their_trunks_checkpoint_is_there(tmp_path, monkeypatch):
+    """Submitted with its trunk, a continuation's job would start from no checkpoint (or from step 0); it waits for
+    a later call. Slurm's submission is stood in for: what is submitted is the property, not how."""
+    from convergence.protocol.folder import open_protocol
+    from convergence.protocol.plan import ProtocolPlan
+    from convergence.protocol.slurm_executor import SlurmExecutor
+
+    plan = ProtocolPlan(model="tiny", steps=20, design="fork", fork_step=10, replicates=2, trunks=2).check()
+    out = tmp_path / "p"
+    open_protocol(plan, out)
+    calls = []
+    monkeypatch.setattr(sl, "submit", lambda folder, runs, options, **kw: calls.append([r.name for r in runs])
+                        or sl.Submission())
+    ex = SlurmExecutor(sl.SlurmOptions(time_minutes=10), progress=False)
+    ex.run(plan, out, plan.runs(), stop_after_s=None, whole_runs=False)
+    assert calls == [["trunk1", "trunk2"]]
+    trunk1 = run_dir(out, next(r for r in plan.runs() if r.name == "trunk1"))
+    trunk1.mkdir(parents=True, exist_ok=True)
+    (trunk1 / CHECKPOINT_FILE).write_bytes(b"")  # trunk 1 reached its fork step: its continuations may go
+    ex.run(plan, out, plan.runs(), stop_after_s=None, whole_runs=False)
+    after1 = [r.name for r in plan.runs() if r.after == "trunk1"]
+    assert len(after1) == 4 and sorted(calls[1]) == sorted(["trunk1", "trunk2", *after1])
+
+
 @pytest.mark.parametrize("argv, says", [
     (["--slurm-time", "30"], "--slurm-time goes with --executor slurm"),
     (["--sbatch-flag=--exclusive"], "--sbatch-flag goes with --executor slurm"),

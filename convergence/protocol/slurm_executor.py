@@ -33,6 +33,7 @@ from convergence.protocol.folder import run_dir
 from convergence.protocol.plan import ProtocolPlan, RunSpec
 from convergence.protocol.schedule import STARTUP_S, LocalExecutor, RunFailed, RunState, protocol_worker
 from convergence.protocol.slurm_job import worker_minutes
+from convergence.protocol.slurm_options import SlurmOptions
 from numerics.errors import BadInput
 
 ENDED = ("cancelled", "timeout", "preempted")  # a job that ended before its run: the run is submitted again
@@ -60,11 +61,11 @@ def run_states(folder_states: dict[str, RunState], jobs: dict[str, slurm.JobStat
 
 
 class SlurmExecutor:
-    """Runs as Slurm jobs with ``options`` (``slurm.SlurmOptions``), each worker with ``threads`` torch threads
+    """Runs as Slurm jobs with ``options`` (``SlurmOptions``), each worker with ``threads`` torch threads
     (None: torch's default); ``mixed_environment`` as the command's flag; ``shared``: skip the check that the
     folder is on a shared file system; ``wait``: wait for the jobs, then raise ``RunFailed`` for a failed one."""
 
-    def __init__(self, options: slurm.SlurmOptions, *, threads: int | None = None, mixed_environment: bool = False,
+    def __init__(self, options: SlurmOptions, *, threads: int | None = None, mixed_environment: bool = False,
                  shared: bool = False, wait: bool = False, progress: bool = True):
         self.options, self.threads, self.mixed_environment = options, threads, mixed_environment
         self.shared, self.wait, self.progress = shared, wait, progress
@@ -172,7 +173,7 @@ def flags_given(args: argparse.Namespace, parser: argparse.ArgumentParser) -> li
     return [f for f in _FLAGS if getattr(args, f[2:].replace("-", "_")) != parser.get_default(f[2:].replace("-", "_"))]
 
 
-def options_of(args: argparse.Namespace, device: str) -> slurm.SlurmOptions:
+def options_of(args: argparse.Namespace, device: str) -> SlurmOptions:
     """The jobs' options from the flags, checked (``BadInput``: one line). A run trains in one process: more than
     one GPU or node per run is refused, and a CUDA plan's runs need their GPU."""
     values = {field: getattr(args, flag[2:].replace("-", "_")) for flag, (field, _) in _FLAGS.items() if field}
@@ -184,7 +185,7 @@ def options_of(args: argparse.Namespace, device: str) -> slurm.SlurmOptions:
                        "process (one GPU or the CPU); runs over several GPUs or nodes are not supported yet")
     if device == "cuda" and values["gpus"] != 1:
         raise BadInput(f"--slurm-gpus {values['gpus']} on a --device cuda plan: each run needs its GPU")
-    return slurm.SlurmOptions(**values).check()
+    return SlurmOptions(**values).check()
 
 
 def refuse_active_jobs(out: Path, doing: str, *, required: bool) -> None:

@@ -52,10 +52,13 @@ def test_a_command_whose_stdout_reader_went_away_finishes_with_its_own_exit_code
         (tmp_path / "result.json").write_text("{}")  # the work after the output
         return 3
 
-    monkeypatch.setattr(sys, "stdout", _closed_pipe())
+    pipe = _closed_pipe()
+    monkeypatch.setattr(sys, "stdout", pipe)
     assert run_main(command, []) == 3
     assert (tmp_path / "result.json").exists()
     print("and after it: no error either")  # the descriptor now goes to /dev/null
+    monkeypatch.undo()
+    pipe.close()  # left to the garbage collector, its ResourceWarning would fail whichever test runs then
 
 
 def test_interrupted_starts_a_line_of_its_own_after_a_progress_bar(capsys):

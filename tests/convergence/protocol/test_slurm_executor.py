@@ -19,6 +19,7 @@ from convergence.protocol import slurm as sl
 from convergence.protocol.folder import CHECKPOINT_FILE, metrics_path, probes_path, run_dir
 from convergence.protocol.schedule import RunState
 from convergence.protocol.slurm_executor import run_states
+from convergence.protocol.slurm_options import SlurmOptions
 from convergence.train.loop import computed
 from numerics.files import file_bytes
 
@@ -114,7 +115,7 @@ def test_a_forks_continuations_are_submitted_only_once_their_trunks_checkpoint_i
     calls = []
     monkeypatch.setattr(sl, "submit", lambda folder, runs, options, **kw: calls.append([r.name for r in runs])
                         or sl.Submission())
-    ex = SlurmExecutor(sl.SlurmOptions(time_minutes=10), progress=False)
+    ex = SlurmExecutor(SlurmOptions(time_minutes=10), progress=False)
     ex.run(plan, out, plan.runs(), stop_after_s=None, whole_runs=False)
     assert calls == [["trunk1", "trunk2"]]
     trunk1 = run_dir(out, next(r for r in plan.runs() if r.name == "trunk1"))

@@ -13,12 +13,13 @@ from pathlib import Path
 import pytest
 
 from convergence.protocol import slurm as sl
+from convergence.protocol.slurm_options import SlurmOptions
 from numerics.errors import BadInput
 
 pytestmark = pytest.mark.slurm
 
 ROOT = Path(__file__).resolve().parents[3]
-OPTS = sl.SlurmOptions(time_minutes=10, cpus=1)
+OPTS = SlurmOptions(time_minutes=10, cpus=1)
 WAIT_S = 180  # a job here starts and ends in ~1-5 s; two xdist workers share the node's 2 cores. A hang must fail
 
 
@@ -122,7 +123,7 @@ def test_a_failing_job_reports_its_log(tmp_path):
 
 def test_a_job_that_never_started_says_it_wrote_no_log(tmp_path):
     """As a node that cannot see the folder leaves it: the job's log folder is gone when it starts."""
-    held = sl.SlurmOptions(time_minutes=10, cpus=1, sbatch_flags=("--hold",))
+    held = SlurmOptions(time_minutes=10, cpus=1, sbatch_flags=("--hold",))
     job = sl.submit(tmp_path, [_run("lost", "pass")], held).submitted["lost"]
     logs = tmp_path / sl.STATE_DIR / sl.LOGS_DIR
     for f in logs.iterdir():
@@ -136,7 +137,7 @@ def test_a_job_that_never_started_says_it_wrote_no_log(tmp_path):
 
 @pytest.mark.parametrize("field", ["partition", "account", "qos"])
 def test_sbatch_refusing_an_unknown_name_is_bad_input_and_submits_nothing(tmp_path, field):
-    opts = sl.SlurmOptions(time_minutes=10, **{field: "no-such-" + field})
+    opts = SlurmOptions(time_minutes=10, **{field: "no-such-" + field})
     with pytest.raises(BadInput, match="sbatch refused the jobs: .*[Ii]nvalid") as exc:
         sl.submit(tmp_path, [_run("r", "pass")], opts)
     assert "\n" not in str(exc.value)
@@ -167,7 +168,7 @@ def test_a_two_process_run_under_srun_and_torchrun_equals_a_standalone_launch(tm
             "--recipe", "bf16", "--data", str(corpus), "--ep", "2", "--deterministic"]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
     run = sl.SlurmRun("ep2", (sys.executable, "-m", "convergence", "train", *args, "--out", str(tmp_path / "job")))
-    sl.submit(tmp_path, [run], sl.SlurmOptions(time_minutes=10, cpus=2), nproc_per_node=2)  # runs meanwhile
+    sl.submit(tmp_path, [run], SlurmOptions(time_minutes=10, cpus=2), nproc_per_node=2)  # runs meanwhile
     local = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                             "-m", "convergence", "train", *args, "--out", str(tmp_path / "local")],
                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=WAIT_S)

@@ -22,6 +22,7 @@ from convergence.protocol.slurm_job import (
     torchrun_argv,
     worker_minutes,
 )
+from convergence.protocol.slurm_options import SlurmOptions
 from numerics.errors import BadInput
 
 
@@ -34,19 +35,19 @@ from numerics.errors import BadInput
 ])
 def test_slurm_options_check_refuses_bad_values_in_one_line(bad):
     with pytest.raises(BadInput) as exc:
-        sl.SlurmOptions(**bad).check()
+        SlurmOptions(**bad).check()
     assert "\n" not in str(exc.value)
 
 
 def test_slurm_options_check_takes_good_values():  # the control: the same fields, values Slurm takes
-    opts = sl.SlurmOptions(partition="gpu", account="proj-1", qos="high", time_minutes=240, gpus=16, cpus=64,
+    opts = SlurmOptions(partition="gpu", account="proj-1", qos="high", time_minutes=240, gpus=16, cpus=64,
                            mem_gb=512, nodes=2, constraint="h100&ib", sbatch_flags=("--exclusive", "--reservation=r1"))
     assert opts.check() is opts
 
 
 def test_slurm_options_spread_a_run_over_its_nodes_in_submitits_sbatch_script(tmp_path):
     submitit_slurm = pytest.importorskip("submitit.slurm.slurm")
-    opts = sl.SlurmOptions(partition="gpu", account="proj", time_minutes=90, gpus=16, cpus=64, mem_gb=512, nodes=2,
+    opts = SlurmOptions(partition="gpu", account="proj", time_minutes=90, gpus=16, cpus=64, mem_gb=512, nodes=2,
                            sbatch_flags=("--exclusive", "--reservation=r1")).check()
     assert opts.per_node() == (8, 32, 256)
     script = submitit_slurm._make_sbatch_string(command="true", folder=tmp_path, **opts.parameters("mxval-t"))
@@ -90,7 +91,7 @@ def test_file_system_names_the_mount_holding_a_path():
 
 
 def test_check_shared_folder_refuses_a_local_folder_only_where_jobs_may_run_elsewhere(tmp_path, monkeypatch):
-    opts = sl.SlurmOptions(partition="gpu")
+    opts = SlurmOptions(partition="gpu")
     monkeypatch.setattr(sl, "file_system", lambda _p: ("ext4", "/"))
     monkeypatch.setattr(sl, "cluster_nodes", lambda _p: {"node-a", "node-b"})
     with pytest.raises(BadInput, match="local file system"):
@@ -106,7 +107,7 @@ def test_submit_without_sbatch_on_path_is_bad_input(tmp_path, monkeypatch):
     pytest.importorskip("submitit")
     monkeypatch.setenv("PATH", str(tmp_path))  # no Slurm command on it
     with pytest.raises(BadInput, match="sbatch is not on PATH"):
-        sl.submit(tmp_path, [sl.SlurmRun("r", ("true",))], sl.SlurmOptions())
+        sl.submit(tmp_path, [sl.SlurmRun("r", ("true",))], SlurmOptions())
     assert not (tmp_path / sl.STATE_DIR / sl.JOBS_FILE).exists()  # nothing recorded
 
 

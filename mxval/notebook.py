@@ -58,10 +58,9 @@ def training_runs(folder) -> tuple[list[tuple[str, Path]], list[str]]:
     ``mxval validate`` results folder's training level or of a ``convergence protocol --out`` folder; and the
     names of the baselines left out. The runs and files come from the protocol's own plan
     (``ProtocolPlan.baselines``, ``metrics_path``), as its verdicts judge them, so a change of layout cannot leave
-    the notebook reading a folder nothing writes any more (it had: validate's seed*/mxfp8). Validate's level
-    runs whole or not at all, so a missing run there is a failed level; a protocol folder fills over sessions
-    (#15's took weeks), so its unfinished baselines are left out and named, and only the BF16 baseline and the
-    candidate must be finished."""
+    the notebook reading a folder nothing writes. Validate's level runs whole or not at all, so a missing run
+    there is a failed level; a protocol folder fills over many calls (a long plan's over weeks), so its
+    unfinished baselines are left out and named, and only the BF16 baseline and the candidate must be finished."""
     from convergence.protocol.folder import load_plan, metrics_path, run_status
     from numerics.errors import BadInput
 
@@ -89,8 +88,8 @@ def training_runs(folder) -> tuple[list[tuple[str, Path]], list[str]]:
 def own_verdict_line(folder) -> str | None:
     """The verdict the folder itself holds, in one line: ``mxval validate``'s curves level's
     (``curves/verdict.json``) or a whole protocol's (``results/<prefix>_verdict__<hardware>.json``), both on
-    validation loss with every MXFP8 run. A protocol folder without results (one still running: #15's fills over
-    weeks of sessions) gives what ``protocol --status`` prints, its last whole level judged here, nothing written,
+    validation loss with every MXFP8 run. A protocol folder without results (one still filling, perhaps over
+    weeks) gives what ``protocol --status`` prints, its last whole level judged here, nothing written,
     marked interim; None when there is nothing to judge. Notebook 03 compares training loss of the first MXFP8
     run, which can differ: both are shown, each named."""
     from numerics.errors import BadInput

@@ -1,4 +1,4 @@
-"""Issue #18's bad-input matrix for the command lines of the numerics, training and validate levels (the
+"""The bad-input matrix for the command lines of the numerics, training and validate levels (the
 curves and golden ones have theirs in tests/convergence/curves/test_bad_input.py and tests/golden/test_cli.py,
 the communication ones in tests/numerics/ep/): missing, empty, truncated and garbage files, a directory
 where a file belongs, an unwritable or existing output, a wrong type or range. Each gives one line on
@@ -132,7 +132,7 @@ CASES = [
     ("ep-identity-json-existing", "convergence", ["ep-identity", "{good}", "{good}", "--json", "{existing}"],
      "exists"),
     ("protocol-model", "convergence", ["protocol", "--model", "huge", "--steps", "10", "--out", "{tmp}/p"], "huge"),
-    # --status reads the folder's plan: a plan flag beside it had been ignored silently
+    # --status reads the folder's plan: a plan flag beside it would be ignored, so it is refused
     *[(f"protocol-status-{flag[2:]}", "convergence", ["protocol", "--status", "--out", "{protocol}", flag, value],
        f"{flag} with --status: --status reads the plan from")
       for flag, value in (("--margin", "nan"), ("--steps", "-3"), ("--model", "huge"), ("--hardware", "bad tag!"),
@@ -142,7 +142,7 @@ CASES = [
                                                    "--steps", "20", "--margin", "0.01"], "margin=0.0025"),
     ("protocol-status-bad-margin", "convergence", ["protocol", "--status", "--out", "{protocol}", "--model", "tiny",
                                                    "--steps", "20", "--margin", "nan"], "--margin must be in"),
-    # a field a run may change (replicates, control): --status had printed the runs left of the folder's plan
+    # a field a run may change (replicates, control): --status reports the folder's plan, so it is refused
     ("protocol-status-other-replicates", "convergence", ["protocol", "--status", "--out", "{protocol}", "--model",
                                                          "tiny", "--steps", "20", "--replicates", "6"],
      "the command: 6): run the command without --status to change the plan"),
@@ -166,11 +166,11 @@ CASES = [
     ("power-protocol-running", "convergence", ["power", "{protocol}"], "protocol --status --out"),
     ("power-json-existing", "convergence", ["power", "{verdict}", "--json", "{existing}"], "exists"),
     ("power-margin", "convergence", ["power", "{verdict}", "--margin", "2"], "--margin"),
-    # found by the bad-input audit of 2026-12-02: tracebacks, an output written then refused, a file counted twice
+    # a result of the wrong shape, an output over its input, one file given twice
     ("power-a-list", "convergence", ["power", "{a_list}"], "not a compare --metric val_loss result"),
     ("power-window-text", "convergence", ["power", "{window_text}"], "not a compare --metric val_loss result"),
     ("power-twice", "convergence", ["power", "{verdict}", "{verdict}"], "given twice"),
-    # an output over an input: with --force it replaced the candidate's log with the verdict
+    # an output over an input: even with --force, an input is never overwritten
     ("compare-same-keys", "convergence", ["compare", "{good}", "{good}", "--loss-key", "step", "--step-key",
                                           "step"], "name the same field"),
     ("compare-json-is-an-input", "convergence", ["compare", "{good}", "{truncated}", "--json", "{truncated}",
@@ -182,7 +182,7 @@ CASES = [
     ("probes-name-twice", "convergence", ["probes", "{probes}", "{probes}", "--name", "a", "--name", "a"],
      "two runs named 'a'"),
     ("profile-same-run-twice", "convergence", ["profile", "{good}", "{good}"], "two runs named"),
-    # a result's numbers, checked (each printed nonsense such as 'spread -1.000%' or raised a traceback)
+    # a result's numbers, checked (a negative or NaN spread, text where a number belongs)
     *[(f"power-{name}", "convergence", ["power", "{" + name + "}", "--larger-set", "2"], words)
       for name, words in (("spread_negative", "seed_spread must be a finite number >= 0"),
                           ("spread_nan", "seed_spread must be a finite number"), ("se_negative", "se_set must be"),
@@ -197,7 +197,7 @@ CASES = [
                                                     "{tmp}/f.png", "--plot-parting", "{tmp}/f.png"],
      "name the same file"),
     ("compare-a-run-folder", "convergence", ["compare", "{tmp}/runs/bf16", "{good}"], "pass the file, e.g."),
-    # the audit's rest (stop 36): ignored flags, a file in a run folder's place, a garbled environment, empty data
+    # flags that would be ignored, a file in a run folder's place, a garbled environment, empty data
     ("protocol-gpus-cpu", "convergence", ["protocol", "--model", "tiny", "--steps", "20", "--gpus", "2",
                                           "--out", "{tmp}/p"], "--gpus goes with --device cuda"),
     ("protocol-gpus-zero", "convergence", ["protocol", "--model", "tiny", "--steps", "20", "--device", "cuda",
@@ -226,7 +226,7 @@ CASES = [
     ("validate-out-a-file", "mxval", ["validate", "--out", "{existing}"], "is a file"),
     ("validate-levels", "mxval", ["validate", "--levels", "everything", "--out", "{tmp}/v"], "--levels"),
     ("validate-steps", "mxval", ["validate", "--steps", "5", "--out", "{tmp}/v"], "--steps"),
-    # seeds: refused while parsing, before any folder is made (a seed past 2**64 crashed in torch after it)
+    # seeds: refused while parsing, before any folder is made (torch takes seeds below 2**64 only)
     ("validate-seed", "mxval", ["validate", "--seed", "-1", "--levels", "training", "--out", "{tmp}/v"],
      "--seed: must be from 0 to 4294967295"),
     ("train-seed-big", "convergence", ["train", "--model", "tiny", "--steps", "2", "--seed", "99999999999999999999999",
@@ -240,20 +240,20 @@ CASES = [
     ("ep-check-seed", "numerics", ["ep", "check", "--seed", "-1"], "--seed: must be from 0"),
     ("ep-check-timeout-nan", "numerics", ["ep", "check", "--timeout", "nan"], "--timeout"),
     ("ep-bench-timeout-nan", "numerics", ["ep", "bench", "--timeout", "nan"], "--timeout"),
-    # a --json under a file: it raised FileExistsError after the whole check
+    # a --json under a file: refused before the check runs, not after it
     ("ep-check-json-under-a-file", "numerics", ["ep", "check", "--json", "{tmp}/blocker/x.json"], "cannot write"),
     ("ep-bench-json-under-a-file", "numerics", ["ep", "bench", "--json", "{tmp}/blocker/x.json"], "cannot write"),
-    # train's run flags: NaN, infinite and negative values (each was taken unchecked)
+    # train's run flags: NaN, infinite and negative values
     *[(f"train-{flag[2:]}-{value}", "convergence", ["train", "--model", "tiny", "--steps", "2", flag, value,
                                                      "--out", "{tmp}/r"], flag)
       for flag, value in (("--lr", "nan"), ("--lr", "inf"), ("--threads", "-1"), ("--threads", "0"),
                           ("--stop-after-minutes", "-1"), ("--stop-after-minutes", "nan"), ("--dist-timeout", "nan"),
                           ("--warmup", "-1"), ("--probe-every", "-2"), ("--ckpt-every", "-1"))],
-    # a run stopped by its deadline without a checkpoint: it said "continue with --resume", which then failed
+    # a deadline without checkpoints: such a run could not be continued with --resume
     ("train-stop-without-checkpoints", "convergence", ["train", "--model", "tiny", "--steps", "2", "--ckpt-every",
                                                        "0", "--stop-after-minutes", "1", "--out", "{tmp}/r"],
      "--ckpt-every 0 writes none"),
-    # recorded in config.json though nothing used them (audit, 2026-12-02)
+    # flags that would be recorded in config.json though nothing used them
     ("train-ep-backend-without-ep", "convergence", ["train", "--model", "tiny", "--steps", "2", "--ep-backend",
                                                     "deepep", "--out", "{tmp}/r"], "goes with --ep"),
     ("train-ep-backend-unknown", "convergence", ["train", "--model", "tiny", "--steps", "2", "--ep", "2",
@@ -299,8 +299,8 @@ def test_known_benign_logs_are_dropped_and_nothing_else():
 
 
 def test_a_command_prints_none_of_the_known_benign_lines():
-    """Issue #18.11: torchao's 'Failed to load ..._C_mxfp8...so' and torch's '<enum 'KernelPreference'> is an
-    Enum subclass' preceded every command's output."""
+    """A command's output starts with its own lines: neither torchao's 'Failed to load ..._C_mxfp8...so' nor
+    torch's '<enum 'KernelPreference'> is an Enum subclass' (the filter's own test above is the control)."""
     r = subprocess.run([sys.executable, "-m", "numerics", "bench", "cast", "--elements", "4096", "--repeat", "1"],
                        cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]

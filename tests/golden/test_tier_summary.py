@@ -10,7 +10,7 @@ import pytest
 from golden import integrity, recorded, tier_summary
 from numerics.errors import BadInput
 
-# The shape of a real tier log (one H200, 2026-12-01), shortened.
+# The shape of a real tier log (one H200), shortened.
 GREEN = """\
 .........................................................x........ss.... [ 70%]
 ..................ssssssssssxx                                           [100%]

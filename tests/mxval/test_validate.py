@@ -92,8 +92,8 @@ def test_validate_unwritable_results_folder_is_one_line(tmp_path, capsys):
 
 
 def test_validate_reads_every_levels_option(tmp_path, capsys):
-    """--levels given twice: a second one had replaced the first (bad-input audit, 2026-12-02); both count now,
-    as the error for an unknown level shows (the single --levels of the tests above is the control)."""
+    """--levels given twice: both count, as the error for an unknown level in the second shows (the single
+    --levels of the tests above is the control)."""
     rc = mxval_main(["validate", "--out", str(tmp_path / "r"), "--levels", "tensor", "--levels", "gpu"])
     assert rc == 2 and "--levels 'tensor,gpu'" in capsys.readouterr().err
 
@@ -123,9 +123,9 @@ def _fake(status: str, crash: bool = False, level: str = "layer"):
 
 
 def test_validate_interrupted_writes_the_levels_that_finished_and_can_be_replaced(tmp_path, monkeypatch, capsys):
-    """Issue #18.6: Ctrl-C used to leave no report.md or summary.json at all, and the folder could not be
-    reused as --out. Its status was "pass" when the levels that finished passed (audit, 2026-12-02): not every
-    level asked was judged, so it is inconclusive; the same levels run whole pass (the control, below)."""
+    """Ctrl-C leaves report.md and summary.json for the levels that finished, exit 130, and the folder can be
+    replaced with --force. Its status is inconclusive though the finished levels passed: not every level asked was
+    judged; the same levels run whole pass (the control, below)."""
     from mxval.__main__ import main as mxval_main
 
     def interrupt(plan, out, progress):
@@ -237,9 +237,8 @@ def test_protocol_checks_trust_the_verdict_only_when_both_controls_come_out_as_e
 
 
 def test_a_folder_a_kill_left_without_a_summary_can_be_replaced_with_force(tmp_path, capsys):
-    """SIGKILL leaves no summary.json, and --force refused to empty a folder without one ("holds no mxval validate
-    results"): only deleting it by hand helped (audit, 2026-12-02). validate marks its folder first now; a folder
-    it did not write stays refused (the control)."""
+    """SIGKILL leaves no summary.json; validate marks its folder before anything else, so --force still empties a
+    folder a kill left; a folder it did not write stays refused (the control)."""
     from mxval.__main__ import main as mxval_main
 
     out = validate.prepare_out(tmp_path / "killed")

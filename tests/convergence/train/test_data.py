@@ -108,7 +108,7 @@ def test_bpe_is_trained_once_and_cached(tmp_path):
 
 
 def test_the_16b_tokenizes_with_bpe_by_default_and_says_how_to_do_without(monkeypatch, tmp_path, capsys):
-    """Issue #19: the 16b trains on a BPE tokenizer (as many ids as its 102,400 rows the corpus yields) unless
+    """The 16b trains on a BPE tokenizer (as many ids as its 102,400 rows the corpus yields) unless
     --tokenizer says otherwise; other models keep bytes. Without the tokenizers package the default is one line
     naming both ways out, exit 2, before any model is built."""
     import sys

@@ -105,7 +105,7 @@ def test_ep2_rerun_is_bit_identical(ep2_run, common, tmp_path):
 
 
 def test_ep2_with_activation_checkpointing_is_bit_identical(ep2_run, common, tmp_path):
-    """FSDP2 + EP with every block recomputed in backward (the 16B's default, issue #19): the same bits in
+    """FSDP2 + EP with every block recomputed in backward (the 16B's default): the same bits in
     every metric, expert load included (the recompute's dispatch must not count tokens twice)."""
     r = torchrun(2, [*common, "--out", str(tmp_path), "--ep", "2", "--deterministic", "--activation-checkpointing",
                      "--phase-times"])
@@ -203,7 +203,7 @@ def test_mxfp8_ep2_trains(corpus, tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     recs = _records(tmp_path / "mxfp8" / "metrics.jsonl")
     assert len(recs) == 2 and all(5.0 < x["loss"] < 6.0 for x in recs)  # ln 256 = 5.55 at the start
-    # probes under FSDP2 + EP (issue #19): every rank probes, rank 0 writes once, sharded dense weights gathered
+    # probes under FSDP2 + EP: every rank probes, rank 0 writes once, sharded dense weights gathered
     (probe,) = _records(tmp_path / "mxfp8" / "probes.jsonl")
     assert probe["step"] == 2 and (probe["rank"], probe["ranks"]) == (0, 2)
     layers = probe["layers"]

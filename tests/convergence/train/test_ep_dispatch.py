@@ -118,9 +118,12 @@ def test_check_request_bad_input(kw, match):
         distributed.check_request(_cfg(**kw), world=world)
 
 
-def test_check_request_takes_probes_with_expert_parallelism():
-    """Probes were refused with --ep until issue #19 (every rank probes now; test_distributed runs them)."""
-    distributed.check_request(_cfg(probe_every=5), world=2)
+@pytest.mark.parametrize("kw", [{}, {"probe_every": 5}, {"ep": 4, "batch": 8}])
+def test_check_request_accepts_the_requests_the_refusals_above_vary(kw):
+    """The control of the refusals above: the request each of them changes in one field is accepted, with probes
+    too (every rank probes under --ep; test_distributed runs them), so each refusal is its field's."""
+    cfg = _cfg(**kw)
+    distributed.check_request(cfg, world=cfg.ep)  # raises BadInput on a refusal
 
 
 @pytest.mark.skipif(importlib.util.find_spec("deep_ep") is not None, reason="deep_ep is importable here")

@@ -96,10 +96,9 @@ def test_ep_identity_bad_input_one_line(tmp_path, capsys):
 
 def test_ep_identity_reads_a_finished_protocol_runs_compacted_log_and_refuses_a_file_without_losses(tmp_path,
                                                                                                    capsys):
-    """A protocol run keeps its logs gzip once finished (convergence.protocol.plan.compact_run): such a run folder
-    was refused as holding no metrics (bad-input audit, 2026-12-02). The control: the compacted runs compare as
-    their plain logs do, identical and not; a probes file (steps, no loss) or a text loss is one line, exit 2
-    (it had been called DIFFERENT, exit 1, or a traceback)."""
+    """A protocol run keeps its logs gzip once finished: such a run folder is read, and the compacted runs compare
+    as their plain logs do, identical and not; a probes file (steps, no loss) or a text loss is one line, exit 2,
+    not DIFFERENT (exit 1)."""
     import gzip
 
     a = _run(tmp_path, "reference", [5.5, 5.25, 5.0], tps=1.0)
@@ -122,7 +121,7 @@ def test_ep_identity_reads_a_finished_protocol_runs_compacted_log_and_refuses_a_
 
 def test_recipe_picks_inside_a_folder_and_is_refused_for_two_files(tmp_path, capsys):
     """--recipe with a run folder on one side and a metrics file on the other picks the folder's recipe; with
-    two files there is nothing to pick (it had been ignored, and the files compared as they were)."""
+    two files there is nothing to pick, so it is refused rather than ignored."""
     a = _run(tmp_path, "reference", [5.5, 5.25, 5.0], tps=1.0)
     b = _run(tmp_path, "deepep", [5.5, 5.25, 5.0], tps=1.0)
     file_b = str(b / "bf16" / "metrics.jsonl")
@@ -134,8 +133,8 @@ def test_recipe_picks_inside_a_folder_and_is_refused_for_two_files(tmp_path, cap
 
 
 def test_two_folders_of_different_recipes_are_refused_a_file_against_a_folder_is_compared(tmp_path, capsys):
-    """Two folders holding one recipe each, bf16 and mxfp8, were compared as one recipe under the first's name and
-    came out IDENTICAL (audit, 2026-12-02); a metrics file against a folder of one recipe still is (the control)."""
+    """Two folders holding one recipe each, bf16 and mxfp8, are refused (compared as one recipe under the first's
+    name they would come out IDENTICAL); a metrics file against a folder of one recipe is compared (the control)."""
     a = _run(tmp_path, "reference", [5.5, 5.25, 5.0], tps=1.0)
     b = _run(tmp_path, "deepep", [5.5, 5.25, 5.0], tps=1.0)
     (b / "bf16").rename(b / "mxfp8")
@@ -147,9 +146,9 @@ def test_two_folders_of_different_recipes_are_refused_a_file_against_a_folder_is
 
 
 def test_a_recipe_folder_is_a_run_as_its_help_says(tmp_path, capsys):
-    """--help says "run directory", and a run's recipe folder (OUT/<recipe>, where its metrics.jsonl lies) was
-    refused as holding no <recipe>/metrics.jsonl (audit, 2026-12-02). It is read as that recipe's run now, against
-    another recipe folder or an OUT folder; --recipe naming another recipe is refused (the control)."""
+    """--help says "run directory": a run's recipe folder (OUT/<recipe>, where its metrics.jsonl lies) is read as
+    that recipe's run, against another recipe folder or an OUT folder; --recipe naming another recipe is refused
+    (the control)."""
     a = _run(tmp_path, "reference", [5.5, 5.25, 5.0], tps=1.0)
     b = _run(tmp_path, "deepep", [5.5, 5.25, 5.0], tps=1.0)
     assert convergence_main(["ep-identity", str(a / "bf16"), str(b / "bf16")]) == 0

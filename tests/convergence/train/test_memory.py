@@ -90,7 +90,7 @@ def test_a_run_whose_activations_do_not_fit_is_told_about_checkpointing():
 
 
 def test_a_cpu_run_is_checked_against_its_share_of_host_memory_and_fails_in_seconds(monkeypatch):
-    """Issue #19's bad input on a CPU: --model 16b on a 64 GiB host stops before building anything, from the
+    """Bad input on a CPU: --model 16b on a 64 GiB host stops before building anything, from the
     exact model states alone (no half-minute activation measurement), and says to use GPUs."""
     import time
 

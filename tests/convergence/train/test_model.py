@@ -126,7 +126,7 @@ def test_rope_is_plain_without_yarn_and_interpolated_with_it():
 
 @pytest.mark.parametrize("recipe", ["bf16", "mxfp8"])
 def test_activation_checkpointing_changes_no_bit_and_counts_each_token_once(recipe):
-    """Issue #19: the 16B fits two GPUs only with activation checkpointing, so it must be free of numerics:
+    """The 16B fits two GPUs only with activation checkpointing, so it must be free of numerics:
     one forward and backward of the tiny model with and without it give the same loss and gradients bit for
     bit, and the MoE's token counts (the expert-load metric and the bias update) are not doubled by the
     recompute. A control: a forward run twice without the guard does double them."""
@@ -158,7 +158,7 @@ def test_activation_checkpointing_changes_no_bit_and_counts_each_token_once(reci
 
 
 def test_the_16b_keeps_its_real_vocabulary_with_a_small_tokenizer():
-    """Issue #19: the 16B's embedding and output head at their real 102,400 rows (0.4B parameters) even with
+    """The 16B's embedding and output head at their real 102,400 rows (0.4B parameters) even with
     the byte tokenizer; the smaller models take the tokenizer's vocabulary."""
     from convergence.train.loop import TrainConfig, model_config
 

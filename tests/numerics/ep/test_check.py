@@ -37,8 +37,8 @@ def test_check_cli_passes_reference_against_simulate_and_writes_json(tmp_path, c
 
 
 def test_check_json_interrupted_while_written_leaves_the_old_report_whole(tmp_path, interrupt_writes_in, capsys):
-    """--json was written in place (Path.write_text): a kill or Ctrl-C during the write left a torn check.json, which
-    mxval validate then read back as its communication level (audit, 2026-12-03)."""
+    """--json is written to a temporary and renamed: a kill or Ctrl-C during the write leaves the old report whole
+    (mxval validate reads check.json back as its communication level), and no temporary behind."""
     out = tmp_path / "check.json"
     out.write_text('{"old": true}\n')
     interrupt_writes_in(tmp_path)
@@ -70,8 +70,8 @@ def test_check_json_interrupted_while_written_leaves_the_old_report_whole(tmp_pa
      "num_experts 8 is not a positive multiple of the world size 3"),
     (["check", "--world", "4", "--spec", '{"world":2,"seed":1,"tokens":[4,4],"hidden":128,"topk":2,"num_experts":8}'],
      "--spec was recorded for 2 ranks, not 4"),
-    # a --spec missing a field, or with a value of the wrong type or outside its range, had raised a traceback
-    # (KeyError, TypeError: exit 1, read as a FAIL) instead of this one line (found by an audit)
+    # a --spec missing a field, or with a value of the wrong type or outside its range: one line, exit 2, not a
+    # traceback (exit 1, which reads as a FAIL)
     (["check", "--spec", "{}"], "missing 6 required positional arguments"),
     (["check", "--spec", '{"world":2,"seed":0,"tokens":[4,4],"hidden":1073741824,"topk":2,"num_experts":64}'],
      "hidden 1073741824 is more than the 7168 the check's buffers are sized for"),  # it tried the allocation
@@ -94,7 +94,7 @@ def test_check_json_interrupted_while_written_leaves_the_old_report_whole(tmp_pa
                          '"num_experts":64}'], "seed 100000000000000000000 must be from 0 to 4294967295"),
     (["check", "--spec", '{"world":2,"seed":0,"tokens":[4,4],"hidden":2048,"topk":2,"num_experts":64,'
                          '"routing":"starve_rank","starved":null}'], "starved must be an integer, got None"),
-    # the sampled case space's options beside a --spec (the case given whole) had been ignored: a bf16 case ran
+    # the sampled case space's options beside a --spec (the case given whole) would be ignored: refused
     (["check", "--payload", "fp8", "--cases", "5", "--spec",
       '{"world":2,"seed":1,"tokens":[4,4],"hidden":128,"topk":2,"num_experts":8}'],
      "--cases, --payload: --spec replays the cases as given"),
@@ -232,9 +232,9 @@ def test_bench_cli_times_the_floor_and_the_reference_on_cpu(tmp_path, capsys):
 
 
 def test_ctrl_c_in_a_session_stays_ctrl_c_when_its_ranks_are_gone():
-    """Ctrl-C reaches every rank of the process group; the session's exit then told the dead ranks to stop, that
-    failed ('connection closed by peer'), and the error replaced the KeyboardInterrupt: mxval validate recorded a
-    failed communication level and went on instead of stopping as interrupted (audit, 2026-12-02)."""
+    """Ctrl-C reaches every rank of the process group; the session's exit, telling ranks that are already gone to
+    stop, must not replace the KeyboardInterrupt with its own error ('connection closed by peer'), or mxval
+    validate would record a failed communication level and go on instead of stopping as interrupted."""
     with pytest.raises(KeyboardInterrupt):
         with Session(2, "numerics.ep.check:CaseRunner", {"backend": "reference", "timeout_s": 10.0},
                      timeout_s=10.0) as session:
@@ -249,9 +249,8 @@ def test_ctrl_c_in_a_session_stays_ctrl_c_when_its_ranks_are_gone():
     ("SetUpFailsBackend", "error: set-up failed on rank 1: RuntimeError: no buffer on rank 1"),
 ])
 def test_a_rank_that_fails_is_one_line_naming_it_and_exit_1(backend, line, monkeypatch, capsys):
-    """Rank 1 ending in the middle of the all-to-all: rank 0 printed a 30-line traceback ending in gloo's
-    'Connection reset by peer [127.0.0.1]:PORT', which names no rank; a set-up error on rank 1 was a traceback
-    on both ranks (audit, 2026-12-03)."""
+    """Rank 1 ending in the middle of the all-to-all, or failing its set-up: one line naming rank 1, exit 1, no
+    traceback (gloo's own error, 'Connection reset by peer [127.0.0.1]:PORT', names no rank)."""
     monkeypatch.syspath_prepend(str(HERE))  # spawned ranks inherit sys.path, so they can import ep_faulty
     rc = ep_main(["check", "--world", "2", "--backend", f"ep_faulty:{backend}", "--cases", "0", "--no-edge",
                   "--timeout", "30"])

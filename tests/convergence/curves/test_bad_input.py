@@ -89,7 +89,7 @@ def test_a_baseline_loss_of_zero_is_refused_a_candidates_is_judged(runs, capsys)
     ["--pairs", "abc"], ["--pairs", "0"], ["--bench", "--steps", "10"], ["--bench", "--steps", "2000", "--dir",
                                                                           "ROOT/afile"],
     ["--bench", "--steps", "2000", "--dir", "ROOT"],
-    # each mode's options in the other: --dir without --bench was ignored in silence
+    # each mode's options in the other (--dir without --bench would be ignored in silence)
     ["--dir", "ROOT/new"], ["--steps", "2000"], ["--bench", "--pairs", "3", "--steps", "2000"],
 ])
 def test_calibrate_bad_input_is_one_line_exit_2_and_changes_nothing(runs, capsys, argv):

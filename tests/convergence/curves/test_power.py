@@ -151,7 +151,7 @@ def test_pair_correlation_says_whether_judging_the_pairs_would_narrow_the_verdic
 
 
 def test_a_gzip_compressed_result_reads_as_the_plain_one(tmp_path, capsys):
-    """Results travel compressed as the logs beside them do; a gzip one had been refused as "not JSON"."""
+    """Results travel compressed as the logs beside them do: a gzip one reads as the plain one."""
     import gzip
 
     from convergence.__main__ import main as convergence_main

@@ -178,7 +178,7 @@ BASE = ["--model", "tiny", "--steps", "1"]
 
 
 def test_layers_trains_the_models_first_layers_at_its_widths_and_refuses_a_depth_it_does_not_have(capsys, tmp_path):
-    """--layers N (issue #19: a 16b whose checkpoint fits the disk): the model's first N layers, every width
+    """--layers N (a 16b whose checkpoint fits the disk): the model's first N layers, every width
     and the vocabulary as the model's; a depth below one MoE layer or above the model's is one line."""
     from numerics.layer.configs import get_config
 
@@ -230,8 +230,8 @@ def _checksums(root: Path) -> dict[str, bytes]:
 
 @pytest.mark.parametrize("damage", ["truncated", "garbage", "empty"])
 def test_resume_from_a_damaged_checkpoint_is_one_line_and_changes_nothing(capsys, tmp_path, paired, damage):
-    """Issue #18.3: a truncated, garbage or empty checkpoint.pt was a traceback (PytorchStreamReader,
-    UnpicklingError, EOFError) and exit 1."""
+    """A truncated, garbage or empty checkpoint.pt is one line naming it, exit 2, not torch's traceback
+    (PytorchStreamReader, UnpicklingError, EOFError)."""
     out = tmp_path / "copy"
     shutil.copytree(paired, out)
     ckpt = out / "bf16" / "checkpoint.pt"
@@ -244,7 +244,8 @@ def test_resume_from_a_damaged_checkpoint_is_one_line_and_changes_nothing(capsys
 
 
 def test_resume_without_a_checkpoint_refuses_instead_of_restarting(capsys, tmp_path, paired):
-    """Issue #18.4: with checkpoint.pt deleted, --resume restarted at step 1 and truncated metrics.jsonl."""
+    """With checkpoint.pt deleted after steps were logged, --resume refuses in one line rather than restart at step 1
+    over the logged metrics.jsonl."""
     out = tmp_path / "copy"
     shutil.copytree(paired, out)
     (out / "mxfp8" / "checkpoint.pt").unlink()
@@ -255,9 +256,8 @@ def test_resume_without_a_checkpoint_refuses_instead_of_restarting(capsys, tmp_p
 
 
 def test_another_recipe_into_an_existing_run_keeps_its_verdict(capsys, tmp_path, paired):
-    """Issue #18.4: --recipe mxfp8-wgrad-hp into a run of bf16 + mxfp8 replaced its verdict.json with a null
-    verdict and left a stale curves.png. One recipe compares nothing and writes no verdict; two other
-    recipes would replace it and are refused."""
+    """--recipe mxfp8-wgrad-hp into a run of bf16 + mxfp8 keeps its verdict.json: one recipe compares nothing and
+    writes no verdict; two other recipes would replace it and are refused."""
     out = tmp_path / "copy"
     shutil.copytree(paired, out)
     verdict = (out / "verdict.json").read_bytes()
@@ -285,8 +285,7 @@ def test_an_unwritable_out_is_one_line(capsys, tmp_path):
 
 
 def test_train_prints_the_verdict_with_its_reason_and_exits_as_compare_does(capsys, paired):
-    """Issue #18.9: train printed 'verdict: inconclusive' and exited 0 where compare on the same runs
-    exits 3."""
+    """train prints the verdict with its reason and exits with the code compare gives the same runs."""
     from convergence.train.cli import report_verdict
 
     result = json.loads((paired / "verdict.json").read_text())
@@ -309,9 +308,8 @@ def test_resume_of_a_finished_run_changes_nothing(tmp_path, paired):
 
 
 def test_a_stopped_run_exits_4_and_a_finished_one_resumed_again_exits_with_its_verdict(capsys, tmp_path, paired):
-    """A run stopped by --stop-after-minutes exited 0, as a finished one does (README: 4 is incomplete, and
-    protocol exits 4 there); and --resume on a finished paired run trained nothing, then failed on its own
-    curves.png ("exists; pass --force", which would retrain). Now: 4, and the verdict's code."""
+    """A run stopped by --stop-after-minutes exits 4 (incomplete, as protocol's), not 0 as a finished one; --resume
+    on a finished paired run trains nothing and exits with its verdict's code, redrawing its own curves.png."""
     stopped = tmp_path / "stopped"
     argv = ["train", "--model", "tiny", "--recipe", "bf16", "--steps", "30", "--out", str(stopped)]
     assert convergence_main([*argv, "--stop-after-minutes", "0"]) == 4
@@ -328,9 +326,8 @@ def test_a_stopped_run_exits_4_and_a_finished_one_resumed_again_exits_with_its_v
 
 
 def test_a_verdicts_figures_are_replaced_with_it_and_guarded_with_it(tmp_path, paired):
-    """Several candidates draw curves_<candidate>.png, which --force did not remove: a forced run trained to its
-    end, then failed on its own old figure. They are the verdict's files now: removed by --force, replaced by a
-    run that may replace its verdict, and they guard a folder as verdict.json does (the control)."""
+    """Several candidates draw curves_<candidate>.png, the verdict's files: removed by --force, replaced by a run
+    that may replace its verdict, and they guard a folder as verdict.json does (the control)."""
     from convergence.train.loop import check_run_dir, compare_and_plot
 
     out = tmp_path / "three"
@@ -355,9 +352,9 @@ def test_a_verdicts_figures_are_replaced_with_it_and_guarded_with_it(tmp_path, p
 
 
 def test_a_fast_only_recipe_without_the_fast_kernel_is_refused_before_any_run(capsys, tmp_path, monkeypatch):
-    """E5M2/E2M1 run on the fast kernel only, which --mxfp8-kernel auto picks for them; without Triton that was
-    found at the recipe's first step, a traceback (in protocol after the BF16 and MXFP8 runs had trained). Now one
-    line, exit 2, nothing trained; recipes the emulated kernel computes pass (the control)."""
+    """E5M2/E2M1 run on the fast kernel only, which --mxfp8-kernel auto picks for them; without Triton, train and
+    protocol refuse them before any run: one line, exit 2, nothing trained; recipes the emulated kernel computes
+    pass (the control)."""
     from convergence.train.cli import check_recipe_kernels
     from numerics.layer.fast import cast
 
@@ -376,11 +373,10 @@ def test_a_fast_only_recipe_without_the_fast_kernel_is_refused_before_any_run(ca
 
 
 def test_a_run_killed_before_its_first_checkpoint_starts_again_on_resume(capsys, tmp_path, paired):
-    """A kill before a recipe's first checkpoint (3 steps logged, or 10 while the first was being written) left a
-    folder --resume refused ("no checkpoint") and the plain command refused too; the way out it named, --force,
-    also deleted the other, finished recipe (audit, 2026-12-02). --resume starts that recipe again from step 0
-    now, saying so, to the same bits as an uninterrupted run; past its first checkpoint the refusal stays (the
-    control: test_resume_without_a_checkpoint_refuses_instead_of_restarting)."""
+    """A kill before a recipe's first checkpoint (3 steps logged, or 10 while the first was being written): --resume
+    starts that recipe again from step 0, saying so, to the same bits as an uninterrupted run, and keeps the other,
+    finished recipe; past its first checkpoint the refusal stays (the control:
+    test_resume_without_a_checkpoint_refuses_instead_of_restarting)."""
     out = tmp_path / "killed"
     shutil.copytree(paired, out)
     log = out / "bf16" / "metrics.jsonl"
@@ -395,9 +391,8 @@ def test_a_run_killed_before_its_first_checkpoint_starts_again_on_resume(capsys,
 
 
 def test_a_kill_between_the_verdict_and_its_figure_leaves_a_folder_resume_completes(tmp_path, paired):
-    """A kill after curves.png was drawn and before verdict.json was written left a folder --resume refused ("compares
-    other runs ... pass --force", which retrains both recipes; audit, 2026-12-02). verdict.json is written first
-    now, and a folder holding only a figure is completed by --resume; its verdict is the finished run's."""
+    """A kill between the verdict's figure and verdict.json (or mid-write of the figure) leaves a folder --resume
+    completes without retraining; its verdict is the finished run's, and no temporary is left."""
     out = tmp_path / "killed"
     shutil.copytree(paired, out)
     want = json.loads((paired / "verdict.json").read_text())["verdict"]
@@ -410,9 +405,9 @@ def test_a_kill_between_the_verdict_and_its_figure_leaves_a_folder_resume_comple
 
 
 def test_more_validation_batches_than_the_split_holds_are_said_and_recorded(capsys, tmp_path):
-    """--val-batches above what the held-out split holds evaluated on all there are, in silence (the proxy's
-    protocol asks 22 and gets 18 on Python 3.12.3): said once at the run's start and recorded in config.json
-    (batches used, asked); a count the split holds is recorded without a word (the control)."""
+    """--val-batches above what the held-out split holds evaluates on all there are (the proxy's protocol asks 22
+    and gets 18 on Python 3.12.3): said once at the run's start and recorded in config.json (batches used,
+    asked); a count the split holds is recorded without a word (the control)."""
     from convergence.train.data import Batches, DataSpec, load_tokens
 
     text = tmp_path / "small.txt"  # a small held-out split: seconds, where the default corpus's takes a minute
@@ -449,8 +444,8 @@ def test_resume_on_other_tokens_is_refused_in_one_line_and_changes_nothing(capsy
 
 
 def test_a_run_started_before_a_field_existed_resumes_with_that_fields_default(capsys, tmp_path, paired):
-    """config.json of a run made before --layers, --optimizer-state and --val-percent lacks them: it ran with
-    their defaults, so --resume accepts it; a field that differs is still named."""
+    """A config.json without the fields --layers, --optimizer-state and --val-percent record (written by a version
+    without them) ran with their defaults, so --resume accepts it; a field that differs is still named."""
     out = tmp_path / "copy"
     shutil.copytree(paired, out)
     path = out / "bf16" / "config.json"
@@ -546,7 +541,7 @@ def _fast_problem() -> str | None:
 
 @pytest.mark.skipif(_fast_problem() is not None, reason=f"{_fast_problem()}")
 def test_fast_kernel_trains_bit_identically_to_emulated(tmp_path):
-    """Issue #14: the fast casts change no trained bit. Two tiny MXFP8 steps (the fast kernel runs in
+    """The fast casts change no trained bit. Two tiny MXFP8 steps (the fast kernel runs in
     Triton's interpreter on CPU, ~10 s) give identical metrics, validation loss included."""
     d = defaults_for("tiny") | dict(batch=2, seq=32, val_every=2, val_batches=1, probe_every=0, ckpt_every=0)
     metrics = {}
@@ -561,9 +556,8 @@ def test_fast_kernel_trains_bit_identically_to_emulated(tmp_path):
 
 
 def test_emulated_mxfp8_is_identical_in_two_fresh_processes(tmp_path):
-    """Issue #18.10 (suspected 2.5088 vs 2.5090 for one CPU run in two processes): the same short MXFP8
-    run in two fresh processes started together, one with 1 torch thread and one with 2, logs identical
-    metrics, bit for bit."""
+    """The same short MXFP8 run in two fresh processes started together, one with 1 torch thread and one with 2,
+    logs identical metrics, bit for bit."""
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     runs = []
     for threads in (1, 2):
@@ -583,8 +577,7 @@ def test_emulated_mxfp8_is_identical_in_two_fresh_processes(tmp_path):
 
 def test_deterministic_flag_holds_for_the_run_on_one_process_and_is_restored(tmp_path, monkeypatch):
     """--deterministic on one process: PyTorch's deterministic algorithms are on while the run trains and
-    as before afterwards. (From c8cd00f until the fix the flag was applied only under torchrun: proxy runs
-    on an H200 with --deterministic differed between processes after 4-17 steps.)"""
+    as before afterwards (not only under torchrun)."""
     from convergence.train import loop
 
     seen = []
@@ -604,11 +597,10 @@ def test_deterministic_flag_holds_for_the_run_on_one_process_and_is_restored(tmp
 @pytest.mark.skipif(not os.access("/proc/self/clear_refs", os.W_OK), reason="needs Linux's /proc/self/clear_refs")
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 def test_a_run_does_not_inherit_the_memory_peaks_of_what_ran_before_it_in_the_process(tmp_path, device):
-    """The protocol trains its runs one after another in one process on one GPU: on 2026-12-01 a BF16 run
-    after a resumed one (which had read an 11 GB checkpoint) logged that run's 11.2 GiB host peak as its own,
-    and a BF16 run after an MXFP8 one the MXFP8 run's 25.6 GiB GPU peak. Each piece now starts its peaks
-    afresh. Control: the process's own peaks (ru_maxrss, CUDA's allocator statistics) still hold the 1 GiB
-    blocks made before the run, which the run's figures must not."""
+    """The protocol trains its runs one after another in one process: each run's logged host and GPU peaks are its
+    own, not those of a run before it (a resumed one reading a large checkpoint, an MXFP8 one). Control: the
+    process's own peaks (ru_maxrss, CUDA's allocator statistics) still hold the 1 GiB blocks made before the run,
+    which the run's figures must not."""
     import resource
 
     def host_gib():
@@ -634,7 +626,7 @@ def test_a_run_does_not_inherit_the_memory_peaks_of_what_ran_before_it_in_the_pr
 
 
 def test_phase_times_and_peak_memory_are_measured_and_change_no_computed_bit(tmp_path):
-    """Issue #19 asks where a step's time goes and how much memory it takes: every record has the run's peak
+    """Where a step's time goes and how much memory it takes: every record has the run's peak
     host memory (and GPU memory on a GPU), and --phase-times adds forward / backward / optimizer seconds that
     fit inside the step; none of it changes the curve, which is bit-identical without them."""
     args = ["train", "--model", "tiny", "--recipe", "bf16", "--steps", "3", "--batch", "4", "--seq", "32",
@@ -657,7 +649,7 @@ def test_phase_times_and_peak_memory_are_measured_and_change_no_computed_bit(tmp
 def test_a_run_that_diverges_is_judged_diverged(capsys, tmp_path):
     """A NaN loss stops training (loop: 'the comparison reports it') and is logged as null (JSON has no NaN); the
     verdict must then read it back as the NaN it was and say ``diverged`` (exit 1), as ``compare`` on the logs
-    does. Before, the logs were refused as bad input (exit 2) and no verdict was written."""
+    does, not refuse the logs as bad input (exit 2)."""
     out = tmp_path / "run"
     code = convergence_main(["train", "--model", "tiny", "--steps", "6", "--lr", "1e6", "--ckpt-every", "0",
                              "--out", str(out)])

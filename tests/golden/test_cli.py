@@ -1,13 +1,13 @@
 """python -m golden check | regenerate: integrity first, content second; every bad input is one line and exit 2.
 
-The bad-input matrix runs on a copy of golden/ (``--root``) and checks that no file changed.
+The bad-input matrix runs on a small golden tree (``--root``; tests/golden/conftest.py) and checks that no file
+changed.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import shutil
 
 import pytest
 
@@ -18,9 +18,8 @@ MISSING, EMPTY, TRUNCATED, GARBAGE, DIRECTORY = "missing", "empty", "truncated",
 
 
 @pytest.fixture()
-def root(tmp_path):
-    shutil.copytree(integrity.ROOT, tmp_path / "golden", ignore=shutil.ignore_patterns("*.py", "__pycache__"))
-    return tmp_path / "golden"
+def root(small_golden):
+    return small_golden
 
 
 def _sums(root):

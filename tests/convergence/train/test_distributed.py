@@ -19,7 +19,7 @@ from filelock import FileLock
 from convergence.__main__ import main as convergence_main
 from convergence.train.data import DataSpec
 from convergence.train.ep_identity import compare_runs
-from convergence.train.loop import TrainConfig, defaults_for, run
+from convergence.train.loop import TrainConfig, computed, defaults_for, run
 from numerics.tolerances import floor
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -91,15 +91,22 @@ def single_run(tmp_path_factory, corpus) -> Path:
     return _shared(tmp_path_factory, "single-tiny", make)
 
 
-def test_ep2_rerun_with_activation_checkpointing_is_bit_identical(ep2_run, common, tmp_path):
-    """A second FSDP2 + EP run, in fresh processes, with every block recomputed in backward (the 16B's default):
-    the same bits as the first in every metric, expert load included (the recompute's dispatch must not count
-    tokens twice). One run shows both that a rerun is deterministic and that the recompute changes nothing: a
-    nondeterministic rerun fails here and in the resume test below alike, a recompute that changes bits only here."""
-    r = torchrun(2, [*common, "--out", str(tmp_path), "--ep", "2", "--deterministic", "--activation-checkpointing",
-                     "--phase-times"])
-    assert r.returncode == 0, r.stderr[-3000:]
+def test_ep2_rerun_with_activation_checkpointing_stopped_and_resumed_is_bit_identical(ep2_run, common, tmp_path):
+    """A second FSDP2 + EP run of the same command, in fresh processes, with every block recomputed in backward (the
+    16B's default), stopped after its first step and resumed from its checkpoint: the same bits as the first run in
+    every metric, expert load included (the recompute's dispatch must not count tokens twice). The step before the
+    stop is compared on its own first, so a difference there (a rerun that is not deterministic, or a recompute
+    that changes bits) is told apart from one the resume brings (steps after it)."""
+    args = [*common, "--out", str(tmp_path), "--ep", "2", "--deterministic", "--activation-checkpointing",
+            "--phase-times"]
+    first = torchrun(2, [*args, "--stop-after-minutes", "0"])  # checkpoints after step 1 and stops
+    assert first.returncode == 0, first.stderr[-3000:]
     assert json.loads((tmp_path / "bf16" / "config.json").read_text())["train"]["activation_checkpointing"]
+    (step1,) = _records(tmp_path / "bf16" / "metrics.jsonl")
+    assert computed(step1) == computed(_records(ep2_run / "bf16" / "metrics.jsonl")[0]), "rerun or recompute"
+    assert (tmp_path / "bf16" / "checkpoint" / "meta.json").exists()
+    second = torchrun(2, [*args, "--resume"])
+    assert second.returncode == 0, second.stderr[-3000:]
     result = compare_runs(ep2_run, tmp_path)
     assert result["identical"], result["recipes"]["bf16"]["first_difference"]
     assert {"loss", "grad_norm", "val_loss", "expert_load_max_share"} <= set(result["compared_fields"])
@@ -134,18 +141,6 @@ def test_ep1_under_fsdp_is_bit_identical_to_single_process(single_run, common, t
     finally:
         torch.set_num_threads(threads)  # --threads 1 set it for this process
     result = compare_runs(single_run, tmp_path)
-    assert result["identical"], result["recipes"]["bf16"]["first_difference"]
-
-
-def test_ep2_resume_is_bit_identical(ep2_run, common, tmp_path):
-    args = [*common, "--out", str(tmp_path), "--ep", "2", "--deterministic"]
-    first = torchrun(2, [*args, "--stop-after-minutes", "0"])  # checkpoints after step 1 and stops
-    assert first.returncode == 0, first.stderr[-3000:]
-    assert len(_records(tmp_path / "bf16" / "metrics.jsonl")) == 1
-    assert (tmp_path / "bf16" / "checkpoint" / "meta.json").exists()
-    second = torchrun(2, [*args, "--resume"])
-    assert second.returncode == 0, second.stderr[-3000:]
-    result = compare_runs(ep2_run, tmp_path)
     assert result["identical"], result["recipes"]["bf16"]["first_difference"]
 
 

@@ -107,8 +107,8 @@ def test_a_cpu_run_is_checked_against_its_share_of_host_memory_and_fails_in_seco
 
 
 def test_a_gpu_run_on_cuda_without_an_index_is_checked_against_its_share_of_the_current_gpu(monkeypatch):
-    """The GPU tier found ``--device cuda`` (no index) refused by torch's memory-fraction query, which wants
-    an index: the check asks for the current device's."""
+    """``--device cuda`` (no index) is checked against the current device's share: torch's memory-fraction query
+    wants an index, so the check asks for the current device's."""
     import types
 
     import torch

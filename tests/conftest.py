@@ -279,10 +279,12 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason=reason))
 
 
-def shared_artifact(tmp_path_factory, name: str, make) -> Path:
-    """``make(path)`` run once per test session, not once per xdist worker: the first worker to ask makes it under
-    the session's base folder (a file lock keeps the others waiting), every later caller gets the path. For
-    deterministic artifacts that several tests only read."""
+@pytest.fixture(scope="session")
+def shared_artifact(tmp_path_factory):
+    """``shared_artifact(name, make) -> Path``: ``make(path)`` run once per test session, not once per xdist worker:
+    the first worker to ask makes it under the session's base folder (a file lock keeps the others waiting), every
+    later caller gets the path. For deterministic artifacts that several tests only read (a test that changes one
+    copies it first)."""
     import os
     import shutil
 
@@ -290,17 +292,21 @@ def shared_artifact(tmp_path_factory, name: str, make) -> Path:
 
     base = tmp_path_factory.getbasetemp()
     root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
-    out = root / name
-    with FileLock(str(root / f"{name}.lock")):
-        if not (root / f"{name}.done").exists():
-            shutil.rmtree(out, ignore_errors=True)
-            make(out)
-            (root / f"{name}.done").write_text("")
-    return out
+
+    def get(name: str, make) -> Path:
+        out = root / name
+        with FileLock(str(root / f"{name}.lock")):
+            if not (root / f"{name}.done").exists():
+                shutil.rmtree(out, ignore_errors=True)
+                make(out)
+                (root / f"{name}.done").write_text("")
+        return out
+
+    return get
 
 
 @pytest.fixture(scope="session")
-def cpu_ep_bench(tmp_path_factory) -> tuple[Path, dict, str]:
+def cpu_ep_bench(shared_artifact) -> tuple[Path, dict, str]:
     """``(bench.json, its document, what the bench printed)``: ``python -m numerics.ep bench`` of the NCCL
     reference's code path on 2 gloo ranks, CPU-sized (16b shapes, 32 tokens, 3 timed calls); read by the bench's
     CLI test and notebook 04's."""
@@ -320,5 +326,5 @@ def cpu_ep_bench(tmp_path_factory) -> tuple[Path, dict, str]:
         assert code == 0, printed.getvalue()
         (out / "printed.txt").write_text(printed.getvalue())
 
-    out = shared_artifact(tmp_path_factory, "cpu-ep-bench", make)
+    out = shared_artifact("cpu-ep-bench", make)
     return out / "bench.json", json.loads((out / "bench.json").read_text()), (out / "printed.txt").read_text()

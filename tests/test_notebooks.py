@@ -136,8 +136,7 @@ def test_notebook_loss_curves_missing_run_is_a_notebook_input_error_naming_it(mo
 
 def test_notebook_loss_curves_reads_a_validate_results_folder(tmp_path, fake_validate_folder, monkeypatch):
     """The candidate against the BF16 runs the curves level judges, each named by its run (the files are all
-    <run>/<recipe>/metrics.jsonl.gz). The notebook had looked for training/seed*/mxfp8/metrics.jsonl, a layout
-    validate no longer writes, and refused every validate folder."""
+    <run>/<recipe>/metrics.jsonl.gz), and the folder's own verdict beside the notebook's."""
     fake_validate_folder(tmp_path)
     (tmp_path / "curves").mkdir()  # validate's own verdict, on validation loss, printed beside the notebook's
     (tmp_path / "curves" / "verdict.json").write_text('{"verdict": "equivalent", "reason": "r", "metric": "val_loss"}')

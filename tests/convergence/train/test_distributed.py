@@ -8,13 +8,11 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from filelock import FileLock
 
 from convergence.__main__ import main as convergence_main
 from convergence.train.data import DataSpec
@@ -44,21 +42,8 @@ def _records(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-def _shared(tmp_path_factory, name: str, make) -> Path:
-    """One artifact per test session, shared by the xdist workers (read-only)."""
-    base = tmp_path_factory.getbasetemp()
-    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
-    out = root / name
-    with FileLock(str(root / f"{name}.lock")):
-        if not (root / f"{name}.done").exists():
-            shutil.rmtree(out, ignore_errors=True)
-            make(out)
-            (root / f"{name}.done").write_text("")
-    return out
-
-
 @pytest.fixture(scope="session")
-def corpus(tmp_path_factory) -> Path:
+def corpus(shared_artifact) -> Path:
     """~0.3 MB of text: each rank tokenizes it in milliseconds (the default corpus takes seconds)."""
     def make(out):
         import sysconfig
@@ -66,7 +51,7 @@ def corpus(tmp_path_factory) -> Path:
         lib = Path(sysconfig.get_paths()["stdlib"])
         out.write_text("".join((lib / f).read_text(encoding="utf-8") for f in ("argparse.py", "typing.py",
                                                                              "inspect.py", "dataclasses.py")))
-    return _shared(tmp_path_factory, "corpus.txt", make)
+    return shared_artifact("corpus.txt", make)
 
 
 @pytest.fixture(scope="session")
@@ -75,20 +60,20 @@ def common(corpus) -> list[str]:
 
 
 @pytest.fixture(scope="session")
-def ep2_run(tmp_path_factory, common) -> Path:
+def ep2_run(shared_artifact, common) -> Path:
     def make(out):
         r = torchrun(2, [*common, "--out", str(out), "--ep", "2", "--deterministic"])
         assert r.returncode == 0, r.stderr[-3000:]
-    return _shared(tmp_path_factory, "ep2-tiny", make)
+    return shared_artifact("ep2-tiny", make)
 
 
 @pytest.fixture(scope="session")
-def single_run(tmp_path_factory, corpus) -> Path:
+def single_run(shared_artifact, corpus) -> Path:
     def make(out):
         cfg = TrainConfig(model="tiny", recipes=("bf16",), steps=STEPS, data=DataSpec(path=str(corpus)),
                           **(defaults_for("tiny") | {"val_every": 5, "ckpt_every": 5, "probe_every": 0}))
         run(cfg, out, progress=False)
-    return _shared(tmp_path_factory, "single-tiny", make)
+    return shared_artifact("single-tiny", make)
 
 
 def test_ep2_rerun_with_activation_checkpointing_stopped_and_resumed_is_bit_identical(ep2_run, common, tmp_path):

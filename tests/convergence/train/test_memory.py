@@ -150,7 +150,7 @@ def test_the_host_peak_is_what_the_16b_measured_on_two_h200s():
     """The 16b, EP=2, moments in host memory (golden/training/16b_ep2_*__h200x2.jsonl): each rank's resident
     peak was 90.1 GiB. The moments are 58.5 GiB; pinned, each rounded up to a power of two, 84.5 GiB; the
     whole FP32 model each rank builds first, 58.5 GiB. The estimate's peak must account for all but the
-    process's own few GiB (under the headroom), which the exact moments alone (the former estimate) did not."""
+    process's own few GiB (under the headroom), which the exact moments alone would not."""
     need = memory.estimate(get_config("16b"), batch=4, seq=2048, ranks=2, ep=2, activations=False,
                            optimizer_state="host")
     measured = 90.1 * GIB

@@ -6,10 +6,12 @@ command stops with one line on stderr and exit code 2. Then each artifact kind c
 (exit 1 when a subject changed, 0 when all agree).
 
 Each artifact kind is a module listed in ARTIFACTS exposing ``NAME`` (str), ``check(root) -> list[str]``
-(problems found; empty means OK) and ``regenerate(root) -> str`` (rewrites the files and returns a
-diff summary). ``regenerate`` only runs when asked, and only for the kinds named with ``--only`` or
-all of them; GPU recordings (``recorded``) are never regenerated here: their commands are listed, and
-asking for them alone (``--only recorded``) is refused with exit code 2.
+(problems found; empty means OK), ``rederived(root) -> list[Path]`` (the files ``check`` derives again on this
+machine, which the output names; every other file is checksummed only: ``golden.integrity`` says what that
+protects) and ``regenerate(root) -> str`` (rewrites the files and returns a diff summary). ``regenerate`` only
+runs when asked, and only for the kinds named with ``--only`` or all of them; GPU recordings (``recorded``) are
+never regenerated here: their commands are listed, and asking for them alone (``--only recorded``) is refused
+with exit code 2.
 """
 
 from __future__ import annotations
@@ -54,14 +56,20 @@ def _check(root: Path, mods) -> int:
         for p in problems:
             print(f"    {p}")
         raise BadInput(f"golden/ is not whole: {len(problems)} problem(s), the first: {problems[0]}")
-    print(f"{'integrity':<24} OK")
-    failed = 0
+    listed = integrity.load_manifest(root)
+    print(f"{'integrity':<24} OK ({len(listed)} files, each the SHA-256 its sidecar records)")
+    failed, again = 0, set()
     for mod in mods:
         problems = mod.check(root)
-        print(f"{mod.NAME:<24} {'OK' if not problems else f'FAIL ({len(problems)} problems)'}")
+        mine = [p.relative_to(root).as_posix() for p in mod.rederived(root)]
+        again.update(mine)
+        how = f"re-derived here: {', '.join(mine)}" if mine else "checksummed only here"
+        print(f"{mod.NAME:<24} {'OK' if not problems else f'FAIL ({len(problems)} problems)'} ({how})")
         for p in problems[:20]:
             print(f"    {p}")
         failed += bool(problems)
+    only = sum(e["data"] not in again for e in listed)
+    print(f"{'checksummed only':<24} {only} of {len(listed)} files: {integrity.PROTECTS}")
     return 1 if failed else 0
 
 

@@ -12,6 +12,15 @@ checks on a broken set mean nothing.
 
 ``record(root, data, sidecar, kind)`` adds or keeps an entry (atomically); the writers of golden files
 (``regenerate``, ``python -m golden.recorded add``) call it, so a new file is listed on purpose.
+
+What the checksums protect, and what not: they catch accidents, a file truncated, damaged or edited while its
+sidecar was left as it was. They do not catch a deliberate edit made together with its sidecar's SHA-256: the
+checksum says the file is the one recorded, not that its content is right. Content is checked only where
+``python -m golden check`` derives it again on this machine (its output names those files): the tensor vectors
+everywhere (every byte, from the oracle), the layer statistics of this machine's hardware (measured again,
+within ``golden.layer_stats.MAX_CHANGE_DB``, so an edit smaller than that passes too). The GPU recordings
+(``golden.recorded``) are checksummed only here; their sidecars name the command that records each again, on
+its hardware, and a change to one shows in review as a change to golden/.
 """
 
 from __future__ import annotations
@@ -27,6 +36,8 @@ ROOT = Path(__file__).resolve().parent
 MANIFEST = "MANIFEST.json"
 FORMAT = "mxval-golden-manifest-v1"
 DATA_DIRS = ("ep", "layers", "suite", "tensor", "training")
+PROTECTS = ("their checksums catch accidents (a file truncated, damaged or edited while its sidecar was left), not "
+            "an edit made on purpose with its sidecar's SHA-256 updated")
 
 
 def sha256(path: Path) -> str:

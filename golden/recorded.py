@@ -57,6 +57,11 @@ def check(root: Path = ROOT) -> list[str]:
     return problems
 
 
+def rederived(root: Path = ROOT) -> list[Path]:
+    """None: a GPU result is re-recorded on its GPU, never derived again by ``check`` (checksummed only)."""
+    return []
+
+
 def commands(root: Path = ROOT) -> list[str]:
     """One line per recorded file: where it was made and the command that re-records it."""
     out = []

@@ -21,19 +21,16 @@ ROUTES = {"validate": "mxval.validate.run"}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from numerics.cli import print_usage, run_command
+
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] in ("-h", "--help"):
-        print("usage: mxval {" + ",".join(PACKAGES) + "} ...\n")
-        for name, text in PACKAGES.items():
-            print(f"  {name:<12} {text}")
-        return 0 if args else 2
+        return print_usage("usage: mxval {" + ",".join(PACKAGES) + "} ...", PACKAGES, asked=bool(args))
     if args[0] not in PACKAGES:
         sys.stderr.write(f"error: unknown command {args[0]!r}; choose from {', '.join(PACKAGES)}\n")
         return 2
     if args[0] in ROUTES:
-        from numerics.cli import run_main
-
-        return run_main(importlib.import_module(ROUTES[args[0]]).main, args[1:])
+        return run_command(ROUTES[args[0]], args[1:])
     return importlib.import_module(f"{args[0]}.__main__").main(args[1:])
 
 

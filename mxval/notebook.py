@@ -62,20 +62,20 @@ def training_runs(folder) -> tuple[list[tuple[str, Path]], list[str]]:
     runs whole or not at all, so a missing run there is a failed level; a protocol folder fills over sessions
     (#15's took weeks), so its unfinished baselines are left out and named, and only the BF16 baseline and the
     candidate must be finished."""
-    from convergence.protocol import plan as pr
+    from convergence.protocol.folder import load_plan, metrics_path, run_status
     from numerics.errors import BadInput
 
     out, is_validate = _protocol_folder(folder)
     try:
-        plan = pr.load_plan(out)
+        plan = load_plan(out)
         specs = [*plan.baselines(), plan.run("candidate")]
         if is_validate:
-            missing = next((s for s in specs if not pr.metrics_path(out, s).is_file()), None)
+            missing = next((s for s in specs if not metrics_path(out, s).is_file()), None)
             if missing is not None:
-                raise NotebookInputError(f"{pr.metrics_path(out, missing)} does not exist: the training level did "
+                raise NotebookInputError(f"{metrics_path(out, missing)} does not exist: the training level did "
                                          "not finish that run (its log is logs/training.log)")
-            return [(s.name, pr.metrics_path(out, s)) for s in specs], []
-        status = pr.run_status(plan, out)
+            return [(s.name, metrics_path(out, s)) for s in specs], []
+        status = run_status(plan, out)
     except BadInput as exc:  # a damaged protocol.json or run log: its one line
         raise NotebookInputError(str(exc)) from None
     for spec in (plan.run("baseline"), plan.run("candidate")):
@@ -83,7 +83,7 @@ def training_runs(folder) -> tuple[list[tuple[str, Path]], list[str]]:
             raise NotebookInputError(f"{out}: the protocol has not finished its run {spec.name} ({status[spec.name]} "
                                      f"of {plan.steps} steps): continue it with the protocol's command")
     left_out = [s.name for s in specs if status[s.name] != "done"]
-    return [(s.name, pr.metrics_path(out, s)) for s in specs if s.name not in left_out], left_out
+    return [(s.name, metrics_path(out, s)) for s in specs if s.name not in left_out], left_out
 
 
 def own_verdict_line(folder) -> str | None:
@@ -113,7 +113,9 @@ def _judged_here_line(folder: Path) -> str | None:
     """The last whole level of the protocol in ``folder`` (a protocol or validate folder) judged in memory, as
     ``protocol --status`` judges it, with whether its controls came out as they must; None when the folder holds
     no protocol or no level is whole yet."""
-    from convergence.protocol import plan as pr
+    from convergence.protocol.folder import last_whole_level, load_plan
+    from convergence.protocol.judge import judge
+    from convergence.protocol.render import verdict_line
     from numerics.errors import BadInput
 
     try:
@@ -121,11 +123,11 @@ def _judged_here_line(folder: Path) -> str | None:
     except NotebookInputError:
         return None
     try:
-        plan = pr.load_plan(out)
-        sub = pr.last_whole_level(plan, out)
+        plan = load_plan(out)
+        sub = last_whole_level(plan, out)
         if sub is None:
             return None
-        verdicts = pr.judge(sub, out)
+        verdicts = judge(sub, out)
     except (BadInput, ValueError) as exc:  # a damaged log, runs the design's check refuses: its one line
         raise NotebookInputError(f"{out}: cannot judge its runs: {exc}") from None
     whole = sub.candidate_replicates == plan.candidate_replicates
@@ -135,4 +137,4 @@ def _judged_here_line(folder: Path) -> str | None:
     controls = ", ".join(f"{name} {r['verdict']} ({'as it must' if r['protocol']['as_expected'] else 'NOT as it must'})"
                          for name, r in verdicts.items() if name != "verdict")
     return (f"the protocol's verdict as its runs stand ({out}: val_loss, every candidate run, judged here, {stage}): "
-            f"{pr.verdict_line('verdict', verdicts['verdict']).split(None, 1)[1]}; controls: {controls}")
+            f"{verdict_line('verdict', verdicts['verdict']).split(None, 1)[1]}; controls: {controls}")

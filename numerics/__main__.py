@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import importlib
 import sys
 from collections.abc import Sequence
 
-from numerics.cli import dispatch, run_main
+from numerics.cli import dispatch, run_command
 
 # subcommand -> (module, one-line help); each module has main(argv) -> int
 SUBCOMMANDS = {
@@ -22,8 +21,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args[:1] == ["bench"]:  # one bench per level: cast (tensor) or layers (layer)
         rest = args[1:]
         if rest[:1] == ["layers"]:
-            return run_main(importlib.import_module("numerics.layer.bench").main, rest[1:])
-        return run_main(importlib.import_module("numerics.tensor.bench").main, rest)
+            return run_command("numerics.layer.bench", rest[1:])
+        return run_command("numerics.tensor.bench", rest)
     return dispatch("python -m numerics", SUBCOMMANDS, args)
 
 

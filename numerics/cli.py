@@ -31,7 +31,7 @@ class ArgumentParser(argparse.ArgumentParser):
 
 def seed_arg(text: str) -> int:
     """argparse ``type`` of a seed: an integer from 0 to ``SEED_MAX``, refused while the command line is parsed
-    (a larger one crashed inside torch after the command had written its output folder)."""
+    (a larger one would crash inside torch after the command has written its output folder)."""
     try:
         value = int(text)
     except ValueError:
@@ -80,7 +80,7 @@ def parse_run_report(parser: ArgumentParser, argv: Sequence[str] | None) -> tupl
 
 
 class KnownBenignLogs(logging.Filter):
-    """Drops exactly two log records every command used to print before its own output:
+    """Drops exactly two log records every command would otherwise print before its own output:
 
     * torchao's ``Failed to load .../torchao/_C_mxfp8...so`` (and the other ``_C*.so``): its compiled
       MX / CUTLASS kernels for SM100, which the emulated and fast paths never call, do not load on this
@@ -119,23 +119,96 @@ def quiet_known_benign_logs() -> None:
             log.addFilter(KnownBenignLogs())
 
 
+class _Output:
+    """``sys.stdout`` or ``sys.stderr`` while a command runs (``run_main``), with two things the stream itself
+    does not know:
+
+    * a reader that went away (``| head -1`` closed the pipe) ends the output, not the command: the first write
+      that fails with EPIPE points the descriptor at /dev/null (what was buffered goes there too) and every write
+      after it succeeds, so the command finishes, writes its files and exits with its own code (Python's own
+      BrokenPipeError would end it with a traceback and exit code 1, compare's "not_equivalent", or 120 at exit).
+    * whether its last line is still open (a progress bar rewriting itself with ``\\r``), so that the command's last
+      word (an error, "interrupted") starts on a line of its own.
+    """
+
+    def __init__(self, stream):
+        self._stream, self.gone, self.open_line = stream, False, False
+
+    def _went_away(self) -> None:
+        self.gone = True
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, self._stream.fileno())
+            os.close(devnull)
+            self._stream.flush()  # what was buffered, to /dev/null
+        except (OSError, ValueError):  # no descriptor (an in-memory stream): nothing is written there any more
+            pass
+
+    def write(self, text: str) -> int:
+        if text:
+            self.open_line = not text.endswith("\n")
+        if not self.gone:
+            try:
+                return self._stream.write(text)
+            except BrokenPipeError:
+                self._went_away()
+        return len(text)
+
+    def writelines(self, lines) -> None:
+        for line in lines:
+            self.write(line)
+
+    def flush(self) -> None:
+        if not self.gone:
+            try:
+                self._stream.flush()
+            except BrokenPipeError:
+                self._went_away()
+
+    def end_line(self) -> None:
+        """A newline when the last line written is still open."""
+        if self.open_line:
+            self.write("\n")
+
+    def __getattr__(self, name):  # isatty, fileno, encoding, buffer...: the stream's own
+        return getattr(self._stream, name)
+
+
+def say(line: str) -> None:
+    """One line on stderr, on a line of its own (after a progress bar that is still open)."""
+    if isinstance(sys.stderr, _Output):
+        sys.stderr.end_line()
+    sys.stderr.write(line + "\n")
+
+
 def run_main(main: Callable[[Sequence[str] | None], int], argv: Sequence[str] | None = None) -> int:
-    """Run a CLI ``main``; user errors become one stderr line and exit code 2, never a traceback."""
+    """Run a CLI ``main``; user errors become one stderr line and exit code 2, never a traceback; Ctrl-C is the
+    line "interrupted" and exit code 130; a closed stdout ends the output, not the command (``_Output``)."""
     quiet_known_benign_logs()
+    outer = not isinstance(sys.stdout, _Output)  # run_main inside run_main (a subcommand): the outer one guards
+    if outer:
+        saved = sys.stdout, sys.stderr
+        sys.stdout, sys.stderr = _Output(sys.stdout), _Output(sys.stderr)
     try:
         return int(main(argv) or 0)
     except BadInput as exc:  # CLIError and every library error for bad input
-        sys.stderr.write(f"error: {exc}\n")
+        say(f"error: {exc}")
         return EXIT_BAD_INPUT
     except (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError) as exc:
-        sys.stderr.write(f"error: {exc.strerror or exc}: {exc.filename}\n")
+        say(f"error: {exc.strerror or exc}: {exc.filename}")
         return EXIT_BAD_INPUT
     except RankFailed as exc:  # a rank of a distributed run died: a failed run, not bad input
-        sys.stderr.write(f"error: {exc}\n")
+        say(f"error: {exc}")
         return 1
     except KeyboardInterrupt:
-        sys.stderr.write("interrupted\n")
+        say("interrupted")
         return 130
+    finally:
+        if outer:
+            for guarded in (sys.stdout, sys.stderr):
+                if isinstance(guarded, _Output):
+                    guarded.flush()  # a reader gone since the last write: found here, not at the interpreter's exit
+            sys.stdout, sys.stderr = saved
 
 
 def exit_process(code: int) -> NoReturn:
@@ -146,22 +219,43 @@ def exit_process(code: int) -> NoReturn:
     sys.exit(code)
 
 
+def _importing(target: str) -> Callable[[Sequence[str] | None], int]:
+    """The ``main`` of ``module`` or ``module:function``, imported when called: inside ``run_main``, so a Ctrl-C
+    while its libraries load is "interrupted" too, and an error there one line."""
+
+    def command(argv: Sequence[str] | None) -> int:
+        module, _, function = target.partition(":")
+        return getattr(importlib.import_module(module), function or "main")(argv)
+
+    return command
+
+
+def run_command(target: str, argv: Sequence[str] | None = None) -> int:
+    """``run_main`` of the ``main`` of ``module`` or ``module:function``, imported inside it."""
+    return run_main(_importing(target), argv)
+
+
+def print_usage(usage: str, entries: dict[str, str], *, asked: bool) -> int:
+    """A command's list of subcommands: on stdout with exit code 0 when asked for (``--help``), else (no
+    subcommand given) on stderr with exit code 2, as argparse does for a missing argument."""
+    width = max(map(len, entries)) + 2
+    text = f"{usage}\n\n" + "".join(f"  {name:<{width}} {help_}\n" for name, help_ in entries.items())
+    (sys.stdout if asked else sys.stderr).write(text)
+    return 0 if asked else EXIT_BAD_INPUT
+
+
 def dispatch(prog: str, subcommands: dict[str, tuple[str, str]], argv: Sequence[str] | None = None) -> int:
     """``prog SUBCOMMAND ARGS``: import the subcommand's module lazily and run its ``main(ARGS)``.
 
     ``subcommands`` maps a name to (``module`` or ``module:function``, one-line help); the function is
-    ``main`` unless named. Bare ``prog`` or ``--help`` lists them.
+    ``main`` unless named. ``prog --help`` lists them (stdout, exit 0), bare ``prog`` too (stderr, exit 2).
     """
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] in ("-h", "--help"):
-        width = max(map(len, subcommands)) + 2
-        print(f"usage: {prog} {{{','.join(subcommands)}}} ...\n")
-        for name, (_, text) in subcommands.items():
-            print(f"  {name:<{width}} {text}")
-        return 0 if args else EXIT_BAD_INPUT
+        return print_usage(f"usage: {prog} {{{','.join(subcommands)}}} ...",
+                           {name: text for name, (_, text) in subcommands.items()}, asked=bool(args))
     name, rest = args[0], args[1:]
     if name not in subcommands:
         sys.stderr.write(f"error: unknown subcommand {name!r}; choose from {', '.join(subcommands)}\n")
         return EXIT_BAD_INPUT
-    module, _, function = subcommands[name][0].partition(":")
-    return run_main(getattr(importlib.import_module(module), function or "main"), rest)
+    return run_command(subcommands[name][0], rest)

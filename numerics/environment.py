@@ -8,6 +8,7 @@ import platform
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 
 def _version(dist: str) -> str | None:
@@ -29,23 +30,32 @@ def _deep_ep_version() -> str | None:
     return getattr(deep_ep, "__version__", "unknown")
 
 
-def _git_commit() -> str | None:
-    """The checkout's commit; ``MXVAL_COMMIT`` overrides it where the copy's git metadata is not the
-    checkout's (a GPU machine that receives a working tree)."""
+CHECKOUT = Path(__file__).resolve().parents[1]  # the folder holding the numerics package: mxval's checkout, or
+#                                                 site-packages when mxval is installed from a wheel
+
+
+def _git_commit(checkout: Path = CHECKOUT) -> str | None:
+    """The commit of the mxval checkout this code runs from: git asked in ``checkout`` (never the current
+    directory, which may be another repository), and only when ``checkout`` is that repository's top (a wheel
+    installed inside someone's repository is not a checkout of mxval): None otherwise. ``MXVAL_COMMIT``
+    overrides it where the copy's git metadata is not the checkout's (a GPU machine that receives a working tree)."""
     if os.environ.get("MXVAL_COMMIT"):
         return os.environ["MXVAL_COMMIT"]
     try:
-        out = subprocess.run(
-            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5, check=False
-        )
+        out = subprocess.run(["git", "-C", str(checkout), "rev-parse", "--show-toplevel", "HEAD"],
+                             capture_output=True, text=True, timeout=5, check=False)
     except (OSError, subprocess.TimeoutExpired):
         return None
-    return out.stdout.strip() or None
+    lines = out.stdout.split()
+    if out.returncode != 0 or len(lines) != 2 or Path(lines[0]).resolve() != checkout.resolve():
+        return None
+    return lines[1]
 
 
 def cpu_model() -> str | None:
-    """The host CPU's model name: the lent GPU machines' hosts differ, and emulated MX steps, many small kernels,
-    ran ~16 % slower on one H200 machine than on another while BF16 steps did not (README, #15)."""
+    """The host CPU's model name: machines of one GPU image can sit on different hosts, and emulated MX steps,
+    many small kernels, ran ~16 % slower on one H200 machine than on another while BF16 steps did not
+    (docs/studies/proxy-protocol.md)."""
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:

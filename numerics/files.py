@@ -16,6 +16,9 @@ Public functions
       a reader sees the old file or the new one, never a torn one.
   ``writable_dir(path, *, what="folder") -> Path``  create a folder (and its parents) and prove a file
       can be made in it; a file in its place or a place that cannot be written is ``BadInput``.
+  ``removed_if_left_empty(path)``  a context manager for a command that makes its output folder before work that
+      may still refuse (its data, its memory): the folders of ``path`` it made are removed again, if still
+      empty, when the block raises; nothing half-made is left behind, and nothing that was there is touched.
   ``atomic_path(path, *, force=False)``  the same for writers that want a file name (matplotlib's
       ``savefig``, a TensorBoard writer): a context manager yielding the temporary path, renamed over
       ``path`` when the block ends without an exception and removed otherwise.
@@ -24,10 +27,10 @@ Public functions
       curves so). A damaged gzip file is ``BadInput``; ``OSError`` is left to the caller, who knows what the
       file was for.
   ``gzip_or_plain(path) -> Path``  ``path + ".gz"`` when that exists, else ``path``: where a run's JSON lines
-      are, compacted or not (a finished protocol run keeps its logs gzip: ``convergence.protocol.plan``).
-  ``read_json_object(path, *, what) -> dict``  the JSON object a file holds (a plan, a run's config), gzip or
-      not; a file that cannot be read, is not JSON or holds something else is ``BadInput`` naming it and what
-      it should be.
+      are, compacted or not (a finished protocol run keeps its logs gzip: ``convergence.protocol.folder``).
+  ``read_json_object(path, *, what, fix=...) -> dict``  the JSON object a file holds (a plan, a run's config),
+      gzip or not; a file that cannot be read, is not JSON or holds something else is ``BadInput`` naming it,
+      what it should be and ``fix`` (by default: restore it, as a file the suite wrote and the user did not pick).
   ``read_json_lines(path, *, what, hint, need, inside=None) -> list[dict]``  every JSON object of a
       JSON-lines file, gzip or not (``inside`` it when ``path`` is a folder, through ``gzip_or_plain``), blank
       lines and a torn last line (no newline, not JSON: a kill's) skipped; a missing or unreadable file, a line
@@ -136,6 +139,21 @@ def writable_dir(path, *, what: str = "folder") -> Path:
 
 
 @contextlib.contextmanager
+def removed_if_left_empty(path) -> Iterator[Path]:
+    path = Path(path).absolute()
+    made = [p for p in (path, *path.parents) if not p.exists()]  # the deepest first
+    try:
+        yield path
+    except BaseException:  # bad input and Ctrl-C alike
+        for folder in made:
+            try:
+                folder.rmdir()  # only an empty one: what the block wrote there stays
+            except OSError:
+                break
+        raise
+
+
+@contextlib.contextmanager
 def atomic_path(path, *, force: bool = False) -> Iterator[Path]:
     path = Path(path)
     _refuse(path, force)
@@ -186,16 +204,16 @@ def file_bytes(path, limit: int | None = None) -> bytes:
         raise BadInput(f"{path}: a damaged gzip file ({exc or 'cut short'})") from None
 
 
-def read_json_object(path, *, what: str) -> dict:
+def read_json_object(path, *, what: str, fix: str = "restore it, e.g. from git") -> dict:
     path = Path(path)
     try:
         value = json.loads(file_bytes(path).decode("utf-8"))  # gzip-aware, as the logs beside it are
     except OSError as exc:
         raise BadInput(f"{path}: cannot read {what}: {exc.strerror or exc}") from None
     except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError both are
-        raise BadInput(f"{path}: not {what} (not JSON: {exc}); restore it, e.g. from git") from None
+        raise BadInput(f"{path}: not {what} (not JSON: {exc}); {fix}") from None
     if not isinstance(value, dict):
-        raise BadInput(f"{path}: not {what} (a JSON {type(value).__name__}, not an object)")
+        raise BadInput(f"{path}: not {what} (a JSON {type(value).__name__}, not an object); {fix}")
     return value
 
 

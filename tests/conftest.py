@@ -2,6 +2,7 @@
 
 Markers (registered in pyproject.toml) become skips with a reason that says how to enable the test:
 ``gpu`` needs CUDA, ``multigpu`` needs two or more GPUs, ``sm100`` needs MXFP8 tensor cores (B200/GB200),
+``slurm`` needs submitit and a Slurm answering ``sinfo`` (``.ci/slurm.sh start`` runs one on this machine),
 ``torchao_quantize_api`` needs a torch on which torchao accepts ``quantize_(MXFP8TrainingOpConfig)``
 (torchao 0.18.0 refuses torch 2.11; FINDINGS.md C1). A test parametrized with a tensor-level subject
 (``numerics.tensor.subjects.Subject`` as the parameter ``subject``) is skipped when that subject's library
@@ -73,6 +74,28 @@ def hardware_skip_reason(markers: set[str], hw: dict) -> str | None:
 
 
 @functools.cache
+def slurm_unreachable() -> str | None:
+    """Why the ``slurm`` tests cannot run here (no submitit, no Slurm answering ``sinfo``), or None."""
+    import importlib.util
+    import shutil
+    import subprocess
+
+    if importlib.util.find_spec("submitit") is None:
+        return "needs submitit: pip install 'mxval[slurm]'"
+    if shutil.which("sinfo") is None:
+        return ("needs a Slurm (no sinfo on PATH): run one on this machine with `.ci/slurm.sh install` and "
+                "`.ci/slurm.sh start` (root, Debian/Ubuntu)")
+    try:
+        r = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True, timeout=30)
+    except subprocess.TimeoutExpired:
+        return "needs a Slurm: sinfo did not answer within 30 s; start one with `.ci/slurm.sh start`"
+    if r.returncode != 0 or not r.stdout.strip():
+        err = " ".join(r.stderr.split())[:200] or "no nodes"
+        return f"needs a Slurm: sinfo failed ({err}); start one with `.ci/slurm.sh start`"
+    return None
+
+
+@functools.cache
 def _quantize_api_refusal() -> str | None:
     from numerics.layer.mxfp8 import quantize_api_refusal
 
@@ -101,19 +124,19 @@ def fake_validate_folder():
 
     import numpy as np
 
-    from convergence.protocol import plan as pr
+    from convergence.protocol.folder import open_protocol, run_dir
     from mxval.validate.ladder import make_plan
     from mxval.validate.levels import protocol_plan
 
     def make(out, steps: int = 200) -> list[str]:
         plan = protocol_plan(make_plan(gpus=0, deep_ep=False, quick=True))
         training = out / "training"
-        pr.open_protocol(plan, training)
+        open_protocol(plan, training)
         rng = np.random.default_rng(0)
         for spec in plan.runs():
             lines = "".join(json.dumps({"step": s, "loss": 3.0 / s ** 0.3 * (1 + 0.002 * rng.standard_normal())})
                             + "\n" for s in range(1, steps + 1))
-            path = pr.run_dir(training, spec) / "metrics.jsonl.gz"
+            path = run_dir(training, spec) / "metrics.jsonl.gz"
             path.parent.mkdir(parents=True)
             path.write_bytes(gzip.compress(lines.encode(), mtime=0))
         return [spec.name for spec in plan.runs()]
@@ -129,16 +152,17 @@ def val_loss_protocol(tmp_path):
     equivalent. Seconds instead of training; shared by ``--status``'s tests and the notebook helper's."""
     import json
 
-    from convergence.protocol import plan as pr
+    from convergence.protocol.folder import metrics_path, open_protocol
+    from convergence.protocol.plan import ProtocolPlan
 
-    plan = pr.ProtocolPlan(model="tiny", steps=10, replicates=3, candidate_replicates=4).check()
-    pr.open_protocol(plan, tmp_path)
+    plan = ProtocolPlan(model="tiny", steps=10, replicates=3, candidate_replicates=4).check()
+    open_protocol(plan, tmp_path)
     noise = {"bf16": 0.0, "bf16_rounding1": 1e-4, "bf16_rounding2": -1e-4, "bf16_rounding3": 2e-4,
              "mxfp8": 5e-5, "mxfp8_rounding1": -5e-5, "mxfp8-head": 0.05, "mxfp8-head_rounding1": 0.0501,
              "mxfp8_rounding2": 4e-4, "mxfp8-head_rounding2": 0.0502, "bf16_rounding4": -2e-4, "bf16_rounding5": 1.5e-4}
 
     def write(spec):
-        path = pr.metrics_path(tmp_path, spec)
+        path = metrics_path(tmp_path, spec)
         path.parent.mkdir(parents=True, exist_ok=True)
         level = 1 + noise[spec.name]
         path.write_text("".join(json.dumps({"step": s, "loss": 2.0, "val_loss": (2.0 - s / 20) * level}) + "\n"
@@ -273,6 +297,8 @@ def pytest_collection_modifyitems(config, items):
             reason = torchao_training_api_missing()
         if reason is None and "torchao_quantize_api" in markers:
             reason = _quantize_api_refusal()
+        if reason is None and "slurm" in markers:
+            reason = slurm_unreachable()
         if reason is None and _subject_of(item):
             reason = _subject_unavailable(_subject_of(item))
         if reason:

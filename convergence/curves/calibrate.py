@@ -7,13 +7,13 @@ came out and the error rate that matters for that truth:
   truth on the margin (drift = margin)     false equiv. = equivalent
   truth not equivalent (drift >= 2 margin) miss         = anything but not_equivalent
   truth diverged (NaN / jump injected)     miss         = anything but diverged
-The table is the one in README.md (loss-curve section).
+The table is the one in docs/curves.md (Measured error rates).
 
 Benchmark (``--bench``): writes two N-step runs (default 1,000,000) as harness-style JSONL and as
 TensorBoard event files into ``--dir`` (a new or empty directory; default: a fresh temporary one),
 then times loading and comparing them, and a plain ``json.loads`` loop over one of the JSONL files as
 the machine's yardstick; prints seconds and the ratios to that loop, all measured in this one run.
-Budgets (issue 18): two 1M-step JSONL runs loaded and compared in 5 s, one 1M-step TensorBoard file
+Budgets: two 1M-step JSONL runs loaded and compared in 5 s, one 1M-step TensorBoard file
 loaded in 10 s, on the 2-core CI machine. Not a test: no assertion.
 """
 
@@ -210,7 +210,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--steps", type=int, help="--bench: steps per run (default 1,000,000)")
     p.add_argument("--dir", type=Path, help="--bench: where to write the runs (default: a new temp dir)")
     args = p.parse_args(argv)
-    # each mode's options, refused in the other: a --dir without --bench was ignored in silence
+    # each mode's options, refused in the other rather than ignored in silence
     other = ("--pairs", "--seed") if args.bench else ("--steps", "--dir")
     given = [flag for flag in other if getattr(args, flag[2:]) is not None]
     if given:

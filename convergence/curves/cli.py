@@ -1,11 +1,16 @@
 """python -m convergence compare BASELINE CANDIDATE [--baseline MORE ...] [--margin 0.0025]
-[--metric loss|val_loss] [--overlap-only] [--json OUT] [--plot OUT.png] [--force]
+[--metric loss|val_loss] [--test equivalence|non-inferiority|two-ranges] [--alpha A] [--endpoint final|whole]
+[--overlap-only] [--json OUT] [--plot OUT.png] [--force]
 
-Prints a short report whose first line is the verdict, its reason and the difference the runs would
-call not_equivalent about half the time; exit 0 equivalent, 1 not_equivalent or diverged, 3 inconclusive, 4 incomplete
-(a run does not cover the others' steps; ``--overlap-only`` judges the overlap), 2 bad input or an
-output that cannot be written (checked before the work starts; files are written atomically).
-The statistics are documented in ``convergence.curves.compare``; the JSON is ``compare_paths``'s dict.
+Prints a short report whose first line is the verdict, its reason and what the runs resolve; exit 0 equivalent
+or non_inferior, 1 not_equivalent, inferior or diverged, 3 inconclusive, 4 incomplete (a run does not cover the
+others' steps; ``--overlap-only`` judges the overlap), 2 bad input or an output that cannot be written (checked
+before the work starts; files are written atomically).
+
+The rule: ``--metric val_loss`` declares ``--test equivalence`` (TOST at ``--alpha`` 0.05: the 90 % interval
+inside +-margin) on ``--endpoint final`` (the final window) unless told otherwise; ``--test two-ranges`` is the
+rule before a test was declared (both ranges' Bonferroni intervals, ``--confidence``), and the training loss's
+only rule. The statistics are documented in ``convergence.curves.compare``; the JSON is ``compare_paths``'s dict.
 """
 
 from __future__ import annotations
@@ -18,6 +23,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from convergence.curves.compare import EXIT_CODES, resolution
+from convergence.curves.decision.equivalence import LEGACY, PART_OF, describe
+from convergence.curves.decision.verdict import RANGE_NAMES, rule_of
 from convergence.curves.jsonl import is_number
 from numerics.cli import ArgumentParser, CLIError
 from numerics.files import atomic_write, check_distinct, check_once, check_writable, read_json_object
@@ -25,6 +32,7 @@ from numerics.files import atomic_write, check_distinct, check_once, check_writa
 
 def _parser() -> ArgumentParser:
     from convergence.curves.compare import METRICS, CompareOptions
+    from convergence.curves.decision.equivalence import ENDPOINTS, TESTS
     from convergence.curves.load import FORMATS
 
     d = CompareOptions()
@@ -38,7 +46,17 @@ def _parser() -> ArgumentParser:
                    "--metric val_loss): the estimate is the mean of the candidate runs")
     p.add_argument("--margin", type=float, default=d.margin,
                    help=f"relative equivalence margin (default {d.margin}: DeepSeek-V3's 0.25%%)")
-    p.add_argument("--confidence", type=float, default=d.confidence, help="family confidence of the two intervals")
+    p.add_argument("--test", choices=TESTS, default=None,
+                   help="equivalence (TOST) or non-inferiority on one endpoint (--metric val_loss; its default: "
+                   f"equivalence), or {LEGACY} (both ranges inside the margin: the rule before, the training "
+                   "loss's default and only rule)")
+    p.add_argument("--alpha", type=float, default=None,
+                   help=f"level of each one-sided test of --test equivalence / non-inferiority (default {d.alpha})")
+    p.add_argument("--endpoint", choices=ENDPOINTS, default=None,
+                   help="what a declared test decides on: final (the final window, default) or whole (the compared "
+                   "range); the other is reported, never deciding")
+    p.add_argument("--confidence", type=float, default=None,
+                   help=f"--test {LEGACY}: family confidence of the two intervals (default {d.confidence})")
     p.add_argument("--start-fraction", type=float, default=d.start_fraction, help="warm-up fraction not compared")
     p.add_argument("--final-fraction", type=float, default=d.final_fraction, help="final window, as a fraction")
     p.add_argument("--final-rise", type=float, default=d.final_rise,
@@ -48,7 +66,7 @@ def _parser() -> ArgumentParser:
                    help="a run must be compared to within this fraction of the longest span at each end")
     p.add_argument("--metric", choices=METRICS, default=d.metric,
                    help="loss: training loss (step noise, baseline seeds); val_loss: held-out validation loss of a "
-                   "paired candidate against baseline replicates (README: the convergence protocol)")
+                   "paired candidate against baseline replicates (docs/protocol.md)")
     p.add_argument("--overlap-only", action="store_true",
                    help="judge the steps all runs share even when a run stops early or starts late")
     p.add_argument("--format", choices=FORMATS, help="skip content detection")
@@ -68,8 +86,11 @@ def _pct(x) -> str:
 def report(r: dict) -> str:
     """The short human report printed by the CLI."""
     cov = r["coverage"]
+    legacy = rule_of(r) == LEGACY
+    rule = (f"family confidence {r['confidence']:.0%}" if legacy else
+            f"test {describe(r['test'], r['alpha'])}, on the {RANGE_NAMES[PART_OF[r['endpoint']]]}")
     lines = [f"verdict: {r['verdict'].upper()}  ({r['reason']}; {resolution(r)})",
-             (f"margin +-{r['margin']:.3%}, family confidence {r['confidence']:.0%}, "
+             (f"margin +-{r['margin']:.3%}, {rule}, "
               f"{r['baseline_runs']} baseline run(s), alignment {r['alignment']['method']} "
               f"({r['alignment']['points']} points)"),
              f"compared steps {cov['compared_steps'][0]}..{cov['compared_steps'][1]}: " + "; ".join(
@@ -78,7 +99,8 @@ def report(r: dict) -> str:
     sens = r.get("sensitivity")
     if sens:
         lines.append(f"sensitivity: interval half-width {sens['half_width']:.3%}; a difference of "
-                     f"{sens['smallest_detectable_difference']:.3%} is called not_equivalent about half the time")
+                     f"{sens['smallest_detectable_difference']:.3%} is called "
+                     f"{'inferior' if rule_of(r) == 'non-inferiority' else 'not_equivalent'} about half the time")
     val = r.get("metric") == "val_loss"
     for name in ("overall", "final_window"):
         part = r.get(name)
@@ -91,8 +113,12 @@ def report(r: dict) -> str:
                        else "") + f", held-out set s.e. {_pct(part.get('se_set'))}"
                     + (f" over {part['heldout_batches']} batches" if part.get("heldout_batches") else "") if val else
                     f"{part['windows']} windows of {part['window_points']} points")
+            role = "" if legacy else " (the endpoint: decides)" if PART_OF[r["endpoint"]] == name else \
+                " (secondary: reported, never decides)"
+            tests = "" if legacy or "p_test" not in part else \
+                f"; p = {part['p_no_difference']:.3g} against no difference, test p = {part['p_test']:.3g}"
             lines.append(f"{name:<12} steps {part['start_step']}..{part['end_step']}: estimate "
-                         f"{_pct(part['estimate'])}, interval {iv_s} ({size}) -> {part['decision']}")
+                         f"{_pct(part['estimate'])}, interval {iv_s} ({size}{tests}) -> {part['decision']}{role}")
     n = r.get("noise")
     if n and val:
         lines.append(f"noise ({n['model']}): {n['note']}")
@@ -115,6 +141,19 @@ def report(r: dict) -> str:
     return "\n".join(lines)
 
 
+def declared_test(args) -> str:
+    """The rule a command line asks for: ``--test``, else equivalence on validation loss and the two-ranges rule on
+    the training loss; the knobs of the other rule are refused (they would be ignored in silence)."""
+    test = args.test or ("equivalence" if args.metric == "val_loss" else LEGACY)
+    other = ["--confidence"] if test != LEGACY else ["--alpha", "--endpoint"]
+    given = [flag for flag in other if getattr(args, flag[2:]) is not None]
+    if given:
+        raise CLIError(f"{' and '.join(given)} {'go' if len(given) > 1 else 'goes'} with "
+                       + (f"--test {LEGACY}" if test != LEGACY else "--test equivalence or non-inferiority")
+                       + f", and the test here is {test}")
+    return test
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     check_distinct(json=args.json, plot=args.plot, inputs=[args.baseline, args.candidate, *args.more, *args.cand_more])
@@ -123,10 +162,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             check_writable(out, force=args.force)  # before the work: exit 2 never follows a verdict
     from convergence.curves.compare import compare_paths
 
-    opts = {k: getattr(args, k) for k in ("confidence", "start_fraction", "final_fraction", "final_rise",
-                                          "spike_sigma", "coverage_fraction", "overlap_only", "metric", "format",
-                                          "loss_key", "step_key", "tag")
+    opts = {k: getattr(args, k) for k in ("confidence", "alpha", "endpoint", "start_fraction", "final_fraction",
+                                          "final_rise", "spike_sigma", "coverage_fraction", "overlap_only", "metric",
+                                          "format", "loss_key", "step_key", "tag")
             if getattr(args, k) is not None}
+    opts["test"] = declared_test(args)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # NaN arithmetic in a diverged run is reported, not warned
         result = compare_paths([args.baseline, *args.more], args.candidate, margin=args.margin,
@@ -142,19 +182,39 @@ def main(argv: Sequence[str] | None = None) -> int:
     return EXIT_CODES[result["verdict"]]
 
 
-if __name__ == "__main__":
-    from numerics.cli import run_main
 
-    sys.exit(run_main(main))
+def _positive(name: str, value: float | None, *, upper: float = float("inf")) -> None:
+    if value is not None and not 0 < value < upper:
+        raise CLIError(f"--{name} must be in (0, {upper:g}), got {value:g}")
+
+
+# what power takes, said where a file is something else (a user's file, not one of the suite's to restore)
+POWER_READS = ("power reads the JSON that `python -m convergence compare ... --metric val_loss --json OUT` writes, "
+               "or a protocol folder")
 
 
 def power_main(argv: Sequence[str] | None = None) -> int:
-    """python -m convergence power RESULT [RESULT ...]: replicates and steps for a margin, from measured spreads."""
+    """python -m convergence power [RESULT ...] [--spread S] [--fork-spread S] [--run-s S | --pace FOLDER] ...:
+    runs and GPU-hours a declared test needs, per design, from measured spreads. Two answers:
+
+    * the runs a declared test needs (``convergence.curves.decision.designs``): per design (independent runs;
+      forks from BF16 trunks), test (equivalence, non-inferiority, and the two-ranges rule before them) and true
+      difference, the runs per arm for ``--power`` (80 %), total runs and, with a cost per run (``--run-s``, or
+      a protocol folder's ``--pace``), GPU-hours. The spread is a result's final window (its BF16 and candidate
+      runs pooled) or ``--spread``; the fork's within-trunk spread is ``--fork-spread`` (a fork pilot's), else
+      an assumption the table names;
+    * given RESULTs (``compare --metric val_loss`` JSON files or protocol folders), also the two-ranges rule's
+      replicates and run lengths for a margin (``convergence.curves.power``), as before.
+
+    Exit 0, or 2 for bad input.
+    """
     from convergence.curves import power
+    from convergence.curves.decision import designs
     from numerics.errors import BadInput
 
-    p = ArgumentParser(prog="python -m convergence power", description=power_main.__doc__.split(": ", 1)[1])
-    p.add_argument("results", nargs="+", type=Path,
+    p = ArgumentParser(prog="python -m convergence power", description="runs and GPU-hours a declared test needs, "
+                       "per design, from measured spreads")
+    p.add_argument("results", nargs="*", type=Path,
                    help="compare --metric val_loss JSON files, or protocol folders (their results/*_verdict__*.json)")
     p.add_argument("--margin", type=float, default=None,
                    help="relative margin to plan for (default: the one the results were judged at)")
@@ -163,6 +223,30 @@ def power_main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--larger-set", type=float, default=None, metavar="TIMES",
                    help="plan for a held-out set TIMES as many batches (its error / sqrt(TIMES); --val-batches, "
                         "--val-percent)")
+    p.add_argument("--spread", type=float, default=None,
+                   help="run-to-run spread of the endpoint's level (relative; default: the results' final window, "
+                   "BF16 and candidate runs pooled)")
+    p.add_argument("--se-set", type=float, default=None, help="the held-out set's standard error (default: the "
+                   "results', else 0)")
+    p.add_argument("--fork-spread", type=float, default=None,
+                   help="within-trunk spread of a fork's continuations (a fork pilot's; default: assumed from "
+                   f"--spread, sqrt(1 - {designs.EXPLAINED_AT_FORK:.2f}) x it, and said so)")
+    p.add_argument("--pairs-per-trunk", type=int, default=8, help="fork: BF16 / candidate pairs per trunk")
+    p.add_argument("--fork-step", type=int, default=None, help="fork: the trunk's step (default: a third of --steps)")
+    p.add_argument("--steps", type=int, default=None, help="a run's steps (default: the results')")
+    p.add_argument("--alpha", type=float, default=0.05, help="each one-sided test's level")
+    p.add_argument("--power", type=float, default=0.8, help="the chance of the favourable verdict to plan for")
+    p.add_argument("--true-difference", type=float, action="append", default=None,
+                   help="relative true difference to plan at (repeatable; default 0)")
+    p.add_argument("--run-s", type=float, default=None,
+                   help="GPU-seconds of one whole BF16 run, start-up included (default: --pace's)")
+    p.add_argument("--candidate-run-s", type=float, default=None,
+                   help="GPU-seconds of one whole candidate run (default: --run-s, or --pace's)")
+    p.add_argument("--candidate", default="mxfp8", help="the candidate recipe, for --pace (default mxfp8)")
+    p.add_argument("--startup-s", type=float, default=0.0,
+                   help="seconds of a run's start-up, paid again by each trunk and fork (proxy on an H200: ~60)")
+    p.add_argument("--pace", type=Path, default=None,
+                   help="a protocol folder (or its pace.jsonl): the mean GPU-seconds of its finished runs per recipe")
     p.add_argument("--json", type=Path, metavar="OUT", help="write the analysis as JSON")
     p.add_argument("--force", action="store_true", help="overwrite an existing --json file")
     args = p.parse_args(argv)
@@ -174,6 +258,16 @@ def power_main(argv: Sequence[str] | None = None) -> int:
     if args.larger_set is not None and not 1e-3 <= args.larger_set <= 1e6:
         raise CLIError(f"--larger-set must be from 0.001 to 1e6 (times the held-out set's batches), got "
                        f"{args.larger_set:g}")
+    for name in ("spread", "fork_spread", "run_s", "candidate_run_s"):
+        _positive(name.replace("_", "-"), getattr(args, name))
+    _positive("alpha", args.alpha, upper=0.5)
+    _positive("power", args.power, upper=1.0)
+    if args.se_set is not None and not 0 <= args.se_set < 1 or not 0 <= args.startup_s < 1e7:
+        raise CLIError("--se-set must be in [0, 1) and --startup-s a number of seconds >= 0")
+    if args.pairs_per_trunk < 1:
+        raise CLIError(f"--pairs-per-trunk must be >= 1, got {args.pairs_per_trunk}")
+    if not args.results and args.spread is None:
+        raise CLIError("give RESULT files or folders, or --spread (the run-to-run spread to plan with)")
     if args.json:
         check_writable(args.json, force=args.force)
     files = []
@@ -186,9 +280,10 @@ def power_main(argv: Sequence[str] | None = None) -> int:
             raise CLIError(f"{path}: a folder without results/*_verdict__*.json ({hint})")
         files += found
     check_once(files, counts="each measurement counts once in the spread's fit")
-    ms, judged = [], {"margin": set(), "confidence": set()}
+    ms, results, judged = [], [], {"margin": set(), "confidence": set()}
     for f in files:
-        result = read_json_object(f, what="a compare --metric val_loss result")
+        result = read_json_object(f, what="a compare --metric val_loss result", fix=POWER_READS)
+        results.append(result)
         for key, seen in judged.items():
             if is_number(result.get(key)):
                 seen.add(result[key])
@@ -202,7 +297,7 @@ def power_main(argv: Sequence[str] | None = None) -> int:
             ms = [power.with_larger_set(m, args.larger_set) for m in ms]
         except ValueError as exc:
             raise BadInput(str(exc)) from None
-    plan_at = {}  # the margin and confidence the results were judged at, unless told (0.25 %, 95 % had been fixed)
+    plan_at = {}  # the margin and confidence the results were judged at, unless told (not a fixed 0.25 %, 95 %)
     for key, default in (("margin", 0.0025), ("confidence", 0.95)):
         given, seen = getattr(args, key), judged[key]
         if given is None and len(seen) > 1:
@@ -212,8 +307,59 @@ def power_main(argv: Sequence[str] | None = None) -> int:
         low = 0.0 if key == "margin" else 0.5
         if not low < plan_at[key] < 1:  # a damaged result's; a given one was checked above
             raise BadInput(f"the results were judged at {key} {plan_at[key]:g}, not in ({low:g}, 1): pass --{key}")
-    analysis = power.analyse(ms, **plan_at)
-    print(power.report(analysis))
+    analysis = {}
+    if ms:
+        analysis = power.analyse(ms, **plan_at)
+        print(power.report(analysis) + "\n")
+    analysis["designs"] = design_table(args, plan_at, ms, results)
     if args.json:
         atomic_write(args.json, json.dumps(analysis, indent=1) + "\n", force=args.force)
     return 0
+
+
+def design_table(args, plan_at: dict, ms: list, results: list[dict]) -> list[dict]:
+    """Print and return ``designs.table``'s rows for the command line's numbers (or the longest result's)."""
+    from convergence.curves.decision import designs
+    from numerics.errors import BadInput
+
+    spread, se_set, steps, source = args.spread, args.se_set, args.steps, "given"
+    if ms:
+        # the longest runs; among a protocol's results, its verdict's (BF16 and the candidate, not a control)
+        i = max(range(len(ms)), key=lambda j: (ms[j].steps, (results[j].get("protocol") or {}).get("verdict")
+                                               == "verdict"))
+        steps = steps or ms[i].steps
+        if spread is None:
+            spread, dof, _ = designs.endpoint_spread(results[i])
+            source = f"measured: {ms[i].source}, final window, {dof} degrees of freedom"
+        se_set = ms[i].se_set if se_set is None else se_set  # after --larger-set
+    se_set = se_set or 0.0
+    fork_step = args.fork_step
+    if fork_step is not None and (steps is None or not 0 < fork_step < steps):
+        raise CLIError(f"--fork-step must be inside the run (0, {steps}): pass --steps" if steps is None else
+                       f"--fork-step must be inside the run (0, {steps}), got {fork_step}")
+    fraction = 1 / 3 if fork_step is None else fork_step / steps
+    run_s, cand_s = args.run_s, args.candidate_run_s
+    if args.pace is not None:
+        costs = designs.pace_costs(args.pace)
+        if run_s is None and "bf16" not in costs or cand_s is None and run_s is None and args.candidate not in costs:
+            raise BadInput(f"{args.pace}: no finished bf16 and {args.candidate} runs to take their cost from "
+                           f"(it has {', '.join(sorted(costs)) or 'none'}): pass --run-s")
+        run_s = costs["bf16"] if run_s is None else run_s
+        cand_s = costs.get(args.candidate, run_s) if cand_s is None else cand_s
+    ind = designs.independent(spread, se_set, source=source)
+    fk = designs.fork(args.fork_spread, se_set, pairs_per_trunk=args.pairs_per_trunk, fork_fraction=fraction,
+                      independent_spread=spread, source="given (a fork pilot's)")
+    rows = designs.table([ind, fk], plan_at["margin"], deltas=tuple(args.true_difference or (0.0,)),
+                         alpha=args.alpha, power=args.power, confidence=plan_at["confidence"], run_s=run_s,
+                         candidate_run_s=cand_s, startup_s=args.startup_s)
+    where = "the fork at " + (f"step {fork_step} of {steps}" if fork_step else "a third of the run")
+    cost = ("" if run_s is None else f"; a whole run {run_s:.0f} GPU-s (BF16), {cand_s or run_s:.0f} (candidate), "
+            f"start-up {args.startup_s:.0f} s")
+    print(designs.report_table(rows, plan_at["margin"], args.power, args.alpha) + f"\n({where}{cost})")
+    return rows
+
+
+if __name__ == "__main__":
+    from numerics.cli import run_main
+
+    sys.exit(run_main(main))

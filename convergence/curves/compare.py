@@ -3,11 +3,13 @@
 Public API (the training harness and the CLI call exactly these)
   ``compare_paths(baselines, candidate, *, margin=0.0025, each_once=True, **opts) -> dict``
       load the files (``convergence.curves.load.load_curve``; ``format``/``loss_key``/``step_key``/``tag``
-      in ``opts`` go to the loader; a file given twice is refused unless ``each_once`` is False), then
+      in ``opts`` go to the loader; a file given twice, or two baselines or two candidate runs that are one run
+      by content (a copy, renamed, moved or gzip'd), is refused unless ``each_once`` is False), then
       ``compare_curves``. Returns the dict that ``python -m convergence compare --json`` writes.
   ``compare_curves(baselines, candidate, options=None) -> dict``  the same on loaded ``Curve``s.
   ``CompareOptions``  every knob, defaults from ``numerics.tolerances`` (each with its reason).
-  ``resolution(result) -> str``  the difference a result could resolve, one phrase for verdict lines.
+  ``resolution(result) -> str``, ``EXIT_CODES``  (``convergence.curves.decision.verdict``) what a result could
+      resolve, one phrase for verdict lines; the exit code of each verdict.
 
 ``metric="val_loss"`` (the convergence protocol: a paired candidate against BF16 replicates on a fixed
 held-out set) replaces steps 3-5 by ``convergence.curves.paired``; steps 1, 2 and 6 are the same.
@@ -31,11 +33,17 @@ How the verdict is decided
      a between-run standard error ``s * sqrt(1 + 1/k)`` with ``k - 1`` degrees of freedom (one
      candidate run against the mean of k). The wider of the two t-intervals is used, and the
      output names the model (``"baseline_seeds"`` or ``"residual"``) and both numbers.
-  5. Equivalence (two one-sided tests as a confidence interval): for the whole compared range and
-     for its final ``final_fraction`` separately, a two-sided interval at ``1 - (1 - confidence)/2``
-     (Bonferroni over the two ranges). ``equivalent`` when both intervals lie inside
-     ``[-margin, margin]``; ``not_equivalent`` when either lies entirely outside; otherwise
-     ``inconclusive`` (too noisy, or too short: fewer than ``MIN_WINDOWS`` windows).
+  5. The rule, ``test`` (``convergence.curves.decision.equivalence``). ``two-ranges`` (the default here, and the only
+     rule of the training loss): for the whole compared range and for its final ``final_fraction``
+     separately, a two-sided interval at ``1 - (1 - confidence)/2`` (Bonferroni over the two ranges).
+     ``equivalent`` when both intervals lie inside ``[-margin, margin]``; ``not_equivalent`` when either
+     lies entirely outside; otherwise ``inconclusive`` (too noisy, or too short: fewer than
+     ``MIN_WINDOWS`` windows). With ``metric="val_loss"`` a declared test decides on one endpoint
+     (``endpoint``: the final window, by default, or the whole range; the other part is reported, never
+     deciding): ``equivalence`` (TOST at ``alpha``: the ``1 - 2 alpha`` interval inside the margin) or
+     ``non-inferiority`` (``non_inferior`` / ``inferior``: the one-sided bounds against ``+margin``).
+     ``python -m convergence compare --metric val_loss`` declares ``equivalence`` on the final window
+     unless told otherwise.
   6. Coverage. The compared steps are the overlap of all runs. When any run (usually the candidate)
      starts later or stops earlier than the overlap by more than the tolerance (``coverage_fraction``
      of the longest span, or one logging interval if larger), the verdict is ``incomplete``: half a
@@ -62,6 +70,8 @@ import numpy as np
 from scipy import stats
 
 from convergence.curves.align import align, block_means, windowed_mean
+from convergence.curves.decision.equivalence import ENDPOINTS, LEGACY, PART_OF, TESTS
+from convergence.curves.decision.verdict import EXIT_CODES, coverage, resolution, sensitivity, verdict
 from convergence.curves.divergence import detect_divergence, first_non_finite
 from convergence.curves.jsonl import load_field
 from convergence.curves.load import VAL_KEYS, Curve, load_curves
@@ -70,8 +80,8 @@ from numerics.errors import BadInput
 from numerics.files import check_once
 from numerics.tolerances import floor
 
-# the command-line contract of a verdict (DESIGN: compare exits 0 / 1 / 3 / 4, and 2 for bad input)
-EXIT_CODES = {"equivalent": 0, "not_equivalent": 1, "diverged": 1, "inconclusive": 3, "incomplete": 4}
+__all__ = ["EXIT_CODES", "METRICS", "CompareOptions", "compare_curves", "compare_paths", "resolution"]
+
 
 
 def _tol(metric: str) -> float:
@@ -99,6 +109,11 @@ class CompareOptions:
     coverage_fraction: float = _tol("coverage_fraction")
     overlap_only: bool = False  # judge the overlap even when a run is not covered (the reason says so)
     metric: str = "loss"  # "loss": training loss, step noise + seeds; "val_loss": held-out set, replicates
+    # the rule (convergence.curves.decision.equivalence): LEGACY here, so that a caller that declares none (a plan or
+    # result from before the field, the training harness) judges as before; compare's command line declares equivalence
+    test: str = LEGACY
+    alpha: float = _tol("alpha")  # each one-sided test's level (equivalence, non-inferiority)
+    endpoint: str = "final"  # the part a declared test decides on; the other is reported, never deciding
 
     def check(self) -> CompareOptions:
         if self.metric not in METRICS:
@@ -109,6 +124,17 @@ class CompareOptions:
             raise BadInput(f"--confidence must be in (0.5, 1), got {self.confidence}")
         if not 0 <= self.start_fraction < 1 or not 0 < self.final_fraction <= 1:
             raise BadInput("--start-fraction must be in [0, 1) and --final-fraction in (0, 1]")
+        if self.test not in TESTS or self.endpoint not in ENDPOINTS:
+            raise BadInput(f"--test must be one of {', '.join(TESTS)} and --endpoint one of {', '.join(ENDPOINTS)}, "
+                           f"got {self.test!r} and {self.endpoint!r}")
+        if not 0 < self.alpha < 0.5:  # the 1 - 2 alpha interval must be a real one
+            raise BadInput(f"--alpha must be in (0, 0.5), got {self.alpha}")
+        if self.metric == "loss" and self.test != LEGACY:
+            # the training-loss interval is the wider of two t-intervals (step noise, seed spread) with different
+            # degrees of freedom, not one standard error, and one baseline (its usual use) measures no run-to-run
+            # noise: no level alpha is attained, so a TOST p-value on it would mean nothing
+            raise BadInput(f"--test {self.test} judges validation loss against replicates (--metric val_loss); the "
+                           f"training-loss comparison keeps the {LEGACY} rule")
         if not 0 <= self.coverage_fraction < 0.5:
             raise BadInput(f"--coverage-fraction must be in [0, 0.5), got {self.coverage_fraction}")
         if not 0 < self.spike_sigma < math.inf or not 0 < self.final_rise < math.inf:
@@ -193,58 +219,6 @@ def _divergence(c: Curve, o: CompareOptions) -> dict | None:
                              recovery_fraction=o.recovery_fraction, final_rise=o.final_rise)
 
 
-def _coverage(baselines: list[Curve], candidates: list[Curve], lo: int, hi: int, o: CompareOptions) -> dict:
-    """How much of each run the compared steps ``lo..hi`` cover, and whether that is all of it."""
-    runs = [("baseline", b) for b in baselines] + [("candidate", c) for c in candidates]
-    span = max(int(c.steps[-1]) for _, c in runs) - min(int(c.steps[0]) for _, c in runs)
-    interval = max(int(np.median(np.diff(c.steps.astype(np.float64)))) if len(c) > 1 else 0 for _, c in runs)
-    tol = max(math.ceil(o.coverage_fraction * span), interval)
-    rows, short = [], []
-    for role, c in runs:
-        first, last = int(c.steps[0]), int(c.steps[-1])
-        inside = int(((c.steps >= lo) & (c.steps <= hi)).sum())
-        rows.append({"role": role, "source": c.meta.source, "steps": [first, last], "points": len(c),
-                     "compared_points": inside, "compared_fraction": inside / len(c),
-                     "not_compared_steps": {"start": lo - first, "end": last - hi}})
-        if lo - first > tol or last - hi > tol:
-            short.append(f"{role} {c.name} has steps {first}..{last}")
-    return {"compared_steps": [lo, hi], "tolerance_steps": tol, "complete": not short,
-            "overlap_only": o.overlap_only, "runs": rows, "short": short}
-
-
-def _sensitivity(r: dict) -> dict | None:
-    parts = [p for p in (r["overall"], r["final_window"]) if p and p.get("half_width") is not None]
-    if not parts:
-        return None
-    hw = max(p["half_width"] for p in parts)
-    ivs = [p.get("interval") for p in (r["overall"], r["final_window"])]
-    reach = max(abs(x) for iv in ivs for x in iv) if all(ivs) else None
-    apart = max((iv[0] if iv[0] > 0 else -iv[1] if iv[1] < 0 else 0.0) for iv in ivs) if all(ivs) else 0.0
-    return {"half_width": hw, "smallest_detectable_difference": r["margin"] + hw,
-            "equivalence_provable": hw < r["margin"],
-            # what the intervals bound, whatever the margin: both inside +-reach (equivalent at any margin from
-            # there), or one clear of 0 by apart (not_equivalent at any margin below). A margin picked after
-            # seeing them is no test; these describe the runs for a reader whose margin differs from the one set.
-            "intervals_reach": reach, "intervals_clear_of_zero_by": apart or None,
-            "note": "a true relative difference of margin + half_width is called not_equivalent about half the "
-                    "time (its estimate falls on either side of it), more often the further beyond; "
-                    "equivalence can only be shown when half_width < margin"}
-
-
-def resolution(r: dict) -> str:
-    """What the judged runs could resolve, for the verdict line: the interval half-width, the difference that
-    would be called not_equivalent about half the time (``margin + half-width``: the power curve's 50 % point,
-    not a difference always called so), and how far the intervals reach (and clear 0)."""
-    sens = r.get("sensitivity")
-    if not sens:
-        return f"resolution unknown: {(r.get('overall') or {}).get('why') or 'too few compared points'}"
-    reach, apart = sens.get("intervals_reach"), sens.get("intervals_clear_of_zero_by")  # absent in older results
-    bounds = ("" if reach is None else f"; its intervals lie within +-{reach:.3%}"
-              + ("" if apart is None else f" and clear of 0 by {apart:.3%}"))
-    return (f"resolves +-{sens['half_width']:.3%}: a difference of +-{sens['smallest_detectable_difference']:.3%} "
-            f"is called not_equivalent about half the time{bounds}")
-
-
 def _batch_arrays(batches: list[dict] | None, steps: np.ndarray, k: int, sources: list[str]):
     """(candidate [t, n] or candidates [m, t, n], baselines [k, t, n]) of per-batch validation losses at
     ``steps`` (``batches``: the k baselines' first, ``sources`` their names), or None unless every run logged the
@@ -298,19 +272,21 @@ def compare_curves(baselines: list[Curve], candidate: Curve, options: CompareOpt
         steps, cand, bases = steps[keep], cand[..., keep], bases[:, keep]
     result = {
         "verdict": None, "reason": None, "metric": o.metric, "margin": o.margin, "confidence": o.confidence,
+        "test": o.test, "alpha": None if o.test == LEGACY else o.alpha, "endpoint": None if o.test == LEGACY else
+        o.endpoint,
         "interval": None, "estimate": None, "final_window": None, "overall": None,
         "divergence": div, "baseline_divergence": base_div or None, "baseline_runs": len(baselines),
         "noise": None, "options": asdict(o),
         "alignment": {"method": al.method, "points": len(al.steps),
                       "step_range": [int(al.steps[0]), int(al.steps[-1])], "not_compared": al.dropped},
-        "coverage": _coverage(baselines, [candidate, *reps], int(al.steps[0]), int(al.steps[-1]), o),
+        "coverage": coverage(baselines, [candidate, *reps], int(al.steps[0]), int(al.steps[-1]), o),
         "sensitivity": None,
         "inputs": {"baselines": [_meta(b) for b in baselines], "candidate": _meta(candidate)}
         | ({"candidate_replicates": [_meta(c) for c in reps]} if reps else {}),
     }
     first = int(np.searchsorted(steps, al.steps[0] + o.start_fraction * (al.steps[-1] - al.steps[0])))
     steps, cand, bases = steps[first:], cand[..., first:], bases[:, first:]
-    if (bases <= 0).any():  # every difference is relative to the baselines' loss: n/a intervals before
+    if (bases <= 0).any():  # every difference is relative to the baselines' loss: else n/a intervals
         run, t = np.argwhere(bases <= 0)[0]
         raise BadInput(f"{baselines[run].meta.source}: loss {bases[run, t]:g} at step {int(steps[t])}: the "
                        "comparison is relative to the baselines' losses, which must be above 0 (a cross-entropy is)")
@@ -322,7 +298,8 @@ def compare_curves(baselines: list[Curve], candidate: Curve, options: CompareOpt
         result.update(paired.statistics(steps, cand, bases, _batch_arrays(batches, steps, k, sources), o,
                                         final_from=min(fstart, len(steps) - 1)))
         result["series"] |= {"baseline_names": [b.name for b in baselines], "candidate_name": candidate.name}
-        result.update(interval=result["overall"]["interval"], estimate=result["overall"]["estimate"])
+        decides = result["overall" if o.test == LEGACY else PART_OF[o.endpoint]]  # two-ranges: the whole range's
+        result.update(interval=decides["interval"], estimate=decides["estimate"])
     elif o.metric == "loss" and len(steps) >= 8:
         bmean = bases.mean(axis=0)
         noise = _noise(cand / bmean - 1.0)
@@ -350,46 +327,40 @@ def compare_curves(baselines: list[Curve], candidate: Curve, options: CompareOpt
             ends = steps[len(steps) - overall["windows"] * L:][L - 1::L]
             r = block_means(cand, L) / block_means(bmean, L) - 1.0
             result["windows"] = {"end_steps": [int(s) for s in ends], "rel_diff": [float(v) for v in r]}
-    result["sensitivity"] = _sensitivity(result) if result["overall"] else None
-    result["verdict"], result["reason"] = _verdict(result, div, base_div)
+    result["sensitivity"] = sensitivity(result) if result["overall"] else None
+    result["verdict"], result["reason"] = verdict(result, div, base_div)
     return result
-
-
-def _verdict(r: dict, div: dict | None, base_div: list) -> tuple[str, str]:
-    if div:
-        return "diverged", f"candidate diverged at step {div['step']} ({div['kind']})"
-    if base_div:
-        d = base_div[0]
-        return "inconclusive", f"baseline {d['source']} diverged at step {d['step']} ({d['kind']})"
-    cov = r["coverage"]
-    lo, hi = cov["compared_steps"]
-    if not cov["complete"]:
-        if not cov["overlap_only"]:
-            return "incomplete", (f"only steps {lo}..{hi} are in every run ({'; '.join(cov['short'])}; "
-                                  f"tolerance {cov['tolerance_steps']} steps); pass --overlap-only to judge "
-                                  "the overlap alone")
-        verdict, reason = _statistics_verdict(r)
-        return verdict, f"overlap only, steps {lo}..{hi} ({'; '.join(cov['short'])}): {reason}"
-    return _statistics_verdict(r)
-
-
-def _statistics_verdict(r: dict) -> tuple[str, str]:
-    ov, fi = r["overall"], r["final_window"]
-    if ov is None:
-        return "inconclusive", "too few compared points"
-    decisions = {"whole range": ov["decision"], "final window": fi["decision"]}
-    for name, dec in decisions.items():
-        if dec == "not_equivalent":
-            part = ov if name == "whole range" else fi
-            return "not_equivalent", f"{name}: {part['why']}"
-    if all(d == "equivalent" for d in decisions.values()):
-        return "equivalent", f"whole range: {ov['why']}; final window: {fi['why']}"
-    part, name = (ov, "whole range") if ov["decision"] != "equivalent" else (fi, "final window")
-    return "inconclusive", f"{name}: {part['why']}"
 
 
 # a run given twice would count twice: a baseline given twice shrinks the spread the candidate is judged by
 EACH_RUN_ONCE = "each run counts once (as a baseline, the candidate or a replicate)"
+
+
+def _run_digest(curve: Curve, batches) -> str:
+    """What makes a run itself, whatever its file's name, folder or compression: the decoded curve (steps and
+    values) and, where the file has them, the per-batch validation losses."""
+    import hashlib
+    import json
+
+    h = hashlib.sha256(np.ascontiguousarray(curve.steps, dtype=np.int64).tobytes())
+    h.update(np.ascontiguousarray(curve.values, dtype=np.float64).tobytes())
+    if batches:
+        h.update(json.dumps(sorted(batches.items()), allow_nan=True).encode())
+    return h.hexdigest()
+
+
+def _check_distinct_runs(paths, curves: list[Curve], batches=None) -> None:
+    """Refuse (``BadInput``) two of ``paths`` whose runs are the same run: a byte copy, a gzip'd copy or a copy in
+    another folder would count twice among the replicates, and their spread would shrink to nothing (a zero-width
+    interval: a verdict the data cannot carry)."""
+    seen: dict[str, object] = {}
+    for path, curve, b in zip(paths, curves, batches or [None] * len(paths)):
+        digest = _run_digest(curve, b)
+        if digest in seen:
+            raise BadInput(f"{seen[digest]} and {path} are the same run (the same losses at every step"
+                           f"{', batch for batch' if b else ''}), whatever their names, folders or compression: "
+                           f"{EACH_RUN_ONCE}")
+        seen[digest] = path
 
 
 def compare_paths(baselines, candidate, *, margin: float = CompareOptions.margin, candidate_replicates=(),
@@ -404,7 +375,7 @@ def compare_paths(baselines, candidate, *, margin: float = CompareOptions.margin
     load_keys = {k: opts.pop(k) for k in ("format", "loss_key", "step_key", "tag") if k in opts}
     if load_keys.get("loss_key") and load_keys.get("loss_key") == load_keys.get("step_key"):
         raise BadInput(f"--loss-key and --step-key name the same field ({load_keys['loss_key']!r}): the steps "
-                       "would be compared as losses")  # a bogus DIVERGED verdict before
+                       "would be compared as losses")  # else a bogus DIVERGED verdict
     options = replace(CompareOptions(), margin=margin, **opts).check()
     k = len(baselines)
     paths = [*baselines, candidate, *candidate_replicates]
@@ -424,6 +395,9 @@ def compare_paths(baselines, candidate, *, margin: float = CompareOptions.margin
         own = (load_keys.get("loss_key") or "val_loss") == "val_loss"
         batches = [load_field(p, "val_batch_losses", step_key=load_keys.get("step_key") or "step")
                    if own and c.meta.format == "jsonl" else None for p, c in zip(paths, curves)]
+        if each_once:  # the replicates of each side: a baseline and the candidate alike is a finding, not a copy
+            _check_distinct_runs(paths[:k], curves[:k], batches[:k])
+            _check_distinct_runs(paths[k:], curves[k:], batches[k:])
         result = compare_curves(curves[:k], curves[k], options, candidate_replicates=curves[k + 1:],
                                 divergence_runs=div_runs, batches=batches)
         result["divergence_judged_on"] = div_note
@@ -435,6 +409,7 @@ def compare_paths(baselines, candidate, *, margin: float = CompareOptions.margin
         *base, cand = load_curves(paths, **load_keys)
         if each_once:
             check_once(paths, counts=EACH_RUN_ONCE)
+            _check_distinct_runs(paths[:k], base)
         result = compare_curves(base, cand, options)
     from numerics.environment import describe
 

@@ -154,7 +154,7 @@ def load_csv(path, *, loss_key: str | None = None, step_key: str | None = None, 
 def load_torchtitan_log(path, *, validation: bool = False) -> Curve:
     """torchtitan's console log. Its validator prints ``validate step: N  loss: X ...`` (``TITAN_VAL_RE``): those
     lines are the validation loss, the curve itself with ``validation`` and else its ``val_loss`` extra series,
-    never training points (they were, as restarts, before 2026-12-02)."""
+    never training points (read as such they would look like restarts)."""
     path = Path(path)
     text = ANSI_RE.sub("", read_text(path))
     if not text.strip():

@@ -4,7 +4,7 @@ Public: ``statistics(steps, candidate, baselines, batches, options) -> dict`` (t
 ``final_window``, ``noise`` and plotting parts of ``convergence.curves.compare``'s result for
 ``metric="val_loss"``), ``range_statistic``, ``jackknife_se``, ``between_runs``, ``REPLICATE_DESIGN``.
 
-The design (README, "The convergence protocol"): the candidate (say MXFP8) and the first baseline (BF16)
+The design (docs/protocol.md): the candidate (say MXFP8) and the first baseline (BF16)
 start from the same weights and see the same data; the other baselines are *replicates*, BF16 runs that
 differ from the first by a benign change only (other initial weights, or another reduction order), and
 together they say how far apart two runs of one recipe end up on this data. Validation loss is measured
@@ -28,9 +28,12 @@ on one fixed held-out set, so it has no batch-to-batch sampling noise along the 
   out of every run, recompute the estimate) gives its standard error, paired by construction (every run
   is scored on the same batches). Without per-batch losses it is left out and the result says so.
 
-The interval is ``estimate +- t(level, dof) * sqrt(se_between^2 + se_set^2)`` on the whole compared range
-and on its final fraction (Bonferroni over the two, as for the training loss). Fewer than two baselines
-measure no run-to-run noise, so the verdict is then ``inconclusive`` whatever the estimate.
+Both parts (the whole compared range and its final fraction) get ``se = sqrt(se_between^2 + se_set^2)`` on
+``dof`` degrees of freedom. Under the ``two-ranges`` rule each part's interval is ``estimate +- t(level, dof) * se``
+(Bonferroni over the two, as for the training loss); under a declared test (``options.test``: equivalence or
+non-inferiority) each part is judged by ``convergence.curves.decision.equivalence.judge`` on the same se and dof,
+and the verdict takes the declared endpoint's. Fewer than two baselines measure no run-to-run noise, so the verdict
+is then ``inconclusive`` whatever the estimate.
 """
 
 from __future__ import annotations
@@ -39,6 +42,8 @@ import math
 
 import numpy as np
 from scipy import stats
+
+from convergence.curves.decision.equivalence import LEGACY, judge
 
 REPLICATE_DESIGN = ("the first baseline shares the candidate's initial weights and data; the others differ from it "
                     "by a benign change only; their spread is the run-to-run noise")
@@ -60,15 +65,19 @@ def candidate_levels(cand: np.ndarray, bases: np.ndarray) -> np.ndarray:
     return np.atleast_1d((np.atleast_2d(cand) / bases.mean(axis=0)).mean(axis=-1) - 1.0)
 
 
-def between_runs(k: int, spread: float, m: int = 1, cand_spread: float | None = None) -> tuple[float, float]:
+def between_runs(k: int, spread, m: int = 1, cand_spread=None):
     """(standard error, degrees of freedom) of the run-to-run part: one candidate run ``s * sqrt(1 + 1/k)``
-    with k - 1; m >= 2 candidate runs ``sqrt(s^2/k + s_c^2/m)`` with Welch-Satterthwaite's."""
+    with k - 1; m >= 2 candidate runs ``sqrt(s^2/k + s_c^2/m)`` with Welch-Satterthwaite's. Floats for float
+    spreads; arrays for arrays of them (many simulated protocols at once, as the calibration tests judge them)."""
     if m < 2 or cand_spread is None:
-        return spread * math.sqrt(1 + 1 / k), float(k - 1)
-    a, b = spread ** 2 / k, cand_spread ** 2 / m
-    if a + b == 0:
-        return 0.0, float(k + m - 2)
-    return math.sqrt(a + b), (a + b) ** 2 / (a ** 2 / (k - 1) + b ** 2 / (m - 1))
+        se = np.asarray(spread, dtype=float) * math.sqrt(1 + 1 / k)
+        return (float(se), float(k - 1)) if se.ndim == 0 else (se, np.full(se.shape, float(k - 1)))
+    a, b = np.square(np.asarray(spread, dtype=float)) / k, np.square(np.asarray(cand_spread, dtype=float)) / m
+    total = a + b
+    with np.errstate(divide="ignore", invalid="ignore"):  # no spread at all: the pooled k + m - 2
+        dof = np.where(total == 0, float(k + m - 2), total ** 2 / (a ** 2 / (k - 1) + b ** 2 / (m - 1)))
+    se = np.sqrt(total)
+    return (float(se), float(dof)) if se.ndim == 0 else (se, dof)
 
 
 def jackknife_se(cand_b: np.ndarray, bases_b: np.ndarray) -> float:
@@ -103,20 +112,21 @@ def _part(steps: np.ndarray, cand: np.ndarray, bases: np.ndarray, batches, opts)
     if k < 2:
         return {**out, "interval": None, "half_width": None, "decision": "inconclusive",
                 "why": "one baseline: run-to-run noise is not measured (pass replicates with --baseline)"}
-    level = 1 - (1 - opts.confidence) / 4  # two ranges (Bonferroni), two-sided
     spread = float(levels.std(ddof=1))
     cand_spread = float(cand_levels.std(ddof=1)) if m >= 2 else None
     se_between, dof = between_runs(k, spread, m, cand_spread)
     se = math.sqrt(se_between ** 2 + (se_set or 0.0) ** 2)
+    noise = {"se_between": se_between, "seed_spread": spread, "candidate_spread": cand_spread, "dof": dof,
+             "se": se, "se_within": None, "noise_source": "replicates" + ("+set" if se_set is not None else "")}
+    if opts.test != LEGACY:  # one declared test on this part (convergence.curves.decision.equivalence)
+        return {**out, **noise, **judge(est, se, dof, test=opts.test, alpha=opts.alpha, margin=opts.margin)}
+    level = 1 - (1 - opts.confidence) / 4  # two ranges (Bonferroni), two-sided
     half = float(stats.t.ppf(level, dof)) * se
     lo, hi = est - half, est + half
     m = opts.margin
     decision = "equivalent" if -m <= lo and hi <= m else "not_equivalent" if lo > m or hi < -m else "inconclusive"
     word = {"equivalent": "inside", "not_equivalent": "outside", "inconclusive": "straddles"}[decision]
-    return {**out, "interval": [lo, hi], "half_width": half, "confidence_each": 2 * level - 1,
-            "se_between": se_between, "seed_spread": spread, "candidate_spread": cand_spread, "dof": dof,
-            "se_within": None,
-            "noise_source": "replicates" + ("+set" if se_set is not None else ""),
+    return {**out, "interval": [lo, hi], "half_width": half, "confidence_each": 2 * level - 1, **noise,
             "decision": decision, "why": f"interval [{lo:+.3%}, {hi:+.3%}] {word} +-{m:.3%}"}
 
 

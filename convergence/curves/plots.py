@@ -16,8 +16,8 @@ Public function
       Several ``val_loss`` results judged against the same baselines (a protocol's candidate and controls):
       where each run ends in the final window relative to the baselines' mean (one dot a run, the baselines'
       own levels on the first row), each result's final-window and whole-range intervals, and the margin.
-  ``plot_parting(result, out_png, *, title, force=False) -> Path``
-      ``convergence.protocol.parting.parting``'s result, log-log: per recipe, the median over its replicates
+  ``plot_replicate_drift(result, out_png, *, title, force=False, spread=None) -> Path``
+      ``convergence.protocol.replicate_drift.drift``'s result, log-log: per recipe, the median over its replicates
       of the relative training-loss difference from its paired run against the step bin's middle, and their
       range (a bin where they are identical, 0, is left out of the log axis).
 """
@@ -81,8 +81,9 @@ def plot_comparison(result: dict, out_png, *, force: bool = False) -> Path:
         part = result.get(key)
         if part and part["interval"]:
             lo, hi = part["interval"]
+            level = part.get("confidence_each") or part["interval_level"]  # two-ranges, or a declared test's
             bottom.fill_between([part["start_step"], part["end_step"]], lo, hi, color=color, alpha=0.35,
-                                label=f"{key} {part['confidence_each']:.1%} interval ({part['decision']})")
+                                label=f"{key} {level:.1%} interval ({part['decision']})")
     bottom.set_ylabel("candidate / baseline - 1")
     bottom.set_xlabel("step")
     bottom.legend(loc="upper left", fontsize=8)
@@ -91,8 +92,8 @@ def plot_comparison(result: dict, out_png, *, force: bool = False) -> Path:
     return out
 
 
-DECISION_COLORS = {"equivalent": "tab:green", "not_equivalent": "tab:red", "diverged": "tab:red",
-                   "inconclusive": "tab:gray"}
+DECISION_COLORS = {"equivalent": "tab:green", "non_inferior": "tab:green", "not_equivalent": "tab:red",
+                   "inferior": "tab:red", "diverged": "tab:red", "inconclusive": "tab:gray"}
 
 
 def plot_verdicts(verdicts: dict[str, dict], out_png, *, title: str, force: bool = False) -> Path:
@@ -144,10 +145,10 @@ def plot_verdicts(verdicts: dict[str, dict], out_png, *, title: str, force: bool
     return out
 
 
-def plot_parting(result: dict, out_png, *, title: str, force: bool = False, spread: dict | None = None) -> Path:
-    """The parting (``convergence.protocol.parting.parting``) on log axes; with ``spread``
-    (``spread_by_evaluation``) a second panel beside it: where the parting ends, the validation loss spread at
-    each evaluation."""
+def plot_replicate_drift(result: dict, out_png, *, title: str, force: bool = False, spread: dict | None = None) -> Path:
+    """The replicates' drift from their paired runs (``convergence.protocol.replicate_drift.drift``) on log axes;
+    with ``spread`` (``spread_by_evaluation``) a second panel beside it: where the drift ends, the validation loss
+    spread at each evaluation."""
     import numpy as np
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure

@@ -21,7 +21,7 @@ held-out set's standard error. So, for a measured ``s`` and ``e``:
 * ``s`` may fall as the runs get longer (the replicates' losses converging as the learning rate decays): with
   ``s`` measured at two or more run lengths, ``s = a * steps^b`` is fitted in log-log and solved for the
   length at which the chosen number of replicates reaches the target. Within the proxy's 1,500-step runs at
-  lr 3e-4 it did not fall (``protocol --status``'s spread at each evaluation, README #15);
+  lr 3e-4 it did not fall (``protocol --status``'s spread at each evaluation, docs/studies/proxy-protocol.md);
 * ``e`` falls as 1/sqrt(batches) of the held-out set (``--val-batches``), up to the split's size
   (``with_larger_set``; measured on the proxy at lr 3e-4, 18 -> 290 batches of a 2 % -> 20 % split: MXFP8's
   final-fifth set error fell 3.2x and E2M1's 6.3x, where 1/sqrt says 4.0x).
@@ -229,7 +229,7 @@ def with_larger_set(m: Measured, times: float) -> Measured:
     the set's error divided by sqrt(times), everything else as measured."""
     if not times > 0:
         raise ValueError(f"a held-out set {times} times as large")
-    if not m.se_set_measured:  # it was taken as 0: dividing it would change nothing and say it had
+    if not m.se_set_measured:  # taken as 0: dividing it would change nothing and claim it had
         raise ValueError(f"{m.source or 'measured'}: no held-out set error was measured (its runs logged no "
                          "per-batch losses), so a larger set's effect cannot be planned")
     batches = None if m.heldout_batches is None else round(m.heldout_batches * times)
@@ -272,7 +272,8 @@ def report(a: dict) -> str:
     out = [f"margin +-{m:.3%}, family confidence {a['confidence']:.0%} (two ranges, as the verdict)"]
     for r in a["rows"]:
         x = r["measured"]
-        est = "" if x["estimate"] is None else f", candidate estimate {x['estimate']:+.3%}"
+        # the final window's: what these rows plan for (the verdict's estimate is the whole range's)
+        est = "" if x["estimate"] is None else f", the candidate's final-window estimate {x['estimate']:+.3%}"
         lo, hi = spread_interval(x["spread"], x["replicates"] - 1)
         out.append(f"{x['source'] or 'measured'}: {x['replicates']} replicates at {x['steps']} steps, spread "
                    f"{x['spread']:.3%} (95 % interval {lo:.3%} to {hi:.3%}), held-out set s.e. "

@@ -5,7 +5,7 @@ Public: ``QUANTITIES``, ``load_probes(path) -> list[dict]``, ``summarise(records
 
 A run's ``probes.jsonl`` (``convergence.train.probes``) has one record per probed step: for every quantized
 module, the SQNR (dB) of its MXFP8 output, input gradient and weight gradient against BF16's on that step's
-activations. ``summarise`` reduces them the way the README quotes them: the median over probe steps of each
+activations. ``summarise`` reduces them the way the docs quote them: the median over probe steps of each
 module, then per layer the median and the lowest over the layer's modules, and for the whole run the median
 over every module and step. The figure has one panel per quantity, SQNR against layer index, each run's
 per-layer median as a line and its lowest module as a band: several runs (say MXFP8 and a worse element)

@@ -1,6 +1,10 @@
 """Convergence protocol: many training runs of one plan (a paired candidate, BF16 replicates, both controls),
-run in resumable pieces and judged on held-out validation loss.
+made in resumable pieces and judged on held-out validation loss.
 
-Modules: ``plan`` (the runs, their state, the verdicts and result files), ``pieces`` (scheduling the runs'
-pieces on the GPUs or CPU workers, their pace), ``cli`` (python -m convergence protocol).
+Modules, one concern each: ``plan`` (the design and the run list, the commands that make them), ``folder`` (the
+runs' state on disk, compaction), ``schedule`` (which run goes where: the ``Executor`` seam, ``LocalExecutor``
+for this machine's GPUs or CPU workers, the pace), ``judge`` (verdicts and result files), ``provenance`` (the
+runs' environments, the hardware tag), ``replicate_drift`` (how fast replicates drift from their paired run, the
+spread at each evaluation), ``status`` (how far a folder is, as data), ``render`` (that data in words and
+figures), ``cli`` (python -m convergence protocol).
 """

@@ -1,7 +1,9 @@
 """python -m convergence protocol: a paired candidate, BF16 replicates and both controls in resumable pieces
-(``convergence.protocol.plan`` the runs and verdicts, ``convergence.protocol.pieces`` their scheduling).
+(``convergence.protocol``: ``plan`` the runs, ``folder`` their state, ``schedule`` where they run, ``judge`` the
+verdicts, ``status`` and ``render`` what --status says).
 
-Bad input is one line on stderr and exit code 2; the exit codes of a run are in ``main``.
+Executors (``--executor``, ``EXECUTORS``): ``local``, this machine's GPUs or CPU workers. Bad input is one line on
+stderr and exit code 2; the exit codes of a run are in ``main``.
 """
 
 from __future__ import annotations
@@ -9,11 +11,16 @@ from __future__ import annotations
 import argparse
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
 
+from convergence.protocol import folder, render, schedule
+from convergence.protocol.judge import judge, write_results
+from convergence.protocol.plan import DESIGNS, TRAIN_OVERRIDES, ProtocolPlan
+from convergence.protocol.provenance import environment_change, hardware_tag, runs_hardware_tag
+from convergence.protocol.status import pairs, progress
 from convergence.train import data as data_mod
 from convergence.train.cli import check_recipe_kernels
 from numerics.cli import ArgumentParser, CLIError, seed_arg
@@ -24,9 +31,17 @@ from numerics.layer.mxfp8 import KERNELS as MXFP8_KERNELS
 from numerics.layer.mxfp8 import kernel_problem as mxfp8_problem
 
 
-def _protocol_parser() -> ArgumentParser:
-    from convergence.protocol.plan import DESIGNS, TRAIN_OVERRIDES, ProtocolPlan
+def local_executor(args, *, slots: int, per_gpu: int, threads: int | None) -> schedule.Executor:
+    """This machine: ``slots`` runs at once, ``per_gpu`` of them to a GPU, each worker with ``threads`` threads."""
+    return schedule.LocalExecutor(slots=slots, per_gpu=per_gpu,
+                                  worker_argv=schedule.protocol_worker(args.out, threads, gpu_share=per_gpu))
 
+
+# --executor NAME -> its factory (the parsed arguments; the runs at once, per GPU, and CPU threads per run)
+EXECUTORS: dict[str, Callable[..., schedule.Executor]] = {"local": local_executor}
+
+
+def _protocol_parser() -> ArgumentParser:
     d = ProtocolPlan(model="tiny", steps=2)
     p = ArgumentParser(prog="python -m convergence protocol",
                        description="a paired candidate, BF16 replicates and both controls, judged on validation loss, "
@@ -38,7 +53,7 @@ def _protocol_parser() -> ArgumentParser:
     p.add_argument("--replicates", type=int, default=d.replicates, help="BF16 baselines, the paired one included")
     p.add_argument("--candidate-replicates", type=int, default=d.candidate_replicates,
                    help="candidate runs, the paired one included, each with a replicate's change (and as many "
-                        "control runs and held-out BF16 runs): below the one-run floor (README)")
+                        "control runs and held-out BF16 runs): below the one-run floor (docs/protocol.md)")
     p.add_argument("--design", default=d.design, help=f"what a replicate changes: {', '.join(DESIGNS)}")
     p.add_argument("--candidate", default=d.candidate, help="the recipe judged (default mxfp8)")
     p.add_argument("--control", default=d.control, help="the positive control recipe (default mxfp8-head)")
@@ -72,6 +87,8 @@ def _protocol_parser() -> ArgumentParser:
     p.add_argument("--force", action="store_true", help="delete this protocol's runs in --out and start again "
                    "(with --status, which deletes nothing: overwrite --plot's and --plot-parting's files)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads per process")
+    p.add_argument("--executor", choices=list(EXECUTORS), default="local",
+                   help="where the runs are made (default local: this machine's GPUs or CPU workers)")
     p.add_argument("--piece", help=argparse.SUPPRESS)  # internal: one worker piece of the run NAME
     p.add_argument("--gpu-share", type=int, default=1, help=argparse.SUPPRESS)  # internal: runs sharing its GPU
     return p
@@ -82,18 +99,14 @@ def _plan_flags() -> list[str]:
     them from the folder's protocol.json."""
     import dataclasses
 
-    from convergence.protocol import plan as pr
-
-    fields = [f.name for f in dataclasses.fields(pr.ProtocolPlan) if f.name != "overrides"]
-    return [*fields, *pr.TRAIN_OVERRIDES, "hardware"]
+    fields = [f.name for f in dataclasses.fields(ProtocolPlan) if f.name != "overrides"]
+    return [*fields, *TRAIN_OVERRIDES, "hardware"]
 
 
 def _plan_of(args):
     """The plan the command line gives (checked): a run's, or one --status compares with its folder's."""
-    from convergence.protocol import plan as pr
-
-    overrides = tuple((k, float(v)) for k in pr.TRAIN_OVERRIDES if (v := getattr(args, k)) is not None)
-    return pr.ProtocolPlan(model=args.model, steps=args.steps, seed=args.seed, replicates=args.replicates,
+    overrides = tuple((k, float(v)) for k in TRAIN_OVERRIDES if (v := getattr(args, k)) is not None)
+    return ProtocolPlan(model=args.model, steps=args.steps, seed=args.seed, replicates=args.replicates,
                            candidate_replicates=args.candidate_replicates,
                            design=args.design, candidate=args.candidate, control=args.control, device=args.device,
                            mxfp8_kernel=args.mxfp8_kernel, margin=args.margin, name=args.name, data=args.data,
@@ -101,14 +114,11 @@ def _plan_of(args):
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """python -m convergence protocol: see convergence.protocol.plan (the runs) and README.
+    """python -m convergence protocol: see convergence.protocol.plan (the runs) and docs/protocol.md.
 
     Exit code: 4 while runs are unfinished (repeat the command), 1 when a run failed; once complete, the
     candidate's verdict as ``compare`` exits (0 equivalent, 1 not_equivalent or diverged, 3 inconclusive)."""
     import sys
-
-    from convergence.protocol import pieces
-    from convergence.protocol import plan as pr
 
     parser = _protocol_parser()
     args = parser.parse_args(argv)
@@ -117,19 +127,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.parallel < 1 or (args.stop_after_minutes is not None
                              and not (0 < args.stop_after_minutes < math.inf)):
         raise CLIError("--parallel must be >= 1 and --stop-after-minutes a number > 0")
-    if args.gpus is not None and args.gpus < 1:  # 0 had meant every visible GPU, the default's meaning
+    if args.gpus is not None and args.gpus < 1:  # every visible GPU is the default, not 0
         raise CLIError(f"--gpus must be >= 1, got {args.gpus} (leave it out for every visible GPU)")
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.piece is not None:  # a worker: one piece of one run of the plan in --out
-        plan = pr.load_plan(args.out)
+        plan = folder.load_plan(args.out)
         spec = next((s for s in plan.runs() if s.name == args.piece), None)
         if spec is None:
             raise CLIError(f"--piece {args.piece}: no run of that name in {args.out}'s plan")
         if args.gpu_share > 1 and plan.device == "cuda":  # the memory check then sees this run's share
             torch.cuda.set_per_process_memory_fraction(1 / args.gpu_share)
         stop = None if args.stop_after_minutes is None else 60 * args.stop_after_minutes
-        pr.run_piece(plan, spec, args.out, stop_after_s=stop)
+        schedule.run_piece(plan, spec, args.out, stop_after_s=stop)
         return 0
     if args.status:
         for flag, given in (("--whole-runs", args.whole_runs), ("--stop-after-minutes", args.stop_after_minutes),
@@ -138,16 +148,17 @@ def main(argv: Sequence[str] | None = None) -> int:
                 raise CLIError(f"{flag} goes with a run, not with --status (which runs nothing)")
         if not (args.out / "protocol.json").is_file():
             raise CLIError(f"--status: {args.out} holds no protocol run")
-        # the plan is the folder's: a plan flag beside --status (--margin nan, another --steps) had been ignored.
-        # The plan's own command with --status added is taken when it is the folder's plan
+        # the plan is the folder's: a plan flag beside --status would be ignored, so it is refused, except in the
+        # plan's own command with --status added
         given = [key for key in _plan_flags() if getattr(args, key) != parser.get_default(key)]
         if given and (args.model is None or args.steps is None):
             raise CLIError(f"--{given[0].replace('_', '-')} with --status: --status reads the plan from "
                            f"{args.out / 'protocol.json'}; give only --out, or the plan's whole command")
         if given:
             want = _plan_of(args)
-            have = pr.check_same_plan(want, args.out)
-            changed = [f"{key} {old} (the command: {new})" for key, old, new in pr.changed_fields(have, want.as_dict())]
+            have = folder.check_same_plan(want, args.out)
+            changed = [f"{key} {old} (the command: {new})"
+                       for key, old, new in folder.changed_fields(have, want.as_dict())]
             if changed:  # --status reports the folder's plan: runs left and time for another plan were printed
                 raise CLIError(f"--status reports {args.out}'s plan, which has {'; '.join(changed)}: run the command "
                                "without --status to change the plan (the runs made stay), or give only --out")
@@ -157,28 +168,30 @@ def main(argv: Sequence[str] | None = None) -> int:
         for png in (args.plot, args.plot_parting):
             if png is not None:
                 check_writable(png, force=args.force)
-        plan = pr.load_plan(args.out)  # the pace is kept per runs per GPU (a CPU plan's workers: 1)
-        if plan.device != "cuda" and args.parallel != 1:  # it had been ignored
+        plan = folder.load_plan(args.out)  # the pace is kept per runs per GPU (a CPU plan's workers: 1)
+        if plan.device != "cuda" and args.parallel != 1:  # a CPU plan's pace is one run's: it would be ignored
             raise CLIError("--parallel with --status picks the pace of N runs per GPU; a CPU plan's is one run's, "
                            "whatever its workers: leave --parallel out")
         per_gpu = args.parallel if plan.device == "cuda" else 1
-        print("\n".join(pieces.progress_report(plan, args.out, per_gpu=per_gpu, figure=args.plot,
-                                               parting_figure=args.plot_parting, force=args.force)))
+        executor = EXECUTORS[args.executor](args, slots=per_gpu, per_gpu=per_gpu, threads=args.threads)
+        now = progress(plan, args.out, per_gpu=per_gpu, states=executor.states(plan, args.out))
+        render.draw_figures(now, args.plot, args.plot_parting, force=args.force)
+        print("\n".join(render.status_lines(now, figure=args.plot, drift_figure=args.plot_parting)))
         return 0
     for flag, png in (("--plot", args.plot), ("--plot-parting", args.plot_parting)):
         if png is not None:
             raise CLIError(f"{flag} goes with --status (a finished protocol writes its own figures)")
     if args.model is None or args.steps is None:
         raise CLIError("--model and --steps are required")
-    if args.gpus is not None and args.device != "cuda":  # it had been ignored: the runs went one at a time
+    if args.gpus is not None and args.device != "cuda":  # a CPU plan has no GPUs to count: it would be ignored
         raise CLIError("--gpus goes with --device cuda; a CPU plan runs --parallel workers at once")
     plan = _plan_of(args)
     # a folder whose runs are all made is judged anywhere: copied off the GPU machine, it needs no GPU
     # (unless --force is to delete them and run again)
     held = (args.out / "protocol.json").is_file()
     if held and not args.force:  # another plan's runs read as this one's would look damaged (its logs end elsewhere)
-        pr.check_same_plan(plan, args.out)
-    before = {r.name: 0 for r in plan.runs()} if held and args.force else pr.run_status(plan, args.out)
+        folder.check_same_plan(plan, args.out)
+    before = {r.name: 0 for r in plan.runs()} if held and args.force else folder.run_status(plan, args.out)
     judge_only = not args.force and held and all(v == "done" for v in before.values())
     gpus = (args.gpus or torch.cuda.device_count()) if args.device == "cuda" else 0
     if not judge_only:
@@ -198,15 +211,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         data_mod.check_data_path(plan.data)        # no plan that the corrected command would have to --force
     slots = gpus * args.parallel if args.device == "cuda" else args.parallel
     per_gpu = args.parallel if args.device == "cuda" else 1
-    grew = pr.open_protocol(plan, args.out, force=args.force)
+    grew = folder.open_protocol(plan, args.out, force=args.force)
     if grew:
         print(grew, flush=True)
     if args.force:  # its runs were deleted: read once more
-        before = pr.run_status(plan, args.out)
+        before = folder.run_status(plan, args.out)
     if not judge_only and not args.mixed_environment:
         from numerics.environment import describe
 
-        changed = pr.environment_change(plan, args.out, describe())
+        changed = render.environment_change_line(environment_change(plan, args.out, describe()))
         if changed:
             raise CLIError(f"{args.out}: this machine computes runs differently from the plan's runs made so far "
                            f"({changed}); its runs are compared with each other: continue where they match, or "
@@ -217,11 +230,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     threads = args.threads or max(1, (os.cpu_count() or 1) // max(slots, 1))
 
     stop = None if args.stop_after_minutes is None else 60 * args.stop_after_minutes
+    executor = EXECUTORS[args.executor](args, slots=slots, per_gpu=per_gpu, threads=threads)
     try:
-        status = pieces.execute(plan, args.out, slots=slots, per_gpu=per_gpu, stop_after_s=stop,
-                                whole_runs=args.whole_runs,
-                                worker_argv=pieces.protocol_worker(args.out, threads, gpu_share=per_gpu))
-    except pieces.RunFailed as exc:
+        status = schedule.execute(plan, args.out, executor, stop_after_s=stop, whole_runs=args.whole_runs)
+    except schedule.RunFailed as exc:
         print(f"error: a run failed: {exc}", file=sys.stderr)
         return 1
     left = [n for n, v in status.items() if v != "done"]
@@ -230,16 +242,16 @@ def main(argv: Sequence[str] | None = None) -> int:
               + ", ".join(f"{n} ({status[n]}/{plan.steps} steps)" for n in left)
               + f". Repeat the same command to continue ({args.out})")
         return 4
-    verdicts = pr.judge(plan, args.out)
+    verdicts = judge(plan, args.out)
     on_its_device = args.device == "cpu" or torch.cuda.is_available()
-    hardware = args.hardware or (pr.hardware_tag(args.device, gpus) if on_its_device
-                                 else pr.runs_hardware_tag(plan, args.out))
+    hardware = args.hardware or (hardware_tag(args.device, gpus) if on_its_device
+                                 else runs_hardware_tag(plan, args.out))
     command = plan.command("OUT", gpus=gpus, per_gpu=per_gpu, stop_after_minutes=args.stop_after_minutes)
-    files = pr.write_results(plan, args.out, verdicts, command, hardware)
+    files = write_results(plan, args.out, verdicts, command, hardware)
     for name, r in verdicts.items():
-        print(pr.verdict_line(name, r))
-    for line in pieces.pairs_lines(plan, verdicts):
-        print(line.strip())
+        print(render.verdict_line(name, r))
+    for line in render.pairs_lines(pairs(plan, verdicts)):
+        print(line)
     print(f"protocol complete: {len(files)} result files in {args.out / 'results'} (record.sh lists them in golden/)")
     from convergence.curves.compare import EXIT_CODES
 

@@ -87,9 +87,9 @@ def cast_bytes(cfg: ModelConfig, tokens: int) -> int:
     return 2 * 2 * elems  # bf16 read + bf16 written
 
 
-# torch.compile of a model whose MXFP8 ops are torchao's emulated eager ops did not finish within the
-# 3-minute budget on an H200 (2026-11-30: bf16 eager, bf16 compiled and emulated eager took ~60 s, then
-# compiling the emulated model ran past 110 s more); it is opt-in. The fast kernel is one opaque op to
+# torch.compile of a model whose MXFP8 ops are torchao's emulated eager ops does not finish within the
+# 3-minute budget on an H200 (bf16 eager, bf16 compiled and emulated eager take ~60 s, then compiling the
+# emulated model runs past 110 s more); it is opt-in. The fast kernel is one opaque op to
 # torch.compile and compiles like BF16.
 COMPILE_BY_DEFAULT = {"fast", "real"}
 

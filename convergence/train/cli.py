@@ -3,7 +3,8 @@ command line, on one process or under ``torchrun --nproc-per-node N ... --ep N``
 
 Bad input is one line on stderr and exit code 2 (on rank 0 only, under torchrun); the verdict line says
 what the comparison of the recipes' curves concluded, and on one process the exit code is ``compare``'s.
-A run stopped by --stop-after-minutes exits 4 (incomplete). Under torchrun a finished or stopped run exits 0
+A run stopped by --stop-after-minutes exits 4 (incomplete); one stopped by --stop-at-step exits 0 (it did what was
+asked: a trunk for ``--fork-from``, ``convergence.train.checkpoint``). Under torchrun a finished or stopped run exits 0
 whatever the verdict: torchrun reports any other exit as a failed rank, with a traceback that would read as a
 crash.
 """
@@ -20,6 +21,7 @@ from pathlib import Path
 import torch
 
 from convergence.curves.compare import EXIT_CODES
+from convergence.train import checkpoint as ckpt_mod
 from convergence.train import data as data_mod
 from convergence.train.loop import REAL_VOCAB_MODELS, TrainConfig, defaults_for, run
 from convergence.train.placement import OPTIMIZER_STATES
@@ -27,7 +29,6 @@ from numerics.cli import EXIT_BAD_INPUT, ArgumentParser, CLIError, seed_arg
 from numerics.errors import BadInput
 from numerics.files import atomic_write, check_writable
 from numerics.layer.configs import CONFIGS
-from numerics.layer.mxfp8 import FAST_ONLY, recipe_kernel_problem
 from numerics.layer.mxfp8 import KERNELS as MXFP8_KERNELS
 from numerics.layer.mxfp8 import kernel_problem as mxfp8_problem
 from numerics.layer.recipes import RECIPES
@@ -37,16 +38,17 @@ DIST_TIMEOUT_S = 300.0  # a collective's wait before a rank gives up: far above 
 
 def check_recipe_kernels(recipes: Sequence[str], kernel: str, device: str | None = None) -> None:
     """One line when a recipe cannot run on the chosen kernel. ``auto`` picks the fast kernel for a recipe only it
-    computes (``FAST_ONLY``): whether that runs on ``device`` is checked here too, before any run starts (it was
-    found at the recipe's first step, a traceback, after the other recipes had trained); None: not checked (a
-    folder only judged)."""
+    computes (``OpRecipe.kernels``): whether that runs on ``device`` is checked here too, before any run starts (not
+    as a traceback at the recipe's first step, after the other recipes have trained); None: not checked (a folder
+    only judged)."""
     for name in recipes:
         recipe = RECIPES[name]()
         if not recipe.mxfp8:
             continue
         if kernel != "auto":
-            problem = recipe_kernel_problem(recipe.op_recipe, kernel)
-        elif recipe.op_recipe in FAST_ONLY and device is not None:
+            problem = recipe.op.kernel_problem(kernel)
+            problem = problem and f"{name} {problem}"
+        elif recipe.op.kernels == ("fast",) and device is not None:
             problem = mxfp8_problem("fast", device)  # its advice after ';' names the other kernels: not for this one
             problem = problem and f"{name} runs on kernel 'fast' only, and {problem.partition(';')[0]}"
         else:
@@ -107,10 +109,19 @@ def config_from_args(args) -> TrainConfig:
     spec = data_mod.DataSpec(path=args.data, tokenizer=tokenizer, bpe_vocab=bpe_vocab, bin_dtype=args.data_dtype,
                              val_percent=args.val_percent)
     checkpointing = args.model == "16b" if args.activation_checkpointing is None else args.activation_checkpointing
+    data_seed, row_order, fork_from = args.data_seed, args.row_order, None
+    if (args.fork_from is None) != (args.fork_step is None):
+        raise CLIError("--fork-from and --fork-step go together: the trunk's run folder and the step it stopped at")
+    if args.fork_from is not None:  # a fork keeps its trunk's order unless told to perturb it
+        fork_from = str(Path(args.fork_from).resolve())  # as recorded, so that --resume from elsewhere matches
+        # a fork continued with --resume keeps what it started with (its trunk may have moved on since)
+        own = [args.out / r for r in recipes if args.resume and (args.out / r / "config.json").is_file()]
+        source = ckpt_mod.trunk_config(own[0] if own else Path(fork_from))
+        data_seed, row_order = ckpt_mod.inherit(source["train"], data_seed, row_order)
     return TrainConfig(model=args.model, recipes=recipes, steps=args.steps, seed=args.seed,
                        device=args.device, data=spec, ep=args.ep or 0, ep_backend=args.ep_backend,
                        deterministic=args.deterministic, mxfp8_kernel=args.mxfp8_kernel,
-                       data_seed=args.data_seed, row_order=args.row_order,
+                       data_seed=data_seed, row_order=row_order, fork_from=fork_from, fork_step=args.fork_step or 0,
                        activation_checkpointing=checkpointing, phase_times=args.phase_times,
                        optimizer_state=args.optimizer_state, layers=args.layers or 0, **d)
 
@@ -126,7 +137,7 @@ class _RankParser(ArgumentParser):
 
 def train_parser() -> ArgumentParser:
     """The parser of ``python -m convergence train`` (the protocol's run commands are parsed by it in tests)."""
-    p = _RankParser(prog="python -m convergence train", description=__doc__.splitlines()[0])
+    p = _RankParser(prog="python -m convergence train", description=" ".join(__doc__.split("\n\n")[0].split()))
     p.add_argument("--model", required=True, help=f"one of {', '.join(CONFIGS)}")
     p.add_argument("--recipe", action="append", help=f"repeatable; one of {', '.join(RECIPES)}")
     p.add_argument("--steps", type=int, required=True)
@@ -141,7 +152,7 @@ def train_parser() -> ArgumentParser:
     p.add_argument("--data", help="text / .jsonl / .parquet / pre-tokenized .bin (default: Python stdlib)")
     p.add_argument("--val-percent", type=int, default=None,
                    help="documents held out for validation, percent (default 2; 1 %% of a .bin): a larger held-out "
-                   "set has a smaller sampling error (README, the convergence protocol) and less to train on")
+                   "set has a smaller sampling error (docs/protocol.md) and less to train on")
     p.add_argument("--data-dtype", default="uint16", help="token dtype of a .bin: uint16 or uint32")
     p.add_argument("--tokenizer", default=None, choices=["byte", "bpe"],
                    help="byte, or a byte-level BPE trained on the data's train split and cached (pip install "
@@ -152,8 +163,17 @@ def train_parser() -> ArgumentParser:
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     p.add_argument("--stop-after-minutes", type=float, default=None,
                    help="checkpoint and stop after this long; rerun with --resume to continue")
+    p.add_argument("--stop-at-step", type=int, default=None,
+                   help="checkpoint and stop at this step, on the whole --steps schedule (exit 0): a trunk for "
+                   "--fork-from; rerun with --resume to continue it")
+    p.add_argument("--fork-from", type=Path, default=None, metavar="TRUNK",
+                   help="start from another run's checkpoint (its run folder, e.g. OUT/bf16, stopped with "
+                   "--stop-at-step) at --fork-step, with this command's recipes; its records up to there are copied. "
+                   "Perturb the continuation with --row-order (or --data-seed: the remaining windows reshuffled); "
+                   "without them the trunk's are kept")
+    p.add_argument("--fork-step", type=int, default=None, help="the trunk's step to fork at (its checkpoint's)")
     p.add_argument("--ep", type=int, default=None,
-                   help="expert-parallel size = number of torchrun processes (FSDP2 + EP); README: distributed")
+                   help="expert-parallel size = number of torchrun processes (FSDP2 + EP); docs/distributed.md")
     p.add_argument("--ep-backend", default="reference",
                    help="reference (all-to-all), deepep (V1 Buffer) or deepep-v2 (numerics.ep.backends)")
     p.add_argument("--deterministic", action="store_true", help="deterministic algorithms, fixed seeds")
@@ -179,18 +199,18 @@ def train_parser() -> ArgumentParser:
 
 
 def check_run_flags(args) -> None:
-    """The flags that shape how a run is made, not what it computes (``config_from_args`` checks those): each
-    was taken unchecked, NaN and negative values alike (a negative --threads failed inside torch, --stop-after-minutes
-    -1 stopped as 0 does, after one step, and NaN ones were ignored)."""
+    """The flags that shape how a run is made, not what it computes (``config_from_args`` checks those): NaN and
+    out-of-range values are refused in one line (unchecked, a negative --threads fails inside torch,
+    --stop-after-minutes -1 stops as 0 does, after one step, and NaN values are ignored)."""
     if args.threads is not None and args.threads < 1:
         raise CLIError(f"--threads must be >= 1, got {args.threads}")
     if args.stop_after_minutes is not None and not 0 <= args.stop_after_minutes < math.inf:  # 0: after one step
         raise CLIError(f"--stop-after-minutes must be a number >= 0, got {args.stop_after_minutes}")
     if args.dist_timeout is not None and not 0 < args.dist_timeout < math.inf:
         raise CLIError(f"--dist-timeout must be a number of seconds > 0, got {args.dist_timeout}")
-    if args.dist_timeout is not None and args.ep is None:  # it had been ignored: one process waits on no peer
+    if args.dist_timeout is not None and args.ep is None:  # refused, not ignored: one process waits on no peer
         raise CLIError("--dist-timeout goes with --ep (one process has no collective to time out)")
-    if args.stop_after_minutes is not None and args.ckpt_every == 0:  # it stopped, then --resume had nothing to load
+    if args.stop_after_minutes is not None and args.ckpt_every == 0:  # it would stop, and --resume have nothing to load
         raise CLIError("--stop-after-minutes stops at a checkpoint to continue from, and --ckpt-every 0 writes none")
 
 
@@ -217,7 +237,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             cfg = config_from_args(args)
             result = run(cfg, args.out, resume=args.resume, force=args.force, stop_after_s=stop,
-                         timeout_s=DIST_TIMEOUT_S if args.dist_timeout is None else args.dist_timeout)
+                         timeout_s=DIST_TIMEOUT_S if args.dist_timeout is None else args.dist_timeout,
+                         stop_at_step=args.stop_at_step)
         except PeerFailed:
             return EXIT_BAD_INPUT  # rank 0 has printed the one line
         except BadInput:  # before any process group: every rank found the same error alone
@@ -238,7 +259,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
     else:
         cfg = config_from_args(args)
-        result = run(cfg, args.out, resume=args.resume, force=args.force, stop_after_s=stop)
+        result = run(cfg, args.out, resume=args.resume, force=args.force, stop_after_s=stop,
+                     stop_at_step=args.stop_at_step)
     if result is None:  # exit 4 on one process, as compare's incomplete and protocol's stopped; 0 under torchrun
         print(f"stopped before the end; continue with the same command and --resume (out: {args.out})")
         return 0 if args.ep is not None else EXIT_CODES["incomplete"]

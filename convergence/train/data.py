@@ -255,8 +255,8 @@ def load_tokens(spec: DataSpec) -> TokenData:
 def check_same_data(config_path: Path, meta: dict) -> None:
     """Refuse (one line) to continue or join the run whose ``config.json`` is ``config_path`` on other tokens than
     it trained on: the default corpus is the running Python's standard library, so another Python version (or an
-    edited data file) gives other tokens under the same command line. Runs recorded before digests were
-    written are not checked."""
+    edited data file) gives other tokens under the same command line. A run whose config.json holds no data
+    digests is not checked."""
     try:
         had = json.loads(Path(config_path).read_text()).get("data") or {}
     except (OSError, ValueError):

@@ -42,7 +42,7 @@ PIECES = 3  # bf16 pieces per float32 value: 8 + 8 + 8 significand bits cover fl
 # Combine rows (the forward's hidden rows, the backward's hidden + router-gradient pieces) are padded to a
 # multiple of 256 columns: DeepEP v1.2.1's intranode combine returns wrong, nondeterministic sums for bf16
 # rows whose width is not a multiple of 256 (2112 and 2176 fail, 2048, 2304 and 2560 pass on 2 x H200;
-# FINDINGS.md E3, fixed upstream after v1.2.1 by DeepEP #413). Zero columns add exact zeros and are dropped.
+# FINDINGS.md E3, fixed upstream after v1.2.1 by DeepEP PR #413). Zero columns add exact zeros and are dropped.
 ROW_WIDTH_ALIGN = 256
 
 

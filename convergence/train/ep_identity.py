@@ -105,7 +105,7 @@ def end_difference(a: list[dict], b: list[dict]) -> dict:
 
 
 def compare_runs(a: Path, b: Path, recipes: Sequence[str] | None = None) -> dict:
-    if recipes and Path(a).is_file() and Path(b).is_file():  # it had been ignored: the two files were compared
+    if recipes and Path(a).is_file() and Path(b).is_file():  # refused, not ignored: the files would be compared
         raise BadInput(f"{a} and {b} are metrics files: --recipe picks recipes inside run folders; leave it out")
     runs_a, runs_b = _runs(Path(a), recipes), _runs(Path(b), recipes)
     if set(runs_a) == set(runs_b):

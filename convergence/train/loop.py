@@ -9,10 +9,10 @@ What a run is:
   applied; their fingerprint is in config.json) and sees the same batches in the same order
   (``data.Batches`` is a function of the data seed and step). Three knobs vary one source of training
   randomness at a time: ``seed`` (initial weights), ``data_seed`` (the order of the training windows;
-  None follows ``seed``, so runs made before it existed are unchanged bit for bit) and ``row_order`` (the
+  None follows ``seed``, so a plain seed changes both) and ``row_order`` (the
   order of a batch's rows: the same arithmetic summed in another order, one rounding apart);
-* validation is on a fixed held-out set (the first ``val_batches`` batches of the validation split, the
-  same for every seed), logged with the standard error of its mean and every batch's loss;
+* validation is on a fixed held-out set (``val_batches`` batches spread evenly over the validation split,
+  the same for every seed), logged with the standard error of its mean and every batch's loss;
 * the BF16 baseline is defined as FP32 master weights and AdamW state, forward and backward under
   ``torch.autocast(dtype=bfloat16)``: every matmul in BF16 with FP32 accumulation, norms, softmax,
   router scoring and the loss in FP32. The MXFP8 recipes are the same run with the recipe's layers'
@@ -31,6 +31,9 @@ What a run is:
   ``checkpoint.pt`` (every ``ckpt_every`` steps, when stopped, and at the end unless ``final_checkpoint`` is
   off; never with ``ckpt_every=0``); then
   ``OUT/verdict.json`` and ``OUT/curves.png`` from the curve comparison;
+* a run may stop at a step with its checkpoint (``stop_at_step``: a trunk, on the whole run's schedule) and a run
+  may start from another's checkpoint at a step (``fork_from`` / ``fork_step``: a fork,
+  ``convergence.train.checkpoint``), with the trunk's records up to there copied into its ``metrics.jsonl``;
 * where the run lives is a placement (``convergence.train.placement``): ``Single`` for one process,
   ``Distributed`` (``convergence.train.distributed``) for ``--ep N`` under torchrun. World size 1 under
   FSDP2 is bit-identical to ``Single`` (tests/convergence/train/test_distributed.py).
@@ -55,12 +58,14 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from convergence.train import checkpoint as ckpt_mod
 from convergence.train import data as data_mod
 from convergence.train.checkpoint import JsonlLog
 from convergence.train.model import Transformer, build_initialised
 from convergence.train.placement import CHECKPOINT_FILE, HostStateAdamW, Single, deterministic_mode
+from convergence.train.stopping import stop_requested
 from numerics.errors import BadInput
-from numerics.files import atomic_write, writable_dir
+from numerics.files import atomic_write, removed_if_left_empty, writable_dir
 from numerics.layer.configs import get_config
 from numerics.layer.recipes import apply_recipe, get_recipe
 
@@ -88,12 +93,14 @@ class TrainConfig:
     ep_backend: str = "reference"  # numerics.ep backend for dispatch / combine: reference or deepep
     deterministic: bool = False  # torch.use_deterministic_algorithms(True) and friends
     mxfp8_kernel: str = "auto"  # numerics.layer.mxfp8.KERNELS, or auto: real on SM100, emulated elsewhere
-    data_seed: int | None = None  # order of the training windows; None: ``seed`` (what every run did before)
+    data_seed: int | None = None  # order of the training windows; None: ``seed`` (plain seeds vary both)
     row_order: int | None = None  # None: batch rows as drawn; N: permuted by (N, step), a benign reduction order
     activation_checkpointing: bool = False  # blocks recomputed in backward (the CLI turns it on for 16b)
     phase_times: bool = False  # time forward / backward / optimizer apart (synchronizes between them on a GPU)
     optimizer_state: str = "auto"  # convergence.train.placement: device, host, or auto (what the memory check fits)
     layers: int = 0  # 0: the model's depth; N: its first N layers at the model's widths (model_config)
+    fork_from: str | None = None  # a trunk's run folder: start from its checkpoint at fork_step (train.checkpoint)
+    fork_step: int = 0
 
     @property
     def order_seed(self) -> int:
@@ -133,8 +140,8 @@ REAL_VOCAB_MODELS = ("16b",)  # models that keep their own vocabulary size whate
 
 def model_config(cfg: TrainConfig, vocab_size: int):
     """The run's ``ModelConfig``: its model's shapes with the tokenizer's vocabulary, except that the 16b keeps
-    the real model's 102,400 rows when the tokenizer has fewer ids (issue #19: the embedding and the output
-    head, 0.4B parameters, at their real size; the rows no token uses are still trained by the softmax), and
+    the real model's 102,400 rows when the tokenizer has fewer ids (the embedding and the output head, 0.4B
+    parameters, at their real size; the rows no token uses are still trained by the softmax), and
     only its first ``cfg.layers`` layers when that is set (a 16b checkpoint is 176 GiB at 27 layers)."""
     base = get_config(cfg.model)
     if cfg.model in REAL_VOCAB_MODELS:
@@ -148,10 +155,10 @@ def build_model(cfg: TrainConfig, vocab_size: int) -> Transformer:
 
 def fingerprint(model: torch.nn.Module) -> str:
     """A short hash of the model's weights, bit for bit: SHA-256 over each state tensor's name, dtype, shape and
-    bytes. (It was float64 sums per tensor, which depend on the CPU thread count above torch's parallel grain:
-    a torchrun rank, one thread, and a single process fingerprinted the same proxy weights differently; and
-    it took ~110 s of the 16b's start-up on 2 x H200, where hashing 63 GB at the 1.8 GB/s SHA-256 ran on a
-    2-core CPU here would take ~35 s.)"""
+    bytes. Not float sums per tensor: those depend on the CPU thread count above torch's parallel grain (a
+    torchrun rank, one thread, and a single process would fingerprint the same weights differently), and
+    summing the 16b's 63 GB took ~110 s of its start-up on 2 x H200, where hashing them at SHA-256's ~1.8 GB/s
+    takes ~35 s."""
     h = hashlib.sha256()
     for name, t in sorted(model.state_dict().items()):
         t = t.detach().cpu().contiguous()
@@ -283,10 +290,13 @@ def _peak_memory(device: torch.device, place) -> dict:
 
 def train_recipe(cfg: TrainConfig, recipe_name: str, run_dir: Path, tokens: data_mod.TokenData, *,
                  place: Single | None = None, resume: bool, progress: bool = True,
-                 stop_after_s: float | None = None, final_checkpoint: bool = True) -> bool:
+                 stop_after_s: float | None = None, final_checkpoint: bool = True,
+                 stop_at_step: int | None = None) -> bool:
     """Train one recipe into ``run_dir`` on ``place`` (default: one process on ``cfg.device``); returns True
-    when it reached ``cfg.steps``. ``final_checkpoint=False`` skips the checkpoint of the last step, for a
-    caller that deletes it (the protocol: 11 GB of the proxy's weights and moments written, then removed)."""
+    when it reached ``cfg.steps`` (or ``stop_at_step``: there it checkpoints and stops, a trunk for forks, on the
+    whole run's schedule). ``final_checkpoint=False`` skips the checkpoint of the last step, for a caller that
+    deletes it (the protocol: 11 GB of the proxy's weights and moments written, then removed). A ``cfg.fork_from``
+    run without a checkpoint of its own starts from its trunk's (``convergence.train.checkpoint``)."""
     from convergence.train import probes as probes_mod
 
     t_enter = time.perf_counter()  # setup_s counts from here
@@ -302,9 +312,10 @@ def train_recipe(cfg: TrainConfig, recipe_name: str, run_dir: Path, tokens: data
     place.after_recipe(model, experts)
     opt, sched = make_optimizer(model, cfg)
     metrics, probe_log = JsonlLog(run_dir / "metrics.jsonl"), JsonlLog(run_dir / "probes.jsonl")
-    start = 0
+    start, forked = 0, False
+    origin = f"the trunk's checkpoint at step {cfg.fork_step}" if cfg.fork_from else "step 0"
     if resume and not place.has_checkpoint(run_dir) and (run_dir / "metrics.jsonl").exists() and place.writer:
-        sys.stderr.write(f"{recipe_name}: no checkpoint yet (stopped before its first): starting again from step 0 "
+        sys.stderr.write(f"{recipe_name}: no checkpoint yet (stopped before its first): starting again from {origin} "
                          f"({run_dir})\n")
     if resume and place.has_checkpoint(run_dir):
         data_mod.check_same_data(run_dir / "config.json", tokens.meta)
@@ -312,16 +323,23 @@ def train_recipe(cfg: TrainConfig, recipe_name: str, run_dir: Path, tokens: data
         if progress and place.writer:  # a resume says so: the bar alone would start at start + 1 unexplained
             sys.stderr.write(f"{recipe_name}: resumed from the checkpoint at step {start} of {cfg.steps} "
                              f"({run_dir})\n")
+    elif cfg.fork_from:
+        start, forked = ckpt_mod.begin(cfg, run_dir, model, opt, sched, tokens, place, init_fp), True
+        if progress and place.writer:
+            sys.stderr.write(f"{recipe_name}: forked from {cfg.fork_from} at step {start} of {cfg.steps}\n")
+    if stop_at_step is not None and start >= stop_at_step:
+        return True  # already where it was asked to stop
     batches = data_mod.Batches(tokens.train, batch=cfg.batch, seq=cfg.seq, seed=cfg.order_seed, row_seed=cfg.row_order)
     val = data_mod.Batches(tokens.val, batch=cfg.batch, seq=cfg.seq, seed=cfg.seed)  # eval: the first windows
     held_out = {"batches": val.eval_count(cfg.val_batches), "asked": cfg.val_batches}
     if place.writer:
         run_dir.mkdir(parents=True, exist_ok=True)
         for log in (metrics, probe_log):
-            if log.path.exists():
+            if log.path.exists() and not forked:  # a fork's log was just written: the trunk's records to its step
                 log.truncate_after(start)
+        fork = ckpt_mod.fork_section(cfg, run_dir, batches.windows)
         write_run_config(run_dir, cfg, recipe, applied, model.cfg, tokens, init_fp, validation=held_out,
-                         **place.extra_config())
+                         **({"fork": fork} if fork else {}), **place.extra_config())
         if progress and start == 0 and held_out["batches"] < cfg.val_batches:  # said once, at the run's start
             sys.stderr.write(f"{recipe_name}: the held-out split holds {held_out['batches']} batches of {cfg.batch} "
                              f"x {cfg.seq}; every evaluation takes all of them (--val-batches {cfg.val_batches} "
@@ -383,10 +401,13 @@ def train_recipe(cfg: TrainConfig, recipe_name: str, run_dir: Path, tokens: data
                                                             else {}))
         if place.writer:
             metrics.append(rec)
-        out_of_time = place.any(stop_after_s is not None and time.monotonic() - t_start > stop_after_s)
+        # out of time: the piece's own deadline, or a scheduler's signal inside stopping.stop_on_signals
+        out_of_time = place.any((stop_after_s is not None and time.monotonic() - t_start > stop_after_s)
+                                or stop_requested() is not None)
         last = done == cfg.steps
+        stop_here = done == stop_at_step and not last
         if cfg.ckpt_every and (final_checkpoint or not last) and (done % cfg.ckpt_every == 0 or last or out_of_time
-                                                                   or not math.isfinite(loss_f)):
+                                                                   or stop_here or not math.isfinite(loss_f)):
             place.save(run_dir, model, opt, sched, {
                 "step": done, "data_position": {"step": done, "samples": done * cfg.batch, "seed": cfg.order_seed,
                                                   "row_order": cfg.row_order},
@@ -396,6 +417,8 @@ def train_recipe(cfg: TrainConfig, recipe_name: str, run_dir: Path, tokens: data
             _progress(recipe_name, done, cfg.steps, loss_f, rec["tokens_per_s"])
         if not math.isfinite(loss_f):
             return True  # diverged: the comparison reports it; continuing would only add NaNs
+        if stop_here:
+            return True
         if out_of_time and done < cfg.steps:
             return False
     return True
@@ -421,6 +444,10 @@ def check_run_dir(cfg: TrainConfig, out: Path, resume: bool, force: bool) -> Non
     would overwrite without ``--force`` (``--resume`` continues the same recipes)."""
     if resume and force:
         raise BadInput("--resume and --force exclude each other")
+    if resume and not any((out / r).is_dir() and any((out / r).iterdir()) for r in cfg.recipes):
+        # training from step 1 instead would hide a mistyped --out
+        raise BadInput(f"--resume: {out} holds no run of {', '.join(cfg.recipes)} to continue; check --out, or leave "
+                       "--resume out to start one")
     writable_dir(out, what="run folder")
     existing = [out / r for r in cfg.recipes if (out / r).exists() and any((out / r).iterdir())]
     if force:
@@ -443,7 +470,7 @@ def check_run_dir(cfg: TrainConfig, out: Path, resume: bool, force: bool) -> Non
                            f"command would replace it with {', '.join(cfg.recipes)}: choose another --out, or pass "
                            "--force to replace it")
     for d in existing if resume else ():
-        _check_resumable(d, cfg.ckpt_every)
+        _check_resumable(d, cfg.ckpt_every, cfg.fork_step if cfg.fork_from else 0)
     if resume:
         want = json.loads(json.dumps(cfg.fields_for_resume(), default=str))
         # a field added since the run started is absent from its config: it ran with that field's default
@@ -464,12 +491,13 @@ def check_run_dir(cfg: TrainConfig, out: Path, resume: bool, force: bool) -> Non
                     )
 
 
-def _check_resumable(run_dir: Path, ckpt_every: int) -> None:
+def _check_resumable(run_dir: Path, ckpt_every: int, first_step: int = 0) -> None:
     """A run that logged steps past its first checkpoint but has none cannot continue: say so instead of restarting
     it (it was deleted, or never written: --ckpt-every 0). One killed before its first checkpoint was in place
-    starts again from step 0, as any resume redoes the steps after its checkpoint (``train_recipe`` says so): it
-    had been refused, and nothing but --force, which restarts every recipe of the command, continued it."""
-    logged = JsonlLog(run_dir / "metrics.jsonl").records()
+    starts again from step 0, as any resume redoes the steps after its checkpoint (``train_recipe`` says so),
+    rather than being refused, which would leave only --force, restarting every recipe of the command. A fork counts
+    its own steps, after ``first_step`` (the records before are its trunk's, copied)."""
+    logged = [r for r in JsonlLog(run_dir / "metrics.jsonl").records() if r.get("step", 0) > first_step]
     has_ckpt = (run_dir / CHECKPOINT_FILE).exists() or (run_dir / "checkpoint").exists() \
         or (run_dir / "checkpoint.old").exists()
     if logged and not has_ckpt and not (ckpt_every and len(logged) <= ckpt_every):
@@ -506,19 +534,26 @@ def compare_and_plot(out: Path, recipes: Sequence[str]) -> dict:
 
 
 def run(cfg: TrainConfig, out: Path, *, resume: bool = False, force: bool = False, progress: bool = True,
-        stop_after_s: float | None = None, timeout_s: float = 300.0) -> dict | None:
+        stop_after_s: float | None = None, timeout_s: float = 300.0, stop_at_step: int | None = None) -> dict | None:
     """All recipes of ``cfg`` into ``out``; the verdict when every recipe finished (on rank 0), else None.
+    ``stop_at_step``: every recipe stops there with a checkpoint (trunks for forks); the result then has no verdict
+    and says so.
 
     ``cfg.ep`` >= 1 runs on the torchrun group (``convergence.train.distributed``); 0 on one process."""
     out = Path(out)
-    with deterministic_mode(cfg.deterministic, cfg.device):
+    if stop_at_step is not None and not (0 < stop_at_step < cfg.steps and cfg.ckpt_every):
+        raise BadInput(f"--stop-at-step must be inside the run, from 1 to {cfg.steps - 1}, with checkpoints (not "
+                       f"--ckpt-every 0), got {stop_at_step}")
+    if cfg.fork_from and not (resume and all((out / r / CHECKPOINT_FILE).exists() for r in cfg.recipes)):
+        ckpt_mod.check_fork(cfg)  # before any work: the trunk, its checkpoint's step, its configuration
+    with removed_if_left_empty(out), deterministic_mode(cfg.deterministic, cfg.device):
         if cfg.ep:
             from convergence.train.distributed import open_group
 
             with open_group(cfg, timeout_s, lambda: check_run_dir(cfg, out, resume, force)) as place:
-                return _run_recipes(cfg, out, place, resume, progress, stop_after_s)
+                return _run_recipes(cfg, out, place, resume, progress, stop_after_s, stop_at_step)
         check_run_dir(cfg, out, resume, force)
-        return _run_recipes(cfg, out, Single(torch.device(cfg.device)), resume, progress, stop_after_s)
+        return _run_recipes(cfg, out, Single(torch.device(cfg.device)), resume, progress, stop_after_s, stop_at_step)
 
 
 def check_memory(cfg: TrainConfig, vocab_size: int, place: Single) -> TrainConfig:
@@ -574,7 +609,7 @@ def _placed(cfg: TrainConfig, state: str, place: Single) -> TrainConfig:
 
 
 def _run_recipes(cfg: TrainConfig, out: Path, place: Single, resume: bool, progress: bool,
-                 stop_after_s: float | None) -> dict | None:
+                 stop_after_s: float | None, stop_at_step: int | None = None) -> dict | None:
     tokens = place.load_tokens(cfg.data)
     data_mod.Batches(tokens.train, batch=cfg.batch, seq=cfg.seq, seed=cfg.order_seed)  # fail early: too few
     data_mod.Batches(tokens.val, batch=cfg.batch, seq=cfg.seq, seed=cfg.seed)
@@ -582,10 +617,15 @@ def _run_recipes(cfg: TrainConfig, out: Path, place: Single, resume: bool, progr
     t0 = time.monotonic()
     for i, name in enumerate(cfg.recipes):
         left = None if stop_after_s is None else stop_after_s - (time.monotonic() - t0)
-        if left is not None and left <= 0 and i > 0:  # out of time: the next call starts this recipe
+        if i > 0 and ((left is not None and left <= 0) or stop_requested()):  # out of time: the next call starts it
             return None
         if not train_recipe(cfg, name, out / name, tokens, place=place, resume=resume, progress=progress,
-                            stop_after_s=left):
+                            stop_after_s=left, stop_at_step=stop_at_step):
             return None
     place.barrier()
+    if stop_at_step is not None:  # trunks: no verdict on half runs
+        return {"verdict": None, "stopped_at_step": stop_at_step,
+                "reason": f"stopped at step {stop_at_step} of {cfg.steps} as asked, each with its checkpoint: a trunk "
+                          f"to fork with --fork-from {out}/<recipe> --fork-step {stop_at_step}, or continued with "
+                          "--resume"} if place.writer else None
     return compare_and_plot(out, cfg.recipes) if place.writer else None

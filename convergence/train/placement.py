@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from convergence.train.checkpoint import load_checkpoint, save_checkpoint
+from convergence.train.checkpoint import CHECKPOINT_FILE, load_checkpoint, save_checkpoint
 from numerics.errors import BadInput
 
 
@@ -55,9 +55,6 @@ def deterministic_mode(enabled: bool, device: str) -> Iterator[None]:
     finally:
         torch.use_deterministic_algorithms(saved[0], warn_only=saved[1])
         torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic = saved[2], saved[3]
-
-
-CHECKPOINT_FILE = "checkpoint.pt"  # a single-process run's checkpoint in its run folder
 
 
 class Single:
@@ -131,8 +128,9 @@ class Single:
                  "rng": _rng_state()} | meta
         save_checkpoint(self.checkpoint_path(run_dir), state)
 
-    def load(self, run_dir: Path, model: nn.Module, opt, sched) -> dict:
-        """Restore model, optimizer, scheduler and RNG in place; returns the saved meta (step, ...)."""
+    def load(self, run_dir: Path, model: nn.Module, opt, sched, *, what: str = "--resume") -> dict:
+        """Restore model, optimizer, scheduler and RNG in place; returns the saved meta (step, ...). ``what``: the
+        flag that asked (``--resume``, or ``--fork-from``: another run's checkpoint, ``train.checkpoint.begin``)."""
         path = self.checkpoint_path(run_dir)
         try:  # truncated, garbage, empty, or another model's: torch raises many kinds of error
             ckpt = load_checkpoint(path)
@@ -142,16 +140,19 @@ class Single:
             sched.load_state_dict(ckpt["scheduler"])
             _set_rng_state(ckpt["rng"])
         except Exception as exc:
-            raise damaged(path, exc) from None
+            raise damaged(path, exc, what) from None
         return ckpt
 
     def barrier(self) -> None:
         """Wait for every rank (nothing to wait for on one)."""
 
 
-def damaged(path: Path, exc: Exception) -> BadInput:
-    """The one message for a checkpoint that cannot be resumed from."""
-    detail = " ".join(str(exc).split())[:160]
+def damaged(path: Path, exc: Exception, what: str = "--resume") -> BadInput:
+    """The one message for a checkpoint that cannot be resumed (or forked) from."""
+    detail = " ".join(str(exc).split())  # whole, on one line: torch's reason is often in its last words
+    if what != "--resume":
+        return BadInput(f"{what}: {path} cannot be loaded into this run ({type(exc).__name__}: {detail}); it is "
+                        "damaged or another model's checkpoint")
     return BadInput(f"--resume: {path} cannot be loaded ({type(exc).__name__}: {detail}); it is damaged or not "
                     "this run's checkpoint: restore it, or pass --force to start again")
 

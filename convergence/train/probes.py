@@ -58,5 +58,5 @@ def probe(model: nn.Module, tokens: torch.Tensor, *, recipe: Recipe, device: tor
     layers = {}
     for fqn, (inputs, grad_out) in captured.items():
         if grad_out is not None:
-            layers[fqn] = mxfp8_vs_bf16(targets[fqn], inputs, grad_out, mx_recipe.name, device, kernel)
+            layers[fqn] = mxfp8_vs_bf16(targets[fqn], inputs, grad_out, mx_recipe, device, kernel)
     return {"layers": layers}

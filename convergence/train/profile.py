@@ -31,16 +31,16 @@ from numerics.files import atomic_path, read_json_lines
 WARMUP = 2
 PHASES = ("forward", "backward", "optimizer")
 # the steps after WARMUP cut into SPANS spans of at least SPAN_MIN steps, each span's median step time: a
-# machine that slows down for minutes shows as a slow span (one H200 ran a 1,500-step E2M1 run's spans at
-# 0.164-0.217 s, a slowdown the run's median, 0.187 s, hides; 2026-12-02, .gpu/proto5)
+# machine that slows down for minutes shows as a slow span (one H200 ran a 1,500-step E2M1 proxy run's spans
+# at 0.164-0.217 s, a slowdown the run's median, 0.187 s, hides)
 SPANS, SPAN_MIN = 6, 10
 
 
 def load_records(path: Path) -> list[dict]:
     """The records of a ``metrics.jsonl``, or of the one a run's recipe folder (``OUT/<recipe>``) holds. Every
-    record's loss is a number (or null: a diverged step's NaN is logged so) and one at least has one: a file of
-    steps without losses (a run's probes.jsonl) profiled as "n/a" everywhere, and a loss that was text failed
-    in arithmetic, as a traceback."""
+    record's loss is a number (or null: a diverged step's NaN is logged so) and one at least has one, else
+    ``BadInput``: a file of steps without losses (a run's probes.jsonl) would profile as "n/a" everywhere, and a
+    loss that is text would fail in arithmetic, as a traceback."""
     recs = read_json_lines(path, what="metrics", hint="a run's OUT/<recipe>/metrics.jsonl", need={"step": int},
                            inside="metrics.jsonl")
     for r in recs:
@@ -57,7 +57,7 @@ def _numbers(records: list[dict], key: str) -> list[float]:
 
 
 def _total(values: list[float]) -> tuple[float, int] | tuple[None, None]:
-    """(their sum, how many); (None, None) when there are none, as in a run logged before the field existed."""
+    """(their sum, how many); (None, None) when there are none, as in a run whose log lacks the field."""
     return (sum(values), len(values)) if values else (None, None)
 
 

@@ -51,7 +51,7 @@ class LadderPlan:
 def make_plan(*, gpus: int, deep_ep: bool, quick: bool = False, steps: int | None = None, seed: int = 0,
               strict: bool = False) -> LadderPlan:
     """Sizes for this machine. CPU numbers are chosen so the whole ladder fits in a few minutes on
-    2 cores (measured in README.md (validate section)); ``quick`` shrinks every level further (tests, smoke runs).
+    2 cores (measured: docs/validate.md); ``quick`` shrinks every level further (tests, smoke runs).
     """
     gpu = gpus >= 1
     kernel = "auto"
@@ -66,7 +66,7 @@ def make_plan(*, gpus: int, deep_ep: bool, quick: bool = False, steps: int | Non
         default_steps = 40 if quick else 1000 if gpus >= 2 else 300
     else:
         # tiny on 2 CPU cores, six protocol runs: ~0.05 s (bf16) + ~0.3 s (emulated mxfp8) per step -> ~4 min for
-        # 200 steps (README, validate section)
+        # 200 steps (docs/validate.md)
         default_steps = 20 if quick else 200
     return LadderPlan(
         device="cuda" if gpu else "cpu", gpus=gpus, deep_ep=deep_ep, quick=quick,

@@ -7,9 +7,9 @@ figures (``mxval.validate.figures``).
   ``run_tensor``         ``numerics.tensor.report.tensor_report``: torchao's cast against the oracle, block by block
   ``run_layer``          ``numerics.layer.harness.run_suite`` + floors + ``golden.layer_stats.compare``
   ``run_communication``  ``numerics.ep.check.main``: the reference on gloo (CPU) / NCCL, DeepEP when present
-  ``run_training``       ``convergence.protocol.plan`` + ``pieces``: the paired MXFP8 run, BF16 replicates, both
+  ``run_training``       ``convergence.protocol.plan`` + ``schedule``: the paired MXFP8 run, BF16 replicates, both
                          controls (one run per GPU at a time on a GPU machine)
-  ``run_curves``         ``convergence.protocol.plan.judge``: the three validation-loss verdicts and the
+  ``run_curves``         ``convergence.protocol.judge``: the three validation-loss verdicts and the
                          difference they resolve at this size
 """
 
@@ -258,25 +258,25 @@ def protocol_plan(plan: LadderPlan):
 
 
 def run_training(plan: LadderPlan, out: Path, progress: Progress) -> LevelResult:
-    from convergence.protocol import pieces
-    from convergence.protocol import plan as pr
+    from convergence.protocol.folder import metrics_path, open_protocol, probes_path
+    from convergence.protocol.schedule import LocalExecutor, execute
     from convergence.train.checkpoint import JsonlLog
 
     pp = protocol_plan(plan)
     root = out / "training"
-    pr.open_protocol(pp, root)
+    open_protocol(pp, root)
     slots = max(1, plan.gpus) if plan.device == "cuda" else 1
     progress(f"convergence protocol: {len(pp.runs())} {plan.train_model} runs of {plan.train_steps} steps, "
              f"{slots} at a time")
 
-    pieces.execute(pp, root, slots=slots)  # no deadline here: every piece runs to the end
+    execute(pp, root, LocalExecutor(slots=slots))  # no deadline here: every piece runs to the end
     checks, numbers = [], {"model": plan.train_model, "steps": plan.train_steps, "replicates": pp.replicates,
                            "design": pp.design, "runs": {}}
     table = [("run", "role", "recipe", "init / data / rows", "steps", "first loss", "final loss (last 10%)",
               "final val loss", "median tokens/s")]
     files, curves = [], {}  # each run's metrics file as it is on disk (.jsonl.gz once finished); its steps, losses
     for spec in pp.runs():
-        path = pr.metrics_path(root, spec)
+        path = metrics_path(root, spec)
         files.append(path)
         recs = JsonlLog(path).records()
         losses = [r["loss"] for r in recs]
@@ -298,7 +298,7 @@ def run_training(plan: LadderPlan, out: Path, progress: Progress) -> LevelResult
         checks.append(Check(f"{spec.name} trains", "pass" if learned else "fail",
                             f"{len(losses)}/{plan.train_steps} steps, loss {losses[0]:.3f} -> {final:.3f}"
                             if finite else f"non-finite loss or stopped early after {len(losses)} steps"))
-    probes = JsonlLog(pr.probes_path(root, pp.run("candidate"))).records()  # none for a run without probes
+    probes = JsonlLog(probes_path(root, pp.run("candidate"))).records()  # none for a run without probes
     if probes:
         last = probes[-1]["layers"]
         worst = min(((v, f"{layer} {k.removesuffix('_sqnr_db')}") for layer, d in last.items() for k, v in d.items()),
@@ -319,7 +319,8 @@ def run_training(plan: LadderPlan, out: Path, progress: Progress) -> LevelResult
 
 # ---------------------------------------------------------------- curves
 
-VERDICT_STATUS = {"equivalent": "pass", "not_equivalent": "fail", "diverged": "fail", "inconclusive": "inconclusive",
+VERDICT_STATUS = {"equivalent": "pass", "non_inferior": "pass", "not_equivalent": "fail", "inferior": "fail",
+                  "diverged": "fail", "inconclusive": "inconclusive",
                   "incomplete": "fail"}  # a run that did not cover the others is not a pass
 # A control that does not come out as expected says the protocol cannot be trusted at this size (too short, too
 # few replicates), not that MXFP8 failed: its check is inconclusive, and so is the candidate's verdict.
@@ -328,15 +329,16 @@ VERDICT_STATUS = {"equivalent": "pass", "not_equivalent": "fail", "diverged": "f
 def protocol_checks(verdicts: dict[str, dict], pp) -> list[Check]:
     """The candidate's check and one per control; a control that misses makes the candidate inconclusive."""
     from convergence.curves.compare import resolution
-    from convergence.protocol import plan as pr
+    from convergence.protocol.judge import as_expected
+    from convergence.protocol.plan import VERDICTS
 
     r = verdicts["verdict"]
     controls, untrusted = [], []
-    for name, (role, expected, shows) in pr.VERDICTS.items():
+    for name, (role, expected, shows) in VERDICTS.items():
         if expected is None:
             continue
         c = verdicts[name]
-        ok = pr.as_expected(c["verdict"], expected)
+        ok = as_expected(c["verdict"], expected)
         if not ok:
             untrusted.append(name.replace("_", " "))
         controls.append(Check(f"{name.replace('_', ' ')} ({pp.run(role).name}) is {expected}",
@@ -349,14 +351,31 @@ def protocol_checks(verdicts: dict[str, dict], pp) -> list[Check]:
     return [Check("MXFP8 within the margin of BF16 (validation loss, paired)", status, detail), *controls]
 
 
-def run_curves(plan: LadderPlan, out: Path, progress: Progress) -> LevelResult:
+def curves_summary(verdicts: dict[str, dict]) -> str:
+    """The curves level's line: a control that missed comes first, since it makes the candidate's verdict
+    untrusted whatever that verdict says (the row's status is inconclusive then: ``protocol_checks``)."""
     from convergence.curves.compare import resolution
+    from convergence.protocol.judge import as_expected
+    from convergence.protocol.plan import VERDICTS
+
+    r = verdicts["verdict"]
+    said = f"{r['verdict']}: {r['reason']}; {resolution(r)}"
+    missed = [f"the {name.replace('_', ' ')} came out {verdicts[name]['verdict']}, not {expected}"
+              for name, (_, expected, _) in VERDICTS.items()
+              if expected is not None and not as_expected(verdicts[name]["verdict"], expected)]
+    if missed:
+        return f"not trusted at this size: {' and '.join(missed)}; the candidate's comparison alone: {said}"
+    return (f"{said}; controls: positive {verdicts['positive_control']['verdict']}, negative "
+            f"{verdicts['negative_control']['verdict']}")
+
+
+def run_curves(plan: LadderPlan, out: Path, progress: Progress) -> LevelResult:
     from convergence.curves.plots import plot_comparison
-    from convergence.protocol import plan as pr
+    from convergence.protocol.judge import judge
 
     pp = protocol_plan(plan)
     progress(f"validation loss: MXFP8 and both controls against {pp.replicates} BF16 runs")
-    verdicts = pr.judge(pp, out / "training")
+    verdicts = judge(pp, out / "training")
     (out / "curves").mkdir()
     for name, r in verdicts.items():
         atomic_write(out / "curves" / f"{name}.json", json.dumps(r, indent=1, default=str) + "\n")
@@ -386,7 +405,6 @@ def run_curves(plan: LadderPlan, out: Path, progress: Progress) -> LevelResult:
         table.append((name, v["verdict"], f"{v['estimate']:+.3%}" if v.get("estimate") is not None else "-",
                       f"[{iv[0]:+.3%}, {iv[1]:+.3%}]" if iv else "-",
                       f"{part['half_width']:.3%}" if part.get("half_width") is not None else "-"))
-    summary = (f"{r['verdict']}: {r['reason']}; {resolution(r)}; controls: positive "
-               f"{verdicts['positive_control']['verdict']}, negative {verdicts['negative_control']['verdict']}")
+    summary = curves_summary(verdicts)
     return LevelResult("curves", status, summary, tuple(checks), numbers, tuple(table), (_rel(fig, out),),
                        tuple(f"curves/{name}.json" for name in verdicts), enable)

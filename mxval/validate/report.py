@@ -34,12 +34,16 @@ READING = {
                      "(integer views) with the single-process simulation, or DeepEP with the NCCL all-to-all. A "
                      "mismatch names rank, row, column and source token; replay its case with "
                      "`python -m numerics.ep check --spec '<case>'`.",
-    "training": "BF16 and MXFP8 train from identical initial weights on identical batches; BF16 also runs at other "
-                "seeds to measure training randomness. A run fails if its loss is non-finite or does not fall. "
+    "training": "BF16 and MXFP8 train from identical initial weights on identical batches. BF16 also trains "
+                "replicates, each differing from it by one benign change that the table's init / data / rows column "
+                "names (by default the order each batch's rows are summed in, at the same seed and data: rounding "
+                "alone); their spread is the run-to-run noise the verdicts are held against, and a positive control "
+                "(a recipe known to be worse) trains beside them. A run fails if its loss is non-finite or does not "
+                "fall. "
                 "Probes give each layer's MXFP8-vs-BF16 SQNR on the run's own activations: the layer whose "
                 "figure falls first is where a diverging run went wrong.",
     "curves": "DeepSeek-V3's criterion: relative loss difference within 0.25 %, decided by confidence intervals "
-              "over the whole compared range and the final 20 %, with the BF16 seeds' spread as the noise. "
+              "over the whole compared range and the final 20 %, with the BF16 replicates' spread as the noise. "
               "Inconclusive means the intervals straddle the margin: the run is too short or too noisy to "
               "decide, not that MXFP8 failed. Not-equivalent or diverged fails the level.",
 }

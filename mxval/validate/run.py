@@ -70,6 +70,10 @@ class Display:
     def done(self, res: LevelResult) -> None:
         self._line(f"{self.prefix} {MARK[res.status]} {res.summary} ({res.seconds:.0f} s)")
 
+    def interrupted(self, report: Path) -> None:
+        """The level's line when Ctrl-C stopped it (over its progress line on a terminal), and the report kept."""
+        self._line(f"{self.prefix} INTERRUPTED (Ctrl-C); wrote a partial report of the levels that finished: {report}")
+
 
 class _StepStream(io.TextIOBase):
     """A level's stderr: everything goes to its log; each line (or carriage-returned progress bar)
@@ -167,6 +171,7 @@ def validate(plan: LadderPlan, out: Path, levels: Sequence[str], console) -> dic
     atomic_write(out / "summary.json", json.dumps(summary, indent=1, default=str) + "\n", force=True)
     validate_report.write(summary, out)
     if interrupted:
+        display.interrupted(out / "report.html")
         raise KeyboardInterrupt
     return summary
 
@@ -229,7 +234,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--strict", action="store_true", help="known findings (FINDINGS.md) fail their level")
     p.add_argument("--force", action="store_true", help="replace an existing results folder of an earlier run")
     args = p.parse_args(argv)
-    given = ",".join(args.levels or LEVELS)  # every --levels counts: a second one had replaced the first
+    given = ",".join(args.levels or LEVELS)  # every --levels counts, not only the last one given
     levels = [v for v in given.split(",") if v]
     unknown = [v for v in levels if v not in LEVELS]
     if unknown or not levels:

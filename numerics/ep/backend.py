@@ -247,8 +247,8 @@ def finish(work: Any, timeout: datetime.timedelta, device: torch.device) -> None
     On CPU (gloo) ``work.wait(timeout)`` blocks until done or raises after ``timeout``. On CUDA the
     current stream waits (``work.wait()``) and the process group's own timeout, enforced by its
     watchdog, ends a hung collective: ``work.wait(timeout)`` there makes the CPU poll the collective
-    with 1 ms sleeps (PyTorch's ``WorkNCCL::wait``, ``kSynchronizeBusyWaitMillis = 1``), which added up
-    to a millisecond to every call the old bench timed."""
+    with 1 ms sleeps (PyTorch's ``WorkNCCL::wait``, ``kSynchronizeBusyWaitMillis = 1``), which adds up
+    to a millisecond to every call a benchmark times."""
     if device.type == "cuda":
         work.wait()
     else:

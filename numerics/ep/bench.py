@@ -20,29 +20,29 @@ each between two CUDA events on the current stream (GPU) or two ``perf_counter``
 figure is the median per-call time, the row's is the slowest rank's median (the mean, first start to
 last end over the calls, is kept too). Bytes per rank, averaged over ranks: ``logical`` counts every
 received row including those a rank sends itself, ``remote`` only rows that cross a link. The NVLink
-limit is measured in the same run, as GPU.md measured it independently: rank 0 copies 1 GiB from GPU 0
+limit is measured in the same run, as an independent measurement on H200s did: rank 0 copies 1 GiB from GPU 0
 to GPU 1 (and both ways at once), 3 warm-ups then 10 timed copies, synchronised wall clock, while the
 other ranks wait on the CPU. A benchmark: it prints a table (and ``--json``), it asserts nothing.
 
-Why the old bench disagreed with independent measurement on the same machine kind (peer copy 238.8
-GB/s against 372.7; DeepEP v1.2.1 at 20 SMs, 0.82 ms cached and 1.2-1.5 ms full dispatch against 0.412
-cached; the reference's dispatch 6.1 ms against 0.224 for a bare all-to-all), read from its code:
+What stays out of the timed window, and why. Each of these, inside it, moves the figures far from
+independent measurement on the same machine kind (measured on 2 x H200 with DeepEP v1.2.1: peer copy 238.8
+GB/s against 372.7; DeepEP at 20 SMs 0.82 ms cached and 1.2-1.5 ms full dispatch against 0.412 cached; the
+reference's dispatch 6.1 ms against 0.224 for a bare all-to-all):
 
-1. Every timed DeepEP and reference call checked its inputs collectively: an NCCL all-gather and host
-   syncs (``int(topk_idx.min())``, ``.tolist()``) inside the CUDA-event window.
-2. Each collective was awaited with ``work.wait(timeout)``, which on NCCL makes the CPU poll with 1 ms
-   sleeps (PyTorch's ``WorkNCCL::wait``, ``kSynchronizeBusyWaitMillis = 1``): up to 1 ms per collective
-   while the GPU idles in the window, four of them in the reference's dispatch.
-3. A barrier before every call and events around that single call, over 20 calls: each call started
-   from an idle GPU and paid its launch latency, and the median of 20 such calls was noisy (the 20- and
-   64-SM rows came out in the wrong order for several ops).
-4. The peer copy ran on rank 0 while rank 1 waited for the next task inside an NCCL broadcast, a kernel
-   spinning on GPU 1. torch's cross-device ``copy_`` records and waits on events on GPU 1's stream in
-   rank 0's context, and a GPU time-slices between processes' contexts, so most likely each copy waited
-   for a time slice behind that kernel: 1 GiB took 4.5 ms instead of 2.9 (238.8 GB/s one way; the
-   478.9 "both ways" is the same 4.5 ms per step for twice the bytes, as a fixed wait per step would
-   give). Control messages now travel over gloo (``numerics.ep.launch``), so no rank waits in a GPU
-   kernel while another is timed; a run of this bench that measures ~373 GB/s confirms the cause.
+1. Input checks: a collective check is an NCCL all-gather plus host syncs (``int(topk_idx.min())``,
+   ``.tolist()``); the timed calls go through backends built with ``validate=False``.
+2. ``work.wait(timeout)`` on NCCL makes the CPU poll with 1 ms sleeps (PyTorch's ``WorkNCCL::wait``,
+   ``kSynchronizeBusyWaitMillis = 1``): up to 1 ms per collective while the GPU idles in the window, four
+   of them in the reference's dispatch. On CUDA the stream waits instead (``numerics.ep.backend``).
+3. A barrier before every call and events around that single call make each call start from an idle GPU
+   and pay its launch latency, and the median of 20 such calls is noisy (the 20- and 64-SM rows come out
+   in the wrong order for several ops): the calls run back to back between events, ``QUOTABLE_ITERS`` of them.
+4. A peer copy timed on rank 0 while rank 1 waits for the next task inside an NCCL broadcast (a kernel
+   spinning on GPU 1): torch's cross-device ``copy_`` records and waits on events on GPU 1's stream in rank
+   0's context, and a GPU time-slices between processes' contexts, so each copy waits for a time slice
+   behind that kernel (1 GiB in 4.5 ms instead of 2.9; "both ways" the same 4.5 ms per step for twice the
+   bytes, as a fixed wait per step gives). Control messages travel over gloo (``numerics.ep.launch``), so no
+   rank waits in a GPU kernel while another is timed; this bench measures 373-394 GB/s.
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ SHAPES = {  # name -> (tokens per rank, hidden, top-k, experts)
 }
 BACKEND_NAMES = ("nccl", "reference", "deepep", "deepep-v2")
 QUOTABLE_ITERS = 50  # fewer timed calls per op and the median moves by more than the effects compared
-PEER_COPY = {"nbytes": 1 << 30, "warmup": 3, "iters": 10}  # as GPU.md's independent measurement
+PEER_COPY = {"nbytes": 1 << 30, "warmup": 3, "iters": 10}  # as the independent H200 measurement it is compared with
 
 
 @dataclass(frozen=True)

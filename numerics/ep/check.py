@@ -419,7 +419,7 @@ def check_args(args) -> None:
     _csv(args.payload, PAYLOADS)
     _csv(args.hidden, HIDDENS, int)
     _parse_specs(args)
-    if args.spec:  # a --spec is the whole case: the case-space options had been ignored beside it
+    if args.spec:  # a --spec is the whole case: case-space options beside it are refused, not ignored
         parser = build_parser()
         given = [f"--{key.replace('_', '-')}" for key in SPACE_OPTIONS if getattr(args, key) != parser.get_default(key)]
         if given:

@@ -1,6 +1,6 @@
 """``DeepEPV2Backend``: the subject, DeepEP main's V2 ``deep_ep.ElasticBuffer`` (NCCL Gin), intranode.
 
-Written from DeepEP main's own README and ``tests/elastic/test_ep.py`` (July 2026, commit dd758ca), not
+Written from DeepEP main's own README and ``tests/elastic/test_ep.py`` (at commit dd758ca), not
 run here. The calls used, in V2's non-expanded layout:
 
 * ``ElasticBuffer(group, num_max_tokens_per_rank=, hidden=, num_topk=, use_fp8_dispatch=,

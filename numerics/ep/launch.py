@@ -17,20 +17,27 @@ ends children that outlive it.
 
 The cases and results travel over a gloo group (``control_group``), also when the payload group is
 NCCL: a rank waiting for the next case then waits on the CPU, not in an NCCL kernel spinning on its
-GPU. Such a kernel, from another process, time-slices that GPU against rank 0's work on it, which is
-how the old bench lost a third of the peer-copy bandwidth (``numerics.ep.bench``).
+GPU. Such a kernel, from another process, time-slices that GPU against rank 0's work on it, and costs a
+peer copy timed meanwhile a third of its bandwidth (``numerics.ep.bench``).
+
+Ctrl-C belongs to rank 0. A terminal sends SIGINT to every process of its foreground group, so spawned ranks
+would each stop wherever they were (their imports included) and print a traceback of their own; ``Session``
+starts them ignoring SIGINT, and on Ctrl-C rank 0 ends them itself and lets the ``KeyboardInterrupt`` go on to
+its command line's one line.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import importlib
 import multiprocessing
 import os
 import signal
 import tempfile
+import threading
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -215,6 +222,23 @@ def _child(rank: int, world: int, store_path: str, backend: str, timeout_s: floa
             exit_rank(code)  # a spawned rank ends here, without the interpreter's finalization
 
 
+@contextlib.contextmanager
+def _children_ignore_sigint() -> Iterator[None]:
+    """Processes started inside the block ignore SIGINT for their whole life: an ignored signal stays ignored
+    across exec (a signal mask does not: Python's process spawning resets it), and Python installs its
+    KeyboardInterrupt handler only over the default action. This process ignores SIGINT too while the block
+    runs, a few milliseconds of starting processes; only the main thread, where Python handles signals, changes
+    anything."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:  # None: a handler not set from Python, which cannot be put back; the default is the nearest
+        signal.signal(signal.SIGINT, signal.SIG_DFL if previous is None else previous)
+
+
 class Session:
     """``with Session(world, "pkg.mod:factory", kwargs, comm="gloo") as s: s.run(spec)``.
 
@@ -236,12 +260,13 @@ class Session:
         self._tmp = tempfile.TemporaryDirectory(prefix="mxval-ep-")
         store_path = os.path.join(self._tmp.name, "store")
         ctx = multiprocessing.get_context("spawn")
-        for rank in range(1, self.world):
-            p = ctx.Process(target=_child, daemon=True, args=(rank, self.world, store_path, self.comm,
-                                                              self.timeout_s, self.factory, self.kwargs,
-                                                              self.threads))
-            p.start()
-            self.children.append(p)
+        with _children_ignore_sigint():  # Ctrl-C is rank 0's (the module's docstring)
+            for rank in range(1, self.world):
+                p = ctx.Process(target=_child, daemon=True, args=(rank, self.world, store_path, self.comm,
+                                                                  self.timeout_s, self.factory, self.kwargs,
+                                                                  self.threads))
+                p.start()
+                self.children.append(p)
         self._threads_before = torch.get_num_threads()
         torch.set_num_threads(self.threads)
         try:
@@ -255,13 +280,29 @@ class Session:
             raise
         return self
 
+    def _end_children(self, timeout_s: float) -> set:
+        """Wait up to ``timeout_s`` for each child to end, then end it by its handle (SIGTERM); the children ended."""
+        ended = set()
+        for p in self.children:
+            p.join(timeout=timeout_s)
+            if p.is_alive():
+                p.terminate()
+                p.join(timeout=5)
+                ended.add(p)
+        return ended
+
     def run(self, spec: Any) -> list[Any]:
         assert self.channel is not None
         return self.channel.run(spec)
 
     def __exit__(self, exc_type, exc, tb) -> None:
+        ended = set()
         try:
-            if self.channel is not None:
+            if exc_type is not None and issubclass(exc_type, KeyboardInterrupt):
+                # Ctrl-C: the ranks did not get it (they ignore SIGINT) and may be inside a case, where no stop
+                # message reaches them; end them before the group goes, or each would report its lost peer
+                ended = self._end_children(timeout_s=0)
+            elif self.channel is not None:
                 try:
                     try:
                         self.channel.stop()
@@ -271,21 +312,14 @@ class Session:
                         finally:
                             _settle(self.channel.control)
                 except Exception:
-                    # with an exception in flight (Ctrl-C: the ranks got SIGINT too and are gone), telling them to stop
-                    # fails ("connection closed by peer"); raised, that error replaced the Ctrl-C, and mxval validate
-                    # recorded a failed level instead of an interrupted run
+                    # with an exception in flight (a rank that died), telling the ranks to stop fails ("connection
+                    # closed by peer"); raised, that error would replace the one that explains it
                     if exc_type is None:
                         raise
         finally:
             if dist.is_initialized():
                 dist.destroy_process_group()
-            ended = set()
-            for p in self.children:
-                p.join(timeout=self.timeout_s)
-                if p.is_alive():  # a child stuck past its own timeouts: end it, by its handle
-                    p.terminate()
-                    p.join(timeout=5)
-                    ended.add(p)
+            ended |= self._end_children(timeout_s=self.timeout_s)  # a child stuck past its own timeouts
             self._tmp.cleanup()
             torch.set_num_threads(self._threads_before)
         self.exitcodes = [p.exitcode for p in self.children]

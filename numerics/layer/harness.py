@@ -31,7 +31,7 @@ from numerics.layer.configs import GroupedShape, LayerSuite, LinearShape, ModelC
 from numerics.layer.deepseek_v3 import Attention, GroupedLinear, Linear, MoE, rope_frequencies
 from numerics.layer.recipes import CONTROLS as _CONTROLS
 from numerics.layer.recipes import RECIPES as _REGISTRY
-from numerics.layer.recipes import apply_recipe, get_recipe, set_op
+from numerics.layer.recipes import Recipe, apply_recipe, get_recipe, set_op
 from numerics.layer.results import LayerResult, TensorStat
 
 RECIPES = tuple(r for r in _REGISTRY if r not in _CONTROLS)  # bf16, mxfp8, mxfp8-wgrad-hp
@@ -257,14 +257,15 @@ def _plain_copy(module: nn.Module, device: torch.device) -> nn.Module:
     return twin
 
 
-def mxfp8_vs_bf16(module: nn.Module, inputs: tuple, grad_out: torch.Tensor, recipe: str, device: torch.device,
+def mxfp8_vs_bf16(module: nn.Module, inputs: tuple, grad_out: torch.Tensor, recipe: Recipe, device: torch.device,
                   kernel: str | None = None) -> dict[str, float]:
-    """SQNR (dB) of the MXFP8 run of ``module`` against its BF16 run, on the same inputs and upstream
-    gradient, both under BF16 autocast with FP32 master weights as training runs: ``out_sqnr_db``,
-    ``dx_sqnr_db`` and ``d<param>_sqnr_db``. ``module`` is left untouched."""
+    """SQNR (dB) of the MXFP8 run of ``module`` (``recipe``'s op, on ``kernel``: by default the one its op runs on
+    here) against its BF16 run, on the same inputs and upstream gradient, both under BF16 autocast with FP32
+    master weights as training runs: ``out_sqnr_db``, ``dx_sqnr_db`` and ``d<param>_sqnr_db``. ``module`` is left
+    untouched."""
     bf16 = _plain_copy(module, device)
     mx = _plain_copy(module, device)
-    set_op(mx, get_recipe(recipe), kernel or mxfp8.default_kernel(device))
+    set_op(mx, recipe, kernel or mxfp8.default_kernel(device, recipe.op))
     a = run_once(bf16, inputs[0], inputs[1:], grad_out, autocast=True)
     b = run_once(mx, inputs[0], inputs[1:], grad_out, autocast=True)
     rec = {"out_sqnr_db": metrics.sqnr_db(a["out"], b["out"]), "dx_sqnr_db": metrics.sqnr_db(a["dx"], b["dx"])}
@@ -294,12 +295,13 @@ def kernel_agreement(m: int, k: int, n: int, *, kernel_a: str, kernel_b: str,
     On SM100 this holds ``real`` against ``emulated``; on CPU the same code runs ``emulated`` against
     itself, where every figure must be exact; ``fast`` against ``emulated`` must be exact everywhere.
     """
+    op = get_recipe(recipe).op
     g = _gen(seed, device)
     x = torch.randn(m, k, generator=g, device=device).to(torch.bfloat16)
     grad = torch.randn(m, n, generator=g, device=device).to(torch.bfloat16)
     if group_sizes is None:
         w = (torch.randn(n, k, generator=g, device=device) / math.sqrt(k)).to(torch.bfloat16)
-        runs = [_fwd_bwd(mxfp8.linear_op(recipe, kern), x, w, grad) for kern in (kernel_a, kernel_b)]
+        runs = [_fwd_bwd(mxfp8.linear_op(op, kern), x, w, grad) for kern in (kernel_a, kernel_b)]
     else:
         if sum(group_sizes) != m:
             raise ValueError(f"group sizes sum to {sum(group_sizes)}, not m = {m}")
@@ -307,8 +309,8 @@ def kernel_agreement(m: int, k: int, n: int, *, kernel_a: str, kernel_b: str,
         offs = torch.tensor(group_sizes, device=device).cumsum(0).to(torch.int32)
         runs = []
         for kern in (kernel_a, kernel_b):
-            op = mxfp8.grouped_mm_op(recipe, kern)
-            runs.append(_fwd_bwd(lambda a, b, op=op: op(a, b.transpose(-2, -1), offs), x, w, grad))
+            grouped = mxfp8.grouped_mm_op(op, kern)
+            runs.append(_fwd_bwd(lambda a, b, f=grouped: f(a, b.transpose(-2, -1), offs), x, w, grad))
     out: dict[str, float | bool | None] = {t: metrics.sqnr_db(runs[0][t], runs[1][t]) for t in ("out", "dx", "dw")}
     out["cast_bits_equal"] = None
     if "fast" not in (kernel_a, kernel_b):
@@ -316,7 +318,7 @@ def kernel_agreement(m: int, k: int, n: int, *, kernel_a: str, kernel_b: str,
         from torchao.prototype.mx_formats.mx_tensor import MXTensor
 
         casts = [MXTensor.to_mx(x, torch.float8_e4m3fn, mxfp8.BLOCK, ScaleCalculationMode.RCEIL,
-                                mxfp8.op_config(recipe, kern).kernel_preference) for kern in (kernel_a, kernel_b)]
+                                mxfp8.op_config(op, kern).kernel_preference) for kern in (kernel_a, kernel_b)]
         out["cast_bits_equal"] = bool(
             torch.equal(casts[0].qdata.view(torch.uint8), casts[1].qdata.view(torch.uint8))
             and torch.equal(casts[0].scale.view(torch.uint8).reshape(-1), casts[1].scale.view(torch.uint8).reshape(-1))

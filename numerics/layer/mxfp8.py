@@ -1,10 +1,10 @@
 """The one MXFP8 seam: the op a converted ``Linear`` / ``GroupedLinear`` runs, with a kernel choice.
 
-Public: ``KERNELS``, ``default_kernel(device, recipe)``, ``kernel_problem(kernel, device)``,
-``recipe_kernel_problem(recipe, kernel)``, ``FAST_ONLY``, ``SCALE_MODES``, ``linear_op`` /
-``grouped_mm_op`` (the callables ``numerics.layer.recipes.apply_recipe`` puts into a module's ``mxfp8_op``),
-``torchao_linear`` / ``torchao_grouped_mm`` (the subject, called as the model calls it), ``op_config``,
-``check_mx_gemm``, ``quantize_api_refusal``, ``BLOCK``.
+Public: ``KERNELS``, ``default_kernel(device, op)``, ``kernel_problem(kernel, device)``, ``linear_op(op, kernel)`` /
+``grouped_mm_op(op, kernel)`` (the callables ``numerics.layer.recipes.apply_recipe`` puts into a module's
+``mxfp8_op``), ``torchao_linear`` / ``torchao_grouped_mm`` (the subject, called as the model calls it),
+``op_config(op, kernel)``, ``check_mx_gemm``, ``quantize_api_refusal``, ``BLOCK``. What an op computes is an
+``OpRecipe`` (``numerics.layer.op_recipe``: elements, scale rule, weight gradient's precision), taken as it is.
 
 The subject is torchao 0.18's MXFP8 training path through its functional autograd ops:
 ``mxfp8_linear._to_mxfp8_then_scaled_mm`` for dense projections and ``_to_mxfp8_then_scaled_grouped_mm``
@@ -16,7 +16,8 @@ refuses it on torch 2.11, the GPU machines' torch (FINDINGS.md C1), while the fu
 Kernels:
   ``emulated``  torchao's ``KernelPreference.EMULATED``: quantize, dequantize, BF16 GEMM (CPU, SM90, any GPU)
   ``fast``      the same arithmetic with fused cast kernels (``numerics.layer.fast``), bit-identical to
-                ``emulated`` (issue #14); chosen only where it can run
+                ``emulated``; chosen only where it can run, and the only kernel of the ops torchao has not
+                (``OpRecipe.kernels``: E5M2 and E2M1 elements)
   ``real``      torchao's ``KernelPreference.AUTO``: MX tensor cores, compute capability 10.x (B200/GB200)
 
 Token groups of the grouped GEMM are padded to multiples of 32 on every device, as torchtitan's MXFP8
@@ -34,13 +35,9 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from numerics.layer.op_recipe import KERNELS, MXFP8, OpRecipe
+
 BLOCK = 32  # the MX block: torchao 0.18 supports only 32 for MXFP8 training
-KERNELS = ("emulated", "fast", "real")
-TORCHAO_RECIPE = {"mxfp8": "MXFP8_RCEIL", "mxfp8-wgrad-hp": "MXFP8_RCEIL_WGRAD_WITH_HP", "mxfp8-floor": "MXFP8_RCEIL"}
-# op recipes whose E8M0 scales are not RCEIL: torchao's ops take the mode (its recipes fix RCEIL), as do the fast ops
-SCALE_MODES = {"mxfp8-floor": "FLOOR"}
-FAST_ONLY = {"mxfp8-e5m2": "e5m2", "mxfp8-e2m1": "e2m1"}  # op recipes torchao has no training ops for: their
-# element format, kernel fast (E5M2 cast as torchao's to_mx casts it; E2M1 by the spec, numerics.tensor.mx)
 TORCHAO_OPS = {  # what a converted module runs, recorded in config.json
     "linear": "torchao.prototype.moe_training.mxfp8_linear._to_mxfp8_then_scaled_mm",
     "grouped": "torchao.prototype.moe_training._to_mxfp8_then_scaled_grouped_mm",
@@ -52,10 +49,10 @@ def _is_sm100(device: torch.device | str) -> bool:
     return dev.type == "cuda" and torch.cuda.is_available() and torch.cuda.get_device_capability(dev)[0] == 10
 
 
-def default_kernel(device: torch.device | str, recipe: str = "mxfp8") -> str:
-    """``real`` on compute capability 10.x (MX tensor cores), ``emulated`` anywhere else; ``fast`` for an op
-    recipe only the fast kernel computes (``FAST_ONLY``)."""
-    if recipe in FAST_ONLY:
+def default_kernel(device: torch.device | str, op: OpRecipe = MXFP8) -> str:
+    """``real`` on compute capability 10.x (MX tensor cores), ``emulated`` anywhere else; ``fast`` for ops only the
+    fast kernel computes (``OpRecipe.kernels``)."""
+    if op.kernels == ("fast",):
         return "fast"
     return "real" if _is_sm100(device) else "emulated"
 
@@ -82,20 +79,18 @@ def _kernel_preference(kernel: str):
     return {"emulated": KernelPreference.EMULATED, "real": KernelPreference.AUTO}[kernel]
 
 
-def op_config(recipe: str, kernel: str = "emulated", *, pad_groups: bool = True):
-    """torchao's ``MXFP8TrainingOpConfig`` for a recipe name (``TORCHAO_RECIPE``) and a torchao kernel."""
+def op_config(op: OpRecipe = MXFP8, kernel: str = "emulated", *, pad_groups: bool = True):
+    """torchao's ``MXFP8TrainingOpConfig`` of ``op`` (its ``torchao_recipe`` with ``op``'s scale rule) and a
+    torchao kernel."""
     from torchao.prototype.moe_training.config import MXFP8TrainingOpConfig, MXFP8TrainingRecipe
+    from torchao.prototype.mx_formats.config import ScaleCalculationMode
 
-    if recipe not in TORCHAO_RECIPE:
-        raise ValueError(f"no torchao MXFP8 training recipe for {recipe!r}; choose from {', '.join(TORCHAO_RECIPE)}")
-    base = MXFP8TrainingOpConfig.from_recipe(MXFP8TrainingRecipe[TORCHAO_RECIPE[recipe]])
+    if op.torchao_recipe is None:
+        raise ValueError(f"torchao has no MXFP8 training recipe for {op}")
+    base = MXFP8TrainingOpConfig.from_recipe(MXFP8TrainingRecipe[op.torchao_recipe])
     kp = _kernel_preference("emulated" if kernel == "fast" else kernel)
-    cfg = dataclasses.replace(base, kernel_preference=kp, pad_token_groups_for_grouped_mm=pad_groups)
-    if recipe in SCALE_MODES:
-        from torchao.prototype.mx_formats.config import ScaleCalculationMode
-
-        cfg = dataclasses.replace(cfg, scale_calculation_mode=ScaleCalculationMode[SCALE_MODES[recipe]])
-    return cfg
+    return dataclasses.replace(base, kernel_preference=kp, pad_token_groups_for_grouped_mm=pad_groups,
+                               scale_calculation_mode=ScaleCalculationMode[op.scale_calculation_mode])
 
 
 def check_mx_gemm(m: int, k: int, n: int, *, what: str, dtype: torch.dtype = torch.bfloat16,
@@ -115,11 +110,12 @@ def check_mx_gemm(m: int, k: int, n: int, *, what: str, dtype: torch.dtype = tor
                              "which torchao's MXFP8 GEMMs quantize along")
 
 
-def torchao_linear(x: torch.Tensor, weight: torch.Tensor, recipe: str, kernel: str = "emulated") -> torch.Tensor:
+def torchao_linear(x: torch.Tensor, weight: torch.Tensor, op: OpRecipe = MXFP8,
+                   kernel: str = "emulated") -> torch.Tensor:
     """``x @ weight.T`` through torchao's MXFP8 linear autograd function (what MXFP8Linear runs)."""
     from torchao.prototype.moe_training.mxfp8_linear import _to_mxfp8_then_scaled_mm
 
-    c = op_config(recipe, kernel)
+    c = op_config(op, kernel)
     check_mx_gemm(x.reshape(-1, x.shape[-1]).shape[0], weight.shape[1], weight.shape[0], what="linear",
                   dtype=x.dtype, tokens_blocked=not c.wgrad_with_hp)
     return _to_mxfp8_then_scaled_mm(x, weight, kernel_preference=c.kernel_preference,
@@ -127,12 +123,12 @@ def torchao_linear(x: torch.Tensor, weight: torch.Tensor, recipe: str, kernel: s
                                     wgrad_with_hp=c.wgrad_with_hp)
 
 
-def torchao_grouped_mm(x: torch.Tensor, w_t: torch.Tensor, offs: torch.Tensor, recipe: str,
+def torchao_grouped_mm(x: torch.Tensor, w_t: torch.Tensor, offs: torch.Tensor, op: OpRecipe = MXFP8,
                        kernel: str = "emulated", *, pad_groups: bool = True) -> torch.Tensor:
     """torchao's ``_to_mxfp8_then_scaled_grouped_mm``: (tokens, K) @ (E, K, N) -> (tokens, N) bf16."""
     from torchao.prototype.moe_training import _to_mxfp8_then_scaled_grouped_mm
 
-    c = op_config(recipe, kernel, pad_groups=pad_groups)
+    c = op_config(op, kernel, pad_groups=pad_groups)
     check_mx_gemm(x.shape[0], w_t.shape[-2], w_t.shape[-1], what="grouped_mm", dtype=x.dtype,
                   tokens_blocked=not (c.wgrad_with_hp or pad_groups))
     return _to_mxfp8_then_scaled_grouped_mm(
@@ -142,55 +138,41 @@ def torchao_grouped_mm(x: torch.Tensor, w_t: torch.Tensor, offs: torch.Tensor, r
     )
 
 
-def _fast_mode(recipe: str) -> str:
-    return SCALE_MODES.get(recipe, "RCEIL").lower()
-
-
-def _fast_linear(x, weight, *, recipe: str):
+def _fast_linear(x, weight, *, op: OpRecipe):
     from numerics.layer.fast import ops as fast
 
     check_mx_gemm(x.reshape(-1, x.shape[-1]).shape[0], weight.shape[1], weight.shape[0], what="linear",
-                  dtype=x.dtype, tokens_blocked=recipe != "mxfp8-wgrad-hp")
-    return fast.linear(x, weight, wgrad_with_hp=recipe == "mxfp8-wgrad-hp", scale_mode=_fast_mode(recipe),
-                       elem=FAST_ONLY.get(recipe, "e4m3"))
+                  dtype=x.dtype, tokens_blocked=not op.wgrad_with_hp)
+    return fast.linear(x, weight, op)
 
 
-def _fast_grouped_mm(x, w_t, offs, *, recipe: str):
+def _fast_grouped_mm(x, w_t, offs, *, op: OpRecipe):
     from numerics.layer.fast import ops as fast
 
     check_mx_gemm(x.shape[0], w_t.shape[-2], w_t.shape[-1], what="grouped_mm", dtype=x.dtype, tokens_blocked=False)
-    return fast.grouped_mm(x, w_t, offs, wgrad_with_hp=recipe == "mxfp8-wgrad-hp", scale_mode=_fast_mode(recipe),
-                           pad_groups=True, elem=FAST_ONLY.get(recipe, "e4m3"))
+    return fast.grouped_mm(x, w_t, offs, op, pad_groups=True)
 
 
-def recipe_kernel_problem(recipe: str, kernel: str) -> str | None:
-    """None if the op recipe runs on ``kernel``, else one line: the ``FAST_ONLY`` recipes have no torchao ops."""
-    if recipe in FAST_ONLY and kernel != "fast":
-        return (f"{recipe} has {FAST_ONLY[recipe].upper()} elements, which torchao's MXFP8 training ops do not "
-                f"take: it runs on kernel 'fast' only, not {kernel!r}")
-    return None
-
-
-def _require(recipe: str, kernel: str) -> None:
-    problem = recipe_kernel_problem(recipe, kernel)
+def _require(op: OpRecipe, kernel: str) -> None:
+    problem = op.kernel_problem(kernel)
     if problem:
-        raise ValueError(problem)
+        raise ValueError(f"an op recipe that {problem}")
 
 
-def linear_op(recipe: str, kernel: str) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+def linear_op(op: OpRecipe, kernel: str) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
     """The callable a converted ``Linear`` runs: ``op(x, w) -> x @ w.T``."""
-    _require(recipe, kernel)
+    _require(op, kernel)
     if kernel == "fast":
-        return functools.partial(_fast_linear, recipe=recipe)
-    return functools.partial(torchao_linear, recipe=recipe, kernel=kernel)
+        return functools.partial(_fast_linear, op=op)
+    return functools.partial(torchao_linear, op=op, kernel=kernel)
 
 
-def grouped_mm_op(recipe: str, kernel: str) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]:
+def grouped_mm_op(op: OpRecipe, kernel: str) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]:
     """The callable a converted ``GroupedLinear`` runs: ``op(x, w_t, offs)``, groups padded to 32."""
-    _require(recipe, kernel)
+    _require(op, kernel)
     if kernel == "fast":
-        return functools.partial(_fast_grouped_mm, recipe=recipe)
-    return functools.partial(torchao_grouped_mm, recipe=recipe, kernel=kernel, pad_groups=True)
+        return functools.partial(_fast_grouped_mm, op=op)
+    return functools.partial(torchao_grouped_mm, op=op, kernel=kernel, pad_groups=True)
 
 
 def quantize_api_refusal() -> str | None:
@@ -205,7 +187,7 @@ def quantize_api_refusal() -> str | None:
     from torchao.quantization import quantize_
 
     try:
-        quantize_(nn.Sequential(nn.Linear(BLOCK, BLOCK, bias=False)), op_config("mxfp8"),
+        quantize_(nn.Sequential(nn.Linear(BLOCK, BLOCK, bias=False)), op_config(MXFP8),
                   filter_fn=lambda mod, fqn: isinstance(mod, nn.Linear))
     except AssertionError as exc:
         return f"torchao {version('torchao')} refuses quantize_(MXFP8TrainingOpConfig) on torch " \

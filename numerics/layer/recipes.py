@@ -2,7 +2,8 @@
 
 Public: ``Recipe``, ``RECIPES``, ``MX_RECIPES`` (the MXFP8 candidates), ``CONTROLS`` (positive controls),
 ``get_recipe(name)``, ``apply_recipe(model, recipe, ...)``, ``set_op(module, recipe, kernel)``,
-``quantized_fqns(model, recipe)``.
+``quantized_fqns(model, recipe)``. A recipe is which modules are converted (``linear_fqns``,
+``grouped_experts``) and what each converted GEMM computes (``op``, a ``numerics.layer.op_recipe.OpRecipe``).
 
 Positive controls are recipes meant to train worse, which the convergence protocol must call
 ``not_equivalent``: ``mxfp8-head``, the same MXFP8 ops on more modules (the output head, which every FP8
@@ -21,8 +22,8 @@ the MoE router gate (``moe.router.gate``), the output head (``output``; torchtit
 embedding and the norms. ``numerics.layer.deepseek_v3`` names its modules as torchtitan does, so the same
 strings select the same layers.
 
-A selected module gets the op of ``numerics.layer.mxfp8`` in its ``mxfp8_op`` seam; parameters stay as
-they are (plain tensors, FP32 masters in training), each op seeing them cast to the compute dtype.
+A selected module gets the op of ``numerics.layer.mxfp8`` for ``Recipe.op`` in its ``mxfp8_op`` seam; parameters
+stay as they are (plain tensors, FP32 masters in training), each op seeing them cast to the compute dtype.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from torch import nn
 
 from numerics.layer import mxfp8
 from numerics.layer.deepseek_v3 import GroupedLinear, Linear
+from numerics.layer.op_recipe import MXFP8, OpRecipe
 
 TORCHTITAN_MXFP8_LINEAR_FQNS = ("attention", "shared_experts", "feed_forward")
 
@@ -45,24 +47,16 @@ class Recipe:
     mxfp8: bool  # False: plain BF16, nothing quantized
     linear_fqns: tuple[str, ...] = ()  # a Linear whose FQN contains one of these -> MXFP8 linear
     grouped_experts: bool = False  # every GroupedLinear (the routed experts' grouped GEMMs) -> MXFP8
-    wgrad_with_hp: bool = False  # weight gradients computed in high precision (BF16) instead of MXFP8
-    scale_calculation_mode: str = "RCEIL"  # E8M0 scale rounding (torchao ScaleCalculationMode)
-    elements: str = "e4m3"  # MX element format of every converted GEMM operand; e5m2, e2m1 on kernel fast only
+    op: OpRecipe = MXFP8  # what each converted GEMM computes: elements, scale rule, weight gradient's precision
     description: str = ""
     control: bool = False  # a positive control of the convergence protocol (known worse), not a candidate
 
     def as_dict(self) -> dict:
-        return asdict(self)
-
-    @property
-    def op_recipe(self) -> str:
-        """The name ``numerics.layer.mxfp8`` configures torchao's ops by: what each converted GEMM computes
-        (which modules are converted is ``linear_fqns`` / ``grouped_experts``)."""
-        if self.elements != "e4m3":
-            return f"mxfp8-{self.elements}"
-        if self.scale_calculation_mode != "RCEIL":
-            return f"mxfp8-{self.scale_calculation_mode.lower()}"
-        return "mxfp8-wgrad-hp" if self.wgrad_with_hp else "mxfp8"
+        """The recipe as config.json records it: the op's fields in the op's place."""
+        d = {}
+        for f in dataclasses.fields(self):
+            d |= asdict(self.op) if f.name == "op" else {f.name: getattr(self, f.name)}
+        return d
 
 
 def _bf16() -> Recipe:
@@ -84,7 +78,7 @@ def _mxfp8() -> Recipe:
 def _mxfp8_wgrad_hp() -> Recipe:
     return dataclasses.replace(
         _mxfp8(), name="mxfp8-wgrad-hp",
-        wgrad_with_hp=True,  # deviation from mxfp8: weight gradients in BF16 (torchao wgrad_with_hp)
+        op=OpRecipe(wgrad_with_hp=True),  # deviation from mxfp8: weight gradients in BF16 (torchao wgrad_with_hp)
         description="mxfp8 with weight gradients computed in BF16 (torchao MXFP8_RCEIL_WGRAD_WITH_HP)",
     )
 
@@ -104,7 +98,7 @@ def _mxfp8_e5m2() -> Recipe:
     return dataclasses.replace(
         _mxfp8(), name="mxfp8-e5m2",
         # deviation from mxfp8: E5M2 elements (2 mantissa bits, not 3) in every operand, forward included
-        elements="e5m2",
+        op=OpRecipe(elements="e5m2"),
         control=True,
         description="positive control, worse by construction: mxfp8's modules and ops with E5M2 elements in "
         "every operand (one mantissa bit fewer than E4M3: twice the rounding step, about 6 dB less SQNR per "
@@ -116,7 +110,7 @@ def _mxfp8_floor() -> Recipe:
     return dataclasses.replace(
         _mxfp8(), name="mxfp8-floor",
         # deviation from mxfp8: FLOOR scales, the OCP MX v1.0 rule, in place of torchao's RCEIL
-        scale_calculation_mode="FLOOR",
+        op=OpRecipe(scale_calculation_mode="FLOOR"),
         control=True,
         description="positive control, known worse at scale: mxfp8 with the OCP v1.0 scale rule (floor of "
         "log2 amax, so a block's largest values can saturate at 448), which Mishra, Stosic and Layton "
@@ -129,7 +123,7 @@ def _mxfp8_e2m1() -> Recipe:
     return dataclasses.replace(
         _mxfp8(), name="mxfp8-e2m1",
         # deviation from mxfp8: E2M1 elements (MXFP4's: 1 mantissa bit, largest value 6) in every operand
-        elements="e2m1",
+        op=OpRecipe(elements="e2m1"),
         control=True,
         description="positive control, worse by construction: mxfp8's modules and ops with E2M1 (MXFP4) "
         "elements in every operand, rounded to nearest even with no Hadamard transform or stochastic "
@@ -175,9 +169,9 @@ def _check_block_dims(module: nn.Module, fqn: str) -> None:
 def set_op(module: nn.Module, recipe: Recipe, kernel: str) -> None:
     """Put the recipe's MXFP8 op (with ``kernel``) into this one module's ``mxfp8_op`` seam."""
     if isinstance(module, GroupedLinear):
-        module.mxfp8_op = mxfp8.grouped_mm_op(recipe.op_recipe, kernel)
+        module.mxfp8_op = mxfp8.grouped_mm_op(recipe.op, kernel)
     elif isinstance(module, Linear):
-        module.mxfp8_op = mxfp8.linear_op(recipe.op_recipe, kernel)
+        module.mxfp8_op = mxfp8.linear_op(recipe.op, kernel)
     else:
         raise TypeError(f"{type(module).__name__} has no mxfp8_op seam (numerics.layer.deepseek_v3.Linear or "
                         "GroupedLinear)")
@@ -186,32 +180,30 @@ def set_op(module: nn.Module, recipe: Recipe, kernel: str) -> None:
 def apply_recipe(model: nn.Module, recipe: Recipe, device: torch.device | str = "cpu", *,
                  kernel: str | None = None) -> dict:
     """Convert ``model`` in place for ``recipe``: each selected module gets the MXFP8 op with ``kernel``
-    (default: ``mxfp8.default_kernel(device, recipe.op_recipe)``). Returns what was done, for config.json.
+    (default: ``mxfp8.default_kernel(device, recipe.op)``). Returns what was done, for config.json.
 
     Raises ValueError when a selected weight has a dimension that is not a multiple of 32 or ``kernel``
     cannot run on ``device`` (the message names the kernels that can).
     """
     if not recipe.mxfp8:
         return {"quantized": [], "kernel": None, "torchao_config": None}
-    kernel = kernel or mxfp8.default_kernel(device, recipe.op_recipe)
-    problem = mxfp8.recipe_kernel_problem(recipe.op_recipe, kernel) or mxfp8.kernel_problem(kernel, device)
+    kernel = kernel or mxfp8.default_kernel(device, recipe.op)
+    problem = recipe.op.kernel_problem(kernel)
+    problem = f"{recipe.name} {problem}" if problem else mxfp8.kernel_problem(kernel, device)
     if problem:
         raise ValueError(problem)
-    if recipe.scale_calculation_mode != mxfp8.SCALE_MODES.get(recipe.op_recipe, "RCEIL"):
-        raise ValueError(f"recipe {recipe.name!r}: scale_calculation_mode {recipe.scale_calculation_mode} is not "
-                         "RCEIL, which torchao's MXFP8 training recipes fix (a control names its mode in "
-                         "numerics.layer.mxfp8.SCALE_MODES)")
     fqns = quantized_fqns(model, recipe)
     modules = dict(model.named_modules())
     for fqn in fqns:
         _check_block_dims(modules[fqn], fqn)
     for fqn in fqns:
         set_op(modules[fqn], recipe, kernel)
-    if recipe.op_recipe in mxfp8.FAST_ONLY:  # no torchao op computes it: the fast ops' own settings
-        return {"quantized": fqns, "kernel": kernel, "elements": recipe.elements, "torchao_config": None,
-                "ops": f"numerics.layer.fast.ops (linear, grouped_mm) with {recipe.elements.upper()} elements, "
-                       "RCEIL scales"}
-    cfg = mxfp8.op_config(recipe.op_recipe, kernel)
+    op = recipe.op
+    if op.torchao_recipe is None:  # no torchao op computes it: the fast ops' own settings
+        return {"quantized": fqns, "kernel": kernel, "elements": op.elements, "torchao_config": None,
+                "ops": f"numerics.layer.fast.ops (linear, grouped_mm) with {op.elements.upper()} elements, "
+                       f"{op.scale_calculation_mode} scales"}
+    cfg = mxfp8.op_config(op, kernel)
     return {
         "quantized": fqns,
         "kernel": kernel,

@@ -1,30 +1,25 @@
 """Throughput of the oracle (``numerics.tensor.mx.quantize``) against torchao's eager ``to_mx`` on CPU.
 
-``python -m numerics bench [cast]`` times both casts on the same float32 input (default 2048 x 2048
-normal values, the issue's input, E4M3, every mode) in one process and prints elements/s and the ratio
-oracle / torchao; the issue's goal is a ratio of at least 0.5. Each figure is the best of
-``--repeat`` runs after one warm-up, so a busy machine slows both sides alike as far as it can.
-``python -m numerics bench layers ...`` runs ``numerics.layer.bench`` (routed by ``numerics.__main__``).
+``python -m numerics bench [cast]`` times both casts on the same float32 input (default 2048 x 2048 normal
+values, E4M3, every mode) in one process and prints elements/s and the ratio oracle / torchao; the goal is a
+ratio of at least 0.5, so that the oracle checks torchao's cast at torchao's own pace or better. Each figure
+is the best of ``--repeat`` runs after one warm-up, so a busy machine slows both sides alike as far as it
+can. ``python -m numerics bench layers ...`` runs ``numerics.layer.bench`` (routed by ``numerics.__main__``).
 Nothing here asserts a time.
 
-Optimisation record (2-core CPU, torch 2.13, torchao 0.18, numpy 2.x; before any change the
-oracle ran in float64 and took ~2 s per 16M-element cast against torchao's ~0.085 s, ratio ~0.04).
-Expected before optimising: the float64 element encode (~25 full passes over 128 MB arrays) is
-~90 % of the time; doing it in float32 bit arithmetic (``elements.encode_f32``: an FPU add rounds to
-the element grid, a 2-4k-entry table gives the code) and taking amax as an integer max over the
-bit patterns should cut the oracle ~10x. Measured after, in one run on the shared 2-core machine
-(load ~3-5, best of 2): oracle 0.89 -> 0.18 s (FLOOR) and 1.05 -> 0.21 s (RCEIL), 5x rather than 10x
-(the remaining passes are memory-bound float32/uint32 ones plus the table gather); torchao
-0.23-0.41 s under that load, so oracle/torchao 1.2-2.3 (was 0.26-0.30). On an idle machine torchao
-was seen at ~0.085 s, which would put the ratio near 0.5: rerun this script to see where it lands.
-
-Second step (#18's goal: >= 0.5 in every mode on 2048 x 2048 float32 E4M3, measured 0.22-0.49 before).
-Expected: the ~15 passes of one cast are memory-bound over 16 MB arrays; running them over 64K values at
-a time (``mx.CHUNK_BLOCKS``) keeps the temporaries in L2, ~3x on the encode (0.132 -> 0.041 s measured on
-it alone). Measured after, 2048 x 2048, best of 5, on the shared 2-core machine under load average 6-9
-from other sessions: oracle 21-24 ms in every mode (whole-array in the same run: 31-42 ms); torchao 17-194
-ms, its figures swinging with the load (it runs 2 threads). ``python -m numerics bench --repeat 5``, three
-runs in a row: lowest ratio 0.78 (FLOOR, torchao at 17 ms), 1.88, 6.49; every mode >= 0.78 in each run.
+Why the oracle is fast (2-core CPU, torch 2.13, torchao 0.18, numpy 2.x). A float64 oracle takes ~2 s per
+16M-element cast against torchao's ~0.085 s (ratio ~0.04), ~90 % of it the float64 element encode (~25 full
+passes over 128 MB arrays). Two changes, each measured:
+- The encode in float32 bit arithmetic (``elements.encode_f32``: an FPU add rounds to the element grid, a
+  2-4k-entry table gives the code) and amax as an integer max over the bit patterns: the oracle 0.89 ->
+  0.18 s (FLOOR) and 1.05 -> 0.21 s (RCEIL), 5x (the remaining passes are memory-bound float32/uint32 ones
+  plus the table gather).
+- The ~15 passes of one cast run over 64K values at a time (``mx.CHUNK_BLOCKS``), keeping the temporaries
+  in L2: ~3x on the encode (0.132 -> 0.041 s measured on it alone).
+At 2048 x 2048, best of 5, on a shared 2-core machine under load average 6-9: oracle 21-24 ms in every mode
+(whole-array: 31-42 ms); torchao 17-194 ms, its figures swinging with the load (it runs 2 threads).
+``python -m numerics bench --repeat 5``, three runs in a row: lowest ratio 0.78 (FLOOR, torchao at 17 ms),
+1.88, 6.49; every mode >= 0.78 in each run.
 """
 
 from __future__ import annotations
@@ -40,7 +35,7 @@ from numerics.cli import ArgumentParser, CLIError, run_main
 from numerics.tensor import mx
 from numerics.tensor.subjects import torchao
 
-DEFAULT_ELEMENTS = 2048 * 2048  # the issue's input (#18): 2048 x 2048 float32
+DEFAULT_ELEMENTS = 2048 * 2048  # 2048 x 2048 float32: 4M elements, 16 MB, past the CPU's caches
 ROW = 2048
 
 

@@ -24,7 +24,7 @@ BLOCK = 32
 FAMILIES = ("normal", "outliers", "gradients", "boundary")
 INPUT_DTYPE = {"normal": "bfloat16", "outliers": "bfloat16", "gradients": "float32", "boundary": "float32"}
 # tiny: for tests; quick: the whole report (4 families x 8 casts) runs in seconds on a 2-core CPU;
-# full: one DeepSeek-V3 hidden-size activation, the shape of GPU.md's to_mx figure.
+# full: one DeepSeek-V3 hidden-size activation (8192 x 7168, the shape of the SQNR figures in docs/tensor.md).
 SHAPES = {"tiny": (4, 256), "quick": (256, 1024), "full": (8192, 7168)}
 
 

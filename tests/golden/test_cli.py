@@ -115,6 +115,17 @@ def test_golden_check_passes_on_an_intact_copy(root, capsys):
     assert (code, err) == (0, "") and "integrity                OK" in out
 
 
+def test_golden_check_says_which_files_it_derives_again_and_which_it_only_checksums(root, capsys):
+    """A checksum stops accidents, not an edit made with its sidecar updated: the output says which files this
+    machine derived again (their content checked) and how many it checked by checksum alone."""
+    code, out, _ = _run(["check", "--root", str(root), "--only", "tensor_vectors", "--only", "recorded"], capsys)
+    listed = len(integrity.load_manifest(root))
+    assert code == 0
+    assert "tensor_vectors           OK (re-derived here: tensor/mx_vectors__any.json)" in out
+    assert "recorded                 OK (checksummed only here)" in out
+    assert f"checksummed only         {listed - 1} of {listed} files: {integrity.PROTECTS}" in out
+
+
 @pytest.mark.parametrize("argv, match", [
     (["check", "--only", "nope"], "unknown golden artifact nope"),
     (["verify"], "invalid choice"),

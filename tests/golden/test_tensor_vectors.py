@@ -47,6 +47,16 @@ def test_tensor_vectors_detects_a_changed_byte_with_a_matching_checksum(tmp_path
     assert any("e4m3/rceil" in p and "the oracle gives" in p for p in problems), problems
 
 
+def test_tensor_vectors_names_a_tampered_value_the_golden_files_not_the_oracles(tmp_path):
+    """torchao's disagreement with a tampered byte names that byte the golden file's: the oracle gives another one,
+    and says so on a line of its own."""
+    path, _ = _copy(tmp_path)
+    _tamper(path)
+    problems, _ = tv.check_dir(tmp_path)
+    torchao = [p for p in problems if p.startswith("e4m3/rceil") and "torchao gives" in p]
+    assert torchao and all("the golden file" in p and "the oracle" not in p for p in torchao), problems
+
+
 def test_tensor_vectors_regenerate_reports_changed_bytes(tmp_path):
     path, _ = _copy(tmp_path)
     assert tv.write(tmp_path).endswith("no byte changed")

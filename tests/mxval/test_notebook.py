@@ -85,7 +85,7 @@ def test_own_verdict_line_judges_a_running_protocols_last_whole_level_as_its_sta
     """A protocol folder without results/ (a plan still running) gets the verdict ``protocol --status`` judges on
     its last whole level, marked interim, with whether each control came out as it must (here a control 5 % worse:
     not_equivalent; the held-out BF16 runs: equivalent); before a level is whole, None; a damaged log, one message."""
-    from convergence.protocol import plan as pr
+    from convergence.protocol.folder import metrics_path
     from mxval.notebook import own_verdict_line
 
     plan, write = val_loss_protocol
@@ -100,6 +100,6 @@ def test_own_verdict_line_judges_a_running_protocols_last_whole_level_as_its_sta
     assert line.endswith("controls: positive_control not_equivalent (as it must), negative_control equivalent "
                          "(as it must)"), line
     assert own_verdict_line(tmp_path.parent) is None  # no protocol there at all
-    pr.metrics_path(tmp_path, plan.run("candidate")).write_text('{"step": 1, "val_loss": [}\n')
+    metrics_path(tmp_path, plan.run("candidate")).write_text('{"step": 1, "val_loss": [}\n')
     with pytest.raises(NotebookInputError, match="cannot judge its runs"):
         own_verdict_line(tmp_path)

@@ -236,6 +236,21 @@ def test_protocol_checks_trust_the_verdict_only_when_both_controls_come_out_as_e
     assert [c.status for c in protocol_checks(verdicts, pp)] == ["inconclusive", "inconclusive", "pass"]
 
 
+def test_curves_summary_puts_a_control_that_missed_before_the_verdict_it_makes_untrusted():
+    """A control that missed makes the curves row inconclusive, so the row says so before the verdict it untrusts;
+    and the training note describes the replicates the table lists (one seed, one benign change each)."""
+    from mxval.validate.levels import curves_summary
+    from mxval.validate.report import READING
+
+    verdicts = _golden_protocol()  # its negative control came out inconclusive
+    line = curves_summary(verdicts)
+    assert line.startswith("not trusted at this size: the negative control came out inconclusive, not equivalent; "
+                           "the candidate's comparison alone: not_equivalent: "), line
+    verdicts["negative_control"] = dict(verdicts["negative_control"], verdict="equivalent")  # the control: trusted
+    assert curves_summary(verdicts).startswith("not_equivalent: ")
+    assert "other seeds" not in READING["training"] and "init / data / rows" in READING["training"]
+
+
 def test_a_folder_a_kill_left_without_a_summary_can_be_replaced_with_force(tmp_path, capsys):
     """SIGKILL leaves no summary.json; validate marks its folder before anything else, so --force still empties a
     folder a kill left; a folder it did not write stays refused (the control)."""

@@ -32,3 +32,60 @@ def test_exit_process_skips_finalization_only_in_a_torchrun_rank(rank):
     assert r.returncode == 3
     assert r.stdout.startswith("last line of output") and r.stderr.endswith("and of errors")
     assert ("finalized" in r.stdout) is not rank
+
+
+def _closed_pipe():
+    """A writable end whose reader is gone, as ``| head -1`` leaves stdout once head has its line."""
+    read, write = os.pipe()
+    os.close(read)
+    return open(write, "w", buffering=1)  # line-buffered, as a terminal's: every print reaches the pipe
+
+
+def test_a_command_whose_stdout_reader_went_away_finishes_with_its_own_exit_code(monkeypatch, tmp_path):
+    """A reader that went away ends the output only: the command writes what it writes after its prints and exits
+    with its own code (a BrokenPipeError would be a traceback and exit code 1, compare's not_equivalent)."""
+    from numerics.cli import run_main
+
+    def command(argv):
+        print("verdict: EQUIVALENT")
+        print("more lines nobody reads")
+        (tmp_path / "result.json").write_text("{}")  # the work after the output
+        return 3
+
+    monkeypatch.setattr(sys, "stdout", _closed_pipe())
+    assert run_main(command, []) == 3
+    assert (tmp_path / "result.json").exists()
+    print("and after it: no error either")  # the descriptor now goes to /dev/null
+
+
+def test_interrupted_starts_a_line_of_its_own_after_a_progress_bar(capsys):
+    """A progress bar rewrites its line with carriage returns and no newline: "interrupted" starts a line of its
+    own after it."""
+    from numerics.cli import run_main
+
+    def command(argv):
+        sys.stderr.write("\r  bf16 [####......] 12/40 loss 4.1")
+        raise KeyboardInterrupt
+
+    assert run_main(command, []) == 130
+    assert capsys.readouterr().err.endswith("12/40 loss 4.1\ninterrupted\n")
+
+    def clean(argv):  # the control: after a whole line, no blank one
+        sys.stderr.write("a whole line\n")
+        raise KeyboardInterrupt
+
+    assert run_main(clean, []) == 130
+    assert capsys.readouterr().err == "a whole line\ninterrupted\n"
+
+
+@pytest.mark.parametrize("argv, code, stream", [([], 2, "err"), (["--help"], 0, "out")])
+def test_a_command_without_its_subcommand_prints_usage_to_stderr_and_exits_2(capsys, argv, code, stream):
+    """A command without its subcommand is a usage error: the usage goes to stderr, not to the output a script
+    reads; the control: --help is output, exit 0."""
+    from convergence.__main__ import main as convergence_main
+    from mxval.__main__ import main as mxval_main
+
+    for main in (mxval_main, convergence_main):
+        assert main(argv) == code
+        cap = capsys.readouterr()
+        assert getattr(cap, stream).startswith("usage: ") and not getattr(cap, "out" if stream == "err" else "err")

@@ -59,3 +59,18 @@ def test_json_lines_skip_a_torn_last_line_and_refuse_a_torn_one_inside(tmp_path)
     (tmp_path / "whole.jsonl").write_text(good + '{"step": 3, "lo\n')
     with pytest.raises(BadInput, match="whole.jsonl:3: not a JSON line"):
         read_json_lines(tmp_path / "whole.jsonl", **kwargs)
+
+
+def test_removed_if_left_empty_removes_only_the_empty_folders_it_made(tmp_path):
+    from numerics.files import removed_if_left_empty
+
+    (tmp_path / "there").mkdir()
+    with pytest.raises(BadInput), removed_if_left_empty(tmp_path / "there" / "a" / "b") as out:
+        out.mkdir(parents=True)
+        raise BadInput("refused after making --out")
+    assert (tmp_path / "there").is_dir() and not (tmp_path / "there" / "a").exists()  # what was there stays
+    with pytest.raises(KeyboardInterrupt), removed_if_left_empty(tmp_path / "c" / "d") as out:
+        out.mkdir(parents=True)
+        (out / "metrics.jsonl").write_text("{}\n")  # work done: kept, with the folders holding it
+        raise KeyboardInterrupt
+    assert (tmp_path / "c" / "d" / "metrics.jsonl").is_file()

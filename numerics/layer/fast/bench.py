@@ -9,18 +9,19 @@ CUDA-event medians of ``--iters`` (default 50) after ``--warmup`` runs, each tim
 pre-filled (``torch.cuda._sleep``) so the Python launch cost is not counted; ``wall`` columns time the
 same loop back to back from the host, launch cost included. Ratios come from one run; nothing asserts a time.
 
-Predicted before measuring (from GPU.md's figures on an H200):
-- copy bandwidth ~3.9 TB/s (GPU.md's bf16 clones: 134 MB read + written in 0.035 ms = 3.8 TB/s,
-  235 MB in 0.058 ms = 4.1 TB/s); cast floors = 4 bytes per element / that = 0.034, 0.024, 0.060 ms.
-- torchao eager ~0.94, 0.65, 1.6 ms (GPU.md's 0.94 ms for 16384x2048, scaled by size); along dim 0
+What to expect on an H200, from independent measurements of the same operations there (the measured
+figures: golden/layers/fast_bench__h200.json, docs/studies/bench.md):
+- copy bandwidth ~3.9 TB/s (bf16 clones: 134 MB read + written in 0.035 ms = 3.8 TB/s, 235 MB in
+  0.058 ms = 4.1 TB/s); cast floors = 4 bytes per element / that = 0.034, 0.024, 0.060 ms.
+- torchao eager ~0.94, 0.65, 1.6 ms (0.94 ms measured for 16384x2048, scaled by size); along dim 0
   ~0.1 ms more (its transposing copy).
-- torch.compile 0.046, 0.18, 0.43 ms (GPU.md), along dim 0 0.32-0.81 ms (GPU.md, transposed operand).
+- torch.compile 0.046, 0.18, 0.43 ms, along dim 0 0.32-0.81 ms (transposed operand).
 - fast along the last dim ~0.05, 0.035, 0.08 ms: about 25 integer and float operations per element
   against Hopper's ~17 T int32 operations/s put the 33.5 M elements of 16384x2048 near 40 us of
   issue time, beside a 35 us memory floor, so 1.3-1.5x the floor; along dim 0 ~20% more (the
   transposed store goes through shared memory).
-- fwd + bwd at the 16B expert shape: BF16 ~0.4 ms (three GEMMs of ~0.13 ms, GPU.md); emulated ~4.5 ms
-  (GPU.md's 11x); fast ~0.7 ms: the BF16 GEMMs plus six casts (x and the upstream gradient along both
+- fwd + bwd at the 16B expert shape: BF16 ~0.4 ms (three GEMMs of ~0.13 ms); emulated ~4.5 ms (the
+  grouped GEMM's measured 11x); fast ~0.7 ms: the BF16 GEMMs plus six casts (x and the upstream gradient along both
   dims, the weights along both) of ~0.05 ms each, so fast / BF16 ~1.7x for grouped (goal <= 2x) and
   ~1.5x for linear, whose weight is 8x smaller.
 
@@ -43,7 +44,7 @@ from numerics.files import atomic_write, check_writable
 from numerics.layer.fast import ops
 from numerics.layer.fast.cast import _cast, available, mx_dequantize
 
-CAST_SHAPES = ((16384, 2048), (16384, 1408), (8192, 7168))  # GPU.md's shapes: 16B activations, 16B experts, V3
+CAST_SHAPES = ((16384, 2048), (16384, 1408), (8192, 7168))  # 16B activations, 16B experts, V3 activations
 OP_SHAPE = (16384, 2048, 1408, 8)  # M tokens, K = dim, N = expert hidden, E experts (configs.sixteen_b grouped)
 QUICK_CAST_SHAPES = ((128, 64),)  # --quick: a smoke run that finishes in seconds on a CPU
 QUICK_OP_SHAPE = (64, 32, 64, 2)
@@ -161,13 +162,13 @@ def _op_fns(kind: str, x, w, offs):
     rceil = ScaleCalculationMode.RCEIL
     if kind == "linear":
         return {
-            "fast": lambda a, b: ops.linear(a, b, wgrad_with_hp=False),
+            "fast": lambda a, b: ops.linear(a, b),
             "emulated": lambda a, b: _to_mxfp8_then_scaled_mm(a, b, kernel_preference=_emulated(),
                                                               scale_calculation_mode=rceil, wgrad_with_hp=False),
             "bf16": lambda a, b: a @ b.t(),
         }
     return {
-        "fast": lambda a, b: ops.grouped_mm(a, b.transpose(-2, -1), offs, wgrad_with_hp=False, pad_groups=False),
+        "fast": lambda a, b: ops.grouped_mm(a, b.transpose(-2, -1), offs, pad_groups=False),
         "emulated": lambda a, b: _to_mxfp8_then_scaled_grouped_mm(
             a, b.transpose(-2, -1), offs, out_dtype=torch.bfloat16, kernel_preference=_emulated(),
             wgrad_with_hp=False, scale_calculation_mode=rceil),

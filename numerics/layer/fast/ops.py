@@ -1,7 +1,8 @@
 """MXFP8 linear and grouped GEMM (forward, dX, dW) on the fast cast kernels, bit-identical to torchao
 0.18.0's emulated ops: ``mxfp8_linear._to_mxfp8_then_scaled_mm`` and ``_to_mxfp8_then_scaled_grouped_mm``
-with ``KernelPreference.EMULATED`` and E4M3 everywhere (``elem="e5m2"``: the same ops with E5M2 elements,
-which torchao's training recipes do not offer: the convergence protocol's worse-by-construction control).
+with ``KernelPreference.EMULATED``, for every ``OpRecipe`` (``numerics.layer.op_recipe``) torchao has ops for,
+and the same ops for those it has not (E5M2 or E2M1 elements: the convergence protocol's worse-by-construction
+controls).
 
 Only torchao's cast work (``to_mx``, the transposing copies before it, and the dequantize after it) is
 replaced, by one ``mx_dequantize`` per operand; the GEMMs are the same ops (``torch.mm``,
@@ -21,9 +22,7 @@ Linear dequantizes to the operand's dtype (``MXTensor.dequantize``), the grouped
 (torchao's grouped emulation). Unlike torchao, non-contiguous operands and upstream gradients are
 taken as they are (FINDINGS L1), and a dim that must hold whole blocks but does not raises ``BadInput``.
 
-Public: ``linear(x, weight, *, wgrad_with_hp, scale_mode="rceil", elem="e4m3")``,
-``grouped_mm(x, w_t, offs, *, wgrad_with_hp, scale_mode="rceil", pad_groups, elem="e4m3")``; ``elem`` is one of
-``numerics.tensor.elements.ELEMENTS``.
+Public: ``linear(x, weight, op=MXFP8)``, ``grouped_mm(x, w_t, offs, op=MXFP8, *, pad_groups)``.
 """
 
 from __future__ import annotations
@@ -31,65 +30,64 @@ from __future__ import annotations
 import torch
 
 from numerics.errors import BadInput
-from numerics.layer.fast.cast import MODES, TORCHAO_ELEMENTS, mx_dequantize
-from numerics.tensor.elements import ELEMENTS
+from numerics.layer.fast.cast import TORCHAO_ELEMENTS, mx_dequantize
+from numerics.layer.op_recipe import MXFP8, OpRecipe
 
 BLOCK = 32
 
 
-def _cast(t: torch.Tensor, dim: int, mode: str, out_dtype: torch.dtype, elem: str) -> torch.Tensor:
+def _cast(t: torch.Tensor, dim: int, op: OpRecipe, out_dtype: torch.dtype) -> torch.Tensor:
+    """``t`` as the GEMM sees it: cast to ``op``'s MX elements along ``dim`` by its scale rule, dequantized."""
     # torchao's casts where torchao has the element (its ops take E4M3; E5M2 through its to_mx), else the spec's
-    flavour = "torchao" if elem in TORCHAO_ELEMENTS else "spec"
-    return mx_dequantize(t, elem=elem, mode=mode, dim=dim, flavour=flavour, out_dtype=out_dtype)
+    flavour = "torchao" if op.elements in TORCHAO_ELEMENTS else "spec"
+    return mx_dequantize(t, elem=op.elements, mode=op.scale_calculation_mode.lower(), dim=dim, flavour=flavour,
+                         out_dtype=out_dtype)
 
 
 class _Linear(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, wgrad_with_hp: bool, mode: str, elem: str):
+    def forward(ctx, x, weight, op: OpRecipe):
         ctx.save_for_backward(x, weight)
-        ctx.wgrad_with_hp, ctx.mode, ctx.elem = wgrad_with_hp, mode, elem
+        ctx.op = op
         x2 = x.reshape(-1, x.shape[-1])
-        a = _cast(x2, -1, mode, x.dtype, elem)  # [M, K] contiguous
-        b = _cast(weight, -1, mode, weight.dtype, elem).t()  # [K, N], W's layout transposed
+        a = _cast(x2, -1, op, x.dtype)  # [M, K] contiguous
+        b = _cast(weight, -1, op, weight.dtype).t()  # [K, N], W's layout transposed
         return torch.mm(a, b).reshape(*x.shape[:-1], weight.shape[0])
 
     @staticmethod
     def backward(ctx, grad_out):
         x, weight = ctx.saved_tensors
-        mode, elem = ctx.mode, ctx.elem
+        op = ctx.op
         g2 = grad_out.reshape(-1, grad_out.shape[-1])
         x2 = x.reshape(-1, x.shape[-1])
         # dX = dY @ W, both along N; W's dequantized copy is [K, N] in memory, seen as [N, K]
-        grad_x = torch.mm(_cast(g2, -1, mode, grad_out.dtype, elem), _cast(weight, -2, mode, weight.dtype, elem))
+        grad_x = torch.mm(_cast(g2, -1, op, grad_out.dtype), _cast(weight, -2, op, weight.dtype))
         grad_x = grad_x.reshape(*grad_out.shape[:-1], weight.shape[1])
-        if ctx.wgrad_with_hp:
+        if op.wgrad_with_hp:
             # torchao multiplies its contiguous copy of dY; the same layout gives the same GEMM
             grad_w = torch.mm(grad_out.contiguous().reshape(-1, grad_out.shape[-1]).t(), x2)
         else:  # dW = dY^T @ x, both along the tokens M
-            grad_w = torch.mm(_cast(g2, -2, mode, grad_out.dtype, elem).t(), _cast(x2, -2, mode, x.dtype, elem))
-        return grad_x, grad_w, None, None, None
+            grad_w = torch.mm(_cast(g2, -2, op, grad_out.dtype).t(), _cast(x2, -2, op, x.dtype))
+        return grad_x, grad_w, None
 
 
-def _check_mode(scale_mode: str, elem: str) -> None:
-    if scale_mode not in MODES:
-        raise BadInput(f"scale_mode={scale_mode!r} is not supported; choose one of {', '.join(MODES)}")
-    if elem not in ELEMENTS:
-        raise BadInput(f"elem={elem!r} is not supported; choose one of {', '.join(ELEMENTS)}")
+def _check_op(op) -> None:
+    if not isinstance(op, OpRecipe):
+        raise BadInput(f"op must be a numerics.layer.op_recipe.OpRecipe, got {op!r}")
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, *, wgrad_with_hp: bool, scale_mode: str = "rceil",
-           elem: str = "e4m3") -> torch.Tensor:
-    """``x @ weight.T`` with MXFP8 operands in forward and backward, as torchao's emulated linear (E4M3;
-    ``elem="e5m2"`` is the convergence protocol's worse-by-construction control, which torchao has not)."""
-    _check_mode(scale_mode, elem)
+def linear(x: torch.Tensor, weight: torch.Tensor, op: OpRecipe = MXFP8) -> torch.Tensor:
+    """``x @ weight.T`` with MX operands in forward and backward by ``op``, as torchao's emulated linear (and the
+    same for the element formats torchao has not)."""
+    _check_op(op)
     if weight.ndim != 2 or x.ndim < 1 or x.shape[-1] != weight.shape[1]:
         raise BadInput(f"linear needs x [..., K] and weight [N, K], got {tuple(x.shape)} and {tuple(weight.shape)}")
-    return _Linear.apply(x, weight, wgrad_with_hp, scale_mode, elem)
+    return _Linear.apply(x, weight, op)
 
 
 class _GroupedMM(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, w_t, offs, wgrad_with_hp: bool, mode: str, pad_groups: bool, elem: str):
+    def forward(ctx, x, w_t, offs, op: OpRecipe, pad_groups: bool):
         from torchao.prototype.moe_training.utils import pad_token_groups, unpad_token_groups
         from torchao.quantization.quantize_.common import KernelPreference
 
@@ -99,15 +97,14 @@ class _GroupedMM(torch.autograd.Function):
         xp, offs_p = x, offs
         if pad_groups:
             xp, padded_starts, offs_p = pad_token_groups(x, offs, alignment_size=BLOCK, kernel_preference=emulated)
-        a = _cast(xp, -1, mode, torch.bfloat16, elem)  # [M, K] contiguous
+        a = _cast(xp, -1, op, torch.bfloat16)  # [M, K] contiguous
         w = w_t.transpose(-2, -1)  # [E, N, K]
-        b = _cast(w, -1, mode, torch.bfloat16, elem).transpose(-2, -1)  # [E, K, N], memory [E, N, K]
+        b = _cast(w, -1, op, torch.bfloat16).transpose(-2, -1)  # [E, K, N], memory [E, N, K]
         out = torch._grouped_mm(a, b, offs=offs_p, out_dtype=torch.bfloat16)
         if pad_groups:
             out = unpad_token_groups(out, offs, padded_starts, tokens, alignment_size=BLOCK, kernel_preference=emulated)
         ctx.save_for_backward(xp, w_t, offs, offs_p)
-        ctx.wgrad_with_hp, ctx.mode, ctx.pad_groups, ctx.tokens = wgrad_with_hp, mode, pad_groups, tokens
-        ctx.elem = elem
+        ctx.op, ctx.pad_groups, ctx.tokens = op, pad_groups, tokens
         ctx.padded_starts = padded_starts
         return out
 
@@ -118,31 +115,31 @@ class _GroupedMM(torch.autograd.Function):
 
         emulated = KernelPreference.EMULATED
         xp, w_t, offs, offs_p = ctx.saved_tensors
-        mode, elem = ctx.mode, ctx.elem
+        op = ctx.op
         g = grad_out
         if ctx.pad_groups:
             g, _, _ = pad_token_groups(grad_out, offs, alignment_size=BLOCK, kernel_preference=emulated)
         # dX = dY @ w, both along N; w's dequantized copy is [E, K, N] in memory, seen as [E, N, K]
         w = w_t.transpose(-2, -1)
-        grad_x = torch._grouped_mm(_cast(g, -1, mode, torch.bfloat16, elem),
-                                   _cast(w, -2, mode, torch.bfloat16, elem), offs=offs_p, out_dtype=torch.bfloat16)
-        if ctx.wgrad_with_hp:
+        grad_x = torch._grouped_mm(_cast(g, -1, op, torch.bfloat16), _cast(w, -2, op, torch.bfloat16), offs=offs_p,
+                                   out_dtype=torch.bfloat16)
+        if op.wgrad_with_hp:
             grad_w = torch._grouped_mm(g.contiguous().transpose(-2, -1), xp, offs=offs_p, out_dtype=torch.bfloat16)
         else:  # dW = dY^T @ x per group, both along the tokens (blocks may span groups: FINDINGS L3)
-            grad_w = torch._grouped_mm(_cast(g, -2, mode, torch.bfloat16, elem).transpose(-2, -1),
-                                       _cast(xp, -2, mode, torch.bfloat16, elem), offs=offs_p, out_dtype=torch.bfloat16)
+            grad_w = torch._grouped_mm(_cast(g, -2, op, torch.bfloat16).transpose(-2, -1),
+                                       _cast(xp, -2, op, torch.bfloat16), offs=offs_p, out_dtype=torch.bfloat16)
         if ctx.pad_groups:
             grad_x = unpad_token_groups(grad_x, offs, ctx.padded_starts, ctx.tokens, alignment_size=BLOCK,
                                         kernel_preference=emulated)
-        return grad_x, grad_w.transpose(-2, -1), None, None, None, None, None
+        return grad_x, grad_w.transpose(-2, -1), None, None, None
 
 
-def grouped_mm(x: torch.Tensor, w_t: torch.Tensor, offs: torch.Tensor, *, wgrad_with_hp: bool,
-               scale_mode: str = "rceil", pad_groups: bool, elem: str = "e4m3") -> torch.Tensor:
-    """Grouped ``x[group e] @ w_t[e]`` (x [M, K], w_t [E, K, N], offs the groups' end rows) with MXFP8
-    operands (E4M3, or ``elem``) in forward and backward, BF16 out, as torchao's emulated grouped GEMM."""
-    _check_mode(scale_mode, elem)
+def grouped_mm(x: torch.Tensor, w_t: torch.Tensor, offs: torch.Tensor, op: OpRecipe = MXFP8, *,
+               pad_groups: bool) -> torch.Tensor:
+    """Grouped ``x[group e] @ w_t[e]`` (x [M, K], w_t [E, K, N], offs the groups' end rows) with MX operands by
+    ``op`` in forward and backward, BF16 out, as torchao's emulated grouped GEMM."""
+    _check_op(op)
     if x.ndim != 2 or w_t.ndim != 3 or x.shape[1] != w_t.shape[1] or offs.ndim != 1 or offs.numel() != w_t.shape[0]:
         raise BadInput(f"grouped_mm needs x [M, K], w_t [E, K, N] and offs [E], got {tuple(x.shape)}, "
                        f"{tuple(w_t.shape)} and {tuple(offs.shape)}")
-    return _GroupedMM.apply(x, w_t, offs, wgrad_with_hp, scale_mode, pad_groups, elem)
+    return _GroupedMM.apply(x, w_t, offs, op, pad_groups)

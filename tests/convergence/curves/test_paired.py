@@ -183,8 +183,8 @@ def test_compare_paths_val_loss_on_tensorboard_runs_reads_the_validation_tag(tmp
     for i, c in enumerate(curves):
         run = tmp_path / f"tb{i}"
         run.mkdir()
-        write_scalars(run / "events.out.tfevents.1.host", {
-            "loss_metrics/global_avg_loss": (train_steps, 2.0 + 1.0 / train_steps),
+        write_scalars(run / "events.out.tfevents.1.host", {  # training losses alike, not equal: a copy is refused
+            "loss_metrics/global_avg_loss": (train_steps, 2.0 + 1.0 / train_steps + 1e-9 * i),
             "validation_metrics/loss": (STEPS, c.values)})
         paths.append(run)
     r = compare_paths(paths[:-1], paths[-1], metric="val_loss")
@@ -232,9 +232,9 @@ def test_per_batch_losses_follow_the_step_key_and_belong_to_val_loss_only(tmp_pa
 
 
 def test_the_validation_loss_is_compared_as_one_and_divergence_says_what_it_was_judged_on(tmp_path):
-    """--loss-key val_loss under the training-loss metric put evaluations every N steps through statistics made for
-    a point every step: refused, pointing at --metric val_loss. Runs without a training loss have divergence
-    judged on the validation curves, and the result now says so (it did not)."""
+    """--loss-key val_loss under the training-loss metric would put evaluations every N steps through statistics made
+    for a point every step: refused, pointing at --metric val_loss. Runs without a training loss have divergence
+    judged on the validation curves, and the result says so."""
     curves, per_batch = _runs(np.random.default_rng(5), k=3, spread=1e-4, offset=0.0, batch_sd=0.002)
     paths = _write_runs(tmp_path, curves, per_batch)
     with pytest.raises(BadInput, match="--loss-key names a validation loss: compare it with --metric val_loss"):
@@ -430,7 +430,7 @@ def test_one_candidate_run_assumes_equal_spreads_and_says_so_replicates_do_not()
     reps (sd ~1.1 and 0.4 points): > 6 % for one run and < 3 % for four are 5 sd or more from what was measured.
     The one-run result must carry the caveat in its noise note; with replicates it is not needed."""
     from convergence.curves import paired
-    from convergence.curves.compare import _statistics_verdict
+    from convergence.curves.decision.verdict import statistics_verdict
 
     rng = np.random.default_rng(21)
     steps = np.arange(500, 1501, 250)
@@ -442,7 +442,7 @@ def test_one_candidate_run_assumes_equal_spreads_and_says_so_replicates_do_not()
             bases = curve * (1 + rng.normal(0, 0.01, (4, 1)))
             cands = curve * (1 + rng.normal(0, 0.023, (m, 1)))
             r = paired.statistics(steps, cands[0] if m == 1 else cands, bases, None, OPTS, final_from=3)
-            hits += _statistics_verdict(r)[0] == "not_equivalent"
+            hits += statistics_verdict(r)[0] == "not_equivalent"
         return hits / reps, r
 
     one, r1 = rate(1, 800)

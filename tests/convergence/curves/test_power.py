@@ -217,9 +217,10 @@ def test_power_plans_for_the_margin_the_results_were_judged_at_unless_told(tmp_p
 def _equivalent_rate(k: int, spread: float, reps: int, seed: int, margin: float = 0.0025) -> float:
     """How often k baselines and k candidate runs, all of one recipe (true difference 0, run levels normal with sd
     ``spread``, five evaluations), are called equivalent by the verdict's own code (``paired.statistics`` and
-    ``compare._statistics_verdict``, what compare_curves runs for metric val_loss)."""
+    ``verdict.statistics_verdict``, what compare_curves runs for metric val_loss)."""
     from convergence.curves import paired
-    from convergence.curves.compare import CompareOptions, _statistics_verdict
+    from convergence.curves.compare import CompareOptions
+    from convergence.curves.decision.verdict import statistics_verdict
 
     rng = np.random.default_rng(seed)
     steps = np.arange(500, 1501, 250)
@@ -230,7 +231,7 @@ def _equivalent_rate(k: int, spread: float, reps: int, seed: int, margin: float 
         bases = curve * (1 + rng.normal(0, spread, (k, 1)))
         cands = curve * (1 + rng.normal(0, spread, (k, 1)))
         r = paired.statistics(steps, cands, bases, None, opts, final_from=3) | {"margin": margin}
-        hits += _statistics_verdict(r)[0] == "equivalent"
+        hits += statistics_verdict(r)[0] == "equivalent"
     return hits / reps
 
 

@@ -88,7 +88,7 @@ def test_a_gzip_probes_file_reads_as_the_plain_one(tmp_path):
 
 
 def test_a_compacted_run_folder_is_read_for_its_gzip_probes(tmp_path):
-    """A finished protocol run's folder holds probes.jsonl.gz (convergence.protocol.plan.compact_run); where a crash
+    """A finished protocol run's folder holds probes.jsonl.gz (convergence.protocol.folder.compact_run); where a crash
     left both, the gzip wins (numerics.files.gzip_or_plain); the plain file alone is still read (the control)."""
     import gzip
 

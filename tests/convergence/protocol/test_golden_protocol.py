@@ -1,4 +1,4 @@
-"""The whole #15 plan recorded in golden/training (proxy_long_lr3e-4_k16, 64 runs of 1,500 steps on one H200):
+"""The whole protocol plan recorded in golden/training (proxy_long_lr3e-4_k16, 64 runs of 1,500 steps on one H200):
 its three verdicts are judged again here from the committed curves, so a change to the judging code that moves
 them, or a curve edited after the fact, is seen. The GPU runs themselves are reproduced only by the command in
 each sidecar."""
@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from convergence.protocol import plan as pr
+from convergence.protocol.judge import judge_logs
+from convergence.protocol.plan import VERDICTS, ProtocolPlan, plan_from_dict
 
 GOLDEN = Path(__file__).resolve().parents[3] / "golden" / "training"
 PREFIX = "proxy_long_lr3e-4_k16"
@@ -25,8 +26,8 @@ def recorded(verdict: str) -> dict:
     return json.loads((GOLDEN / f"{PREFIX}_{verdict}__h200.json").read_text())
 
 
-def golden_plan() -> pr.ProtocolPlan:
-    return pr.plan_from_dict(recorded("verdict")["protocol"]["plan"])
+def golden_plan() -> ProtocolPlan:
+    return plan_from_dict(recorded("verdict")["protocol"]["plan"])
 
 
 def curve(run: str) -> Path:
@@ -34,11 +35,11 @@ def curve(run: str) -> Path:
 
 
 def rejudge(replace: dict[str, Path] | None = None) -> dict[str, dict]:
-    """The three verdicts judged by the protocol's own code (``pr.judge_logs``) from the golden curves (``replace``:
+    """The three verdicts judged by the protocol's own code (``judge_logs``) from the golden curves (``replace``:
     run name -> another file)."""
     plan = golden_plan()
     replace = replace or {}
-    return pr.judge_logs(plan, lambda spec: replace.get(spec.name, curve(spec.name)))
+    return judge_logs(plan, lambda spec: replace.get(spec.name, curve(spec.name)))
 
 
 def summary(r: dict) -> dict:
@@ -65,14 +66,14 @@ def test_the_golden_plan_is_whole_and_its_controls_are_what_the_readme_says():
     plan = golden_plan()
     assert (plan.steps, plan.replicates, plan.candidate_replicates, len(plan.runs())) == (1500, 16, 16, 64)
     assert all(curve(r.name).is_file() for r in plan.runs())
-    got = {v: recorded(v)["verdict"] for v in pr.VERDICTS}
+    got = {v: recorded(v)["verdict"] for v in VERDICTS}
     assert got == {"verdict": "inconclusive", "positive_control": "not_equivalent",
                    "negative_control": "inconclusive"}
 
 
 def test_each_golden_verdict_is_judged_again_the_same_from_the_golden_curves():
     again = rejudge()
-    for verdict in pr.VERDICTS:
+    for verdict in VERDICTS:
         assert same(summary(again[verdict]), summary(recorded(verdict))), verdict
 
 
@@ -96,15 +97,13 @@ def test_a_planted_shift_in_one_golden_run_is_seen(tmp_path):
 
 
 def test_what_the_golden_plan_says_plus_minus_a_quarter_percent_would_need():
-    """README's figures for #15's scale question, from the golden verdicts as `--status` computes them for a
-    whole plan (``pieces.projection``): the spread pooled over the 32 BF16 and 16 MXFP8 runs, 1.02 % over the
-    whole range (the range that binds), and about k = m = 184 (736 runs) for an interval of +-0.25 %."""
-    from convergence.protocol import pieces
+    """The projection ``--status`` computes for a whole plan (``status.projection``), from the golden verdicts: the
+    spread pooled over the 32 BF16 and 16 MXFP8 runs, 1.02 % over the whole range (the range that binds), resolves
+    +-0.853 % by the planning formula, and +-0.25 % needs about k = m = 184 (736 runs), 128 to 290 over the
+    spread's interval, and about 523 for an identical candidate to be called equivalent 8 times in 10."""
+    from convergence.protocol.status import projection
 
-    plan = golden_plan()
-    line = pieces.projection(plan, {v: recorded(v) for v in pr.VERDICTS}, whole=True)
-    assert "at the spread of its runs (1.019%, 32 BF16 and 16 mxfp8 runs, 46 degrees of freedom" in line, line
-    assert "by the planning formula resolves about +-0.853%" in line and "in the whole range" in line, line
-    assert "+-0.250% needs about k = m = 184 (736 runs; 128 to 290" in line, line
-    assert "about k = m = 523" in line, line
-
+    p = projection(golden_plan(), {v: recorded(v) for v in VERDICTS}, whole=True)
+    assert (round(p.spread, 5), p.bf16_runs, p.candidate_runs, p.dof, p.whole) == (0.01019, 32, 16, 46, True)
+    assert round(p.half_width, 5) == 0.00853 and p.range == "overall"
+    assert (p.needs.k, p.needs.k_low, p.needs.k_high, p.needs.k_equivalent) == (184, 128, 290, 523)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+from pathlib import Path
 
 import torch
 
@@ -24,7 +25,7 @@ def test_jsonl_log_ignores_and_repairs_a_torn_last_line(tmp_path):
 
 
 def test_jsonl_log_reads_a_gzip_log_as_its_plain_one(tmp_path):
-    """A finished protocol run's logs are compacted to gzip (convergence.protocol.plan.compact_run) and read back
+    """A finished protocol run's logs are compacted to gzip (convergence.protocol.folder.compact_run) and read back
     through JsonlLog: the same records, the torn last line of the plain file still left out."""
     log = JsonlLog(tmp_path / "m.jsonl")
     for s in range(1, 4):
@@ -79,3 +80,17 @@ def test_checkpoint_of_an_mxfp8_model_is_plain_and_atomic(tmp_path):
     assert all(type(t) is torch.Tensor for t in state["model"].values())
     want = plain(m.state_dict())
     assert all(torch.equal(want[k], state["model"][k]) for k in want)
+
+
+def test_a_damaged_checkpoints_message_holds_torchs_whole_reason_on_one_line():
+    """torch's reason for refusing a checkpoint often comes last, after a list of missing keys: the message holds
+    all of it, on one line."""
+    from convergence.train.placement import damaged
+
+    missing = ", ".join(f'"layers.{i}.attn.wq.weight"' for i in range(12))
+    exc = RuntimeError(f"Error(s) in loading state_dict for Transformer:\n\tMissing key(s) in state_dict: {missing}."
+                       "\n\tsize mismatch for head.weight: copying a param with shape torch.Size([256, 64]) from "
+                       "checkpoint, the shape in current model is torch.Size([260, 64]).")
+    message = str(damaged(Path("run/checkpoint.pt"), exc))
+    assert "\n" not in message and "\t" not in message
+    assert message.count("layers.") == 12 and "the shape in current model is torch.Size([260, 64])." in message

@@ -96,9 +96,9 @@ def test_ep_identity_bad_input_one_line(tmp_path, capsys):
 
 def test_ep_identity_reads_a_finished_protocol_runs_compacted_log_and_refuses_a_file_without_losses(tmp_path,
                                                                                                    capsys):
-    """A protocol run keeps its logs gzip once finished: such a run folder is read, and the compacted runs compare
-    as their plain logs do, identical and not; a probes file (steps, no loss) or a text loss is one line, exit 2,
-    not DIFFERENT (exit 1)."""
+    """A protocol run keeps its logs gzip once finished (convergence.protocol.folder.compact_run): such a run folder
+    is read, and the compacted runs compare as their plain logs do, identical and not; a probes file (steps, no
+    loss) or a text loss is one line, exit 2, not DIFFERENT (exit 1)."""
     import gzip
 
     a = _run(tmp_path, "reference", [5.5, 5.25, 5.0], tps=1.0)

@@ -13,9 +13,11 @@ import torch
 from torch import nn
 
 from convergence.train.model import Transformer
+from numerics.errors import BadInput
 from numerics.layer.configs import tiny
 from numerics.layer.deepseek_v3 import GroupedLinear, Linear
 from numerics.layer.mxfp8 import default_kernel, kernel_problem
+from numerics.layer.op_recipe import OpRecipe
 from numerics.layer.recipes import RECIPES, apply_recipe, get_recipe, quantized_fqns
 
 
@@ -64,14 +66,36 @@ def test_apply_recipe_refuses_a_weight_that_is_not_block_aligned():
         apply_recipe(m, get_recipe("mxfp8"), "cpu")
 
 
-def test_recipe_scale_mode_must_be_torchaos_or_a_named_control():
-    """RCEIL is what torchao's recipes fix; FLOOR only as the mxfp8-floor control's op recipe
-    (numerics.layer.mxfp8.SCALE_MODES); any other mode is refused before a module is touched."""
-    ceil_recipe = dataclasses.replace(get_recipe("mxfp8"), scale_calculation_mode="CEIL")
-    with pytest.raises(ValueError, match="CEIL"):
-        apply_recipe(_model(), ceil_recipe, "cpu")
-    info = apply_recipe(_model(), dataclasses.replace(get_recipe("mxfp8"), scale_calculation_mode="FLOOR"), "cpu")
+def test_op_recipe_takes_only_the_scale_modes_both_kernels_compute():
+    """RCEIL (torchao's recipes) and FLOOR (the OCP rule), which the fast ops are held bit-identical to torchao's
+    with; any other mode is refused where the op recipe is made, before a module is touched. A scale mode is one
+    field: FLOOR on mxfp8's op reaches torchao's config."""
+    with pytest.raises(BadInput, match="CEIL"):
+        OpRecipe(scale_calculation_mode="CEIL")
+    floor = dataclasses.replace(get_recipe("mxfp8"), op=OpRecipe(scale_calculation_mode="FLOOR"))
+    info = apply_recipe(_model(), floor, "cpu")
     assert info["torchao_config"]["scale_calculation_mode"] == "FLOOR"
+
+
+def test_recipe_records_its_op_in_config_jsons_field_order():
+    """config.json's recipe: the op's fields in the order config.json files have them (runs on disk are read by
+    name and compared as written)."""
+    assert list(get_recipe("mxfp8-e5m2").as_dict()) == ["name", "mxfp8", "linear_fqns", "grouped_experts",
+                                                        "wgrad_with_hp", "scale_calculation_mode", "elements",
+                                                        "description", "control"]
+    assert {k: get_recipe("mxfp8-floor").as_dict()[k] for k in ("wgrad_with_hp", "scale_calculation_mode",
+                                                                 "elements")} == {
+        "wgrad_with_hp": False, "scale_calculation_mode": "FLOOR", "elements": "e4m3"}
+
+
+def test_a_fast_only_op_names_its_elements_and_runs_on_fast_alone():
+    """An op torchao has no training op for (E5M2 or E2M1 elements) runs on kernel fast only: it is the default
+    kernel for it, and another is refused naming the recipe; an E4M3 op runs on every kernel (the control)."""
+    e5m2 = get_recipe("mxfp8-e5m2")
+    assert e5m2.op.kernels == ("fast",) and default_kernel("cpu", e5m2.op) == "fast"
+    with pytest.raises(ValueError, match="mxfp8-e5m2 has E5M2 elements.*kernel 'fast' only, not 'emulated'"):
+        apply_recipe(_model(), e5m2, "cpu", kernel="emulated")
+    assert get_recipe("mxfp8").op.kernels == ("emulated", "fast", "real") and default_kernel("cpu") == "emulated"
 
 
 def test_apply_recipe_trains_where_quantize_api_is_refused(torch_without_mxfp8_dtensor_apis):

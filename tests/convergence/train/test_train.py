@@ -679,3 +679,14 @@ def test_a_run_that_diverges_is_judged_diverged(capsys, tmp_path):
     capsys.readouterr()
     assert convergence_main(["compare", str(out / "bf16" / "metrics.jsonl"), str(out / "mxfp8" / "metrics.jsonl")]) == 1
     assert "DIVERGED" in capsys.readouterr().out
+
+
+def test_train_help_describes_the_command_in_whole_sentences(capsys):
+    """The description is the docstring's whole first paragraph: its first line alone stops mid-sentence."""
+    with pytest.raises(SystemExit) as exc:
+        convergence_main(["train", "--help"])
+    assert exc.value.code == 0
+    out = capsys.readouterr().out
+    description = out.split("\n\n")[1]  # usage, description, options
+    assert description.startswith("python -m convergence train: paired BF16 / MXFP8 pretraining runs")
+    assert " ".join(description.split()).endswith("on one process or under ``torchrun --nproc-per-node N ... --ep N``.")

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from numerics.assertions import assert_bits_equal
 from numerics.errors import BadInput
 from numerics.layer import strategies as ls
+from numerics.layer.op_recipe import OpRecipe
 
 pytest.importorskip("triton", reason="the fast kernels run on CPU in Triton's interpreter: pip install '.[fast]'")
 from numerics.layer.fast import ops  # noqa: E402
@@ -87,7 +88,7 @@ def _check_linear(dims, hp, spread, seed, device, *, linear=None):
     x, w = _rand(x_shape, g, spread, device), _rand((n, k), g, spread, device)
     grad = _rand((*x.shape[:-1], n), g, spread, device)
     expected = _fwd_bwd(_torchao_linear(hp), x, w, grad)
-    got = _fwd_bwd(lambda a, b: linear(a, b, wgrad_with_hp=hp), x, w, grad)
+    got = _fwd_bwd(lambda a, b: linear(a, b, OpRecipe(wgrad_with_hp=hp)), x, w, grad)
     _assert_same(expected, got, f"linear {dims} wgrad_with_hp={hp} {spread}")
 
 
@@ -100,7 +101,8 @@ def _check_grouped(sizes, dims, hp, pad, spread, seed, device, *, grouped_mm=Non
     grad = _rand((m, n), g, spread, device)
     offs = torch.tensor(sizes, device=device).cumsum(0).to(torch.int32)
     expected = _fwd_bwd(_torchao_grouped(offs, hp, pad), x, w, grad)
-    got = _fwd_bwd(lambda a, b: grouped_mm(a, b.transpose(-2, -1), offs, wgrad_with_hp=hp, pad_groups=pad), x, w, grad)
+    got = _fwd_bwd(lambda a, b: grouped_mm(a, b.transpose(-2, -1), offs, OpRecipe(wgrad_with_hp=hp), pad_groups=pad),
+                   x, w, grad)
     _assert_same(expected, got, f"grouped_mm {sizes} {dims} wgrad_with_hp={hp} pad={pad} {spread}")
 
 
@@ -146,8 +148,8 @@ def test_fast_ops_take_non_contiguous_upstream_gradients(kind, device):
     base = _rand((64, 64), g, "normal", device)
     grad = base[:1].expand(64, 64) if kind == "expanded" else base.t()
     assert not grad.is_contiguous()
-    for op in (lambda a, b: ops.grouped_mm(a, b.transpose(-2, -1), offs, wgrad_with_hp=False, pad_groups=False),
-               lambda a, b: ops.linear(a, b[0], wgrad_with_hp=False)):
+    for op in (lambda a, b: ops.grouped_mm(a, b.transpose(-2, -1), offs, pad_groups=False),
+               lambda a, b: ops.linear(a, b[0])):
         _assert_same(_fwd_bwd(op, x, w, grad.contiguous()), _fwd_bwd(op, x, w, grad), f"{kind} gradient")
 
 
@@ -179,14 +181,15 @@ def test_fast_ops_checks_fail_on_a_planted_one_ulp_cast_error(monkeypatch, hp):
 def test_fast_ops_reject_bad_input_with_a_library_error():
     x = torch.zeros(64, 48, dtype=torch.bfloat16)
     with pytest.raises(BadInput, match=r"dim 1 has size 48"):
-        ops.linear(x, torch.zeros(32, 48, dtype=torch.bfloat16), wgrad_with_hp=False)
+        ops.linear(x, torch.zeros(32, 48, dtype=torch.bfloat16))
     with pytest.raises(BadInput, match="weight"):
-        ops.linear(torch.zeros(64, 32), torch.zeros(32, 64), wgrad_with_hp=False)
-    with pytest.raises(BadInput, match="scale_mode"):
-        ops.linear(torch.zeros(64, 32), torch.zeros(32, 32), wgrad_with_hp=False, scale_mode="nearest")
+        ops.linear(torch.zeros(64, 32), torch.zeros(32, 64))
+    with pytest.raises(BadInput, match="OpRecipe"):
+        ops.linear(torch.zeros(64, 32), torch.zeros(32, 32), "mxfp8")
+    with pytest.raises(BadInput, match="scale_calculation_mode"):
+        OpRecipe(scale_calculation_mode="NEAREST")
     with pytest.raises(BadInput, match="w_t"):
-        ops.grouped_mm(torch.zeros(64, 32), torch.zeros(2, 64, 32), torch.tensor([32, 64]), wgrad_with_hp=False,
-                       pad_groups=False)
+        ops.grouped_mm(torch.zeros(64, 32), torch.zeros(2, 64, 32), torch.tensor([32, 64]), pad_groups=False)
 
 
 def test_fast_bench_quick_run_prints_every_figure_and_keeps_an_existing_json(tmp_path, capsys):
@@ -227,9 +230,8 @@ def test_fast_ops_under_torch_compile_give_the_eager_bits(device, backend):
     offs = torch.tensor([32, 64], device=device, dtype=torch.int32)
 
     def model(a, b):
-        h = ops.linear(a, b[0], wgrad_with_hp=False)
-        return torch.relu(h) * 2 + ops.grouped_mm(a, b.transpose(-2, -1), offs, wgrad_with_hp=False,
-                                                  pad_groups=False)
+        h = ops.linear(a, b[0])
+        return torch.relu(h) * 2 + ops.grouped_mm(a, b.transpose(-2, -1), offs, pad_groups=False)
 
     _assert_same(_fwd_bwd(model, x, w, grad), _fwd_bwd(torch.compile(model, backend=backend, fullgraph=True),
                                                       x, w, grad), f"torch.compile({backend})")
@@ -261,7 +263,7 @@ def test_fast_linear_with_e5m2_elements_is_the_gemms_of_torchaos_e5m2_casts(devi
     MXFP8 linear blocks it, in the same layouts -- bit for bit."""
     g = torch.Generator().manual_seed(3)
     x, w, grad = (_rand(s, g, "spread", device) for s in ((64, 96), (32, 96), (64, 32)))
-    got = _fwd_bwd(lambda a, b: ops.linear(a, b, wgrad_with_hp=False, elem="e5m2"), x, w, grad)
+    got = _fwd_bwd(lambda a, b: ops.linear(a, b, OpRecipe(elements="e5m2")), x, w, grad)
     _assert_same(_linear_of_casts(lambda t: _torchao_mx(t, torch.float8_e5m2), x, w, grad), got, "linear e5m2")
 
 
@@ -275,7 +277,7 @@ def test_fast_linear_with_e5m2_elements_is_the_gemms_of_torchaos_e5m2_casts(devi
 def test_control_elements_lose_their_mantissa_bits_worth_of_sqnr_per_gemm(elem, low, high):
     """What makes mxfp8-e5m2 and mxfp8-e2m1 worse by construction, measured: output, dX and dW each lose the
     dB above against an FP32 GEMM, compared with E4M3. The windows leave room for saturation and the sample;
-    an op that ignored ``elem`` would lose 0 dB, and each window excludes the other element's loss."""
+    an op that ignored the elements would lose 0 dB, and each window excludes the other element's loss."""
     from numerics.metrics import sqnr_db
 
     g = torch.Generator().manual_seed(0)
@@ -283,7 +285,7 @@ def test_control_elements_lose_their_mantissa_bits_worth_of_sqnr_per_gemm(elem, 
     exact = _fwd_bwd(lambda a, b: torch.mm(a.float(), b.float().t()), x, w, grad.float())
     loss = {}
     for e in ("e4m3", elem):
-        got = _fwd_bwd(lambda a, b, e=e: ops.linear(a, b, wgrad_with_hp=False, elem=e), x, w, grad)
+        got = _fwd_bwd(lambda a, b, e=e: ops.linear(a, b, OpRecipe(elements=e)), x, w, grad)
         loss[e] = {k: sqnr_db(exact[k].float(), got[k].float()) for k in exact}
     drop = {k: loss["e4m3"][k] - loss[elem][k] for k in exact}
     assert all(low < d < high for d in drop.values()), (drop, loss)
@@ -293,21 +295,21 @@ def test_control_elements_lose_their_mantissa_bits_worth_of_sqnr_per_gemm(elem, 
 @pytest.mark.parametrize("hp", (False, True))
 def test_fast_ops_with_floor_scales_are_torchaos_floor_ops(device, hp):
     """The mxfp8-floor control's ops: torchao's own training ops take ScaleCalculationMode.FLOOR, and the fast
-    ops with scale_mode="floor" give their output, dX and dW bit for bit (linear and grouped, padded groups)."""
+    ops with FLOOR scales give their output, dX and dW bit for bit (linear and grouped, padded groups)."""
     g = torch.Generator().manual_seed(5)
     x, w, grad = (_rand(s, g, "spread", device) for s in ((64, 96), (32, 96), (64, 32)))
     expected = _fwd_bwd(_torchao_linear(hp, "FLOOR"), x, w, grad)
-    got = _fwd_bwd(lambda a, b: ops.linear(a, b, wgrad_with_hp=hp, scale_mode="floor"), x, w, grad)
+    floor = OpRecipe(wgrad_with_hp=hp, scale_calculation_mode="FLOOR")
+    got = _fwd_bwd(lambda a, b: ops.linear(a, b, floor), x, w, grad)
     _assert_same(expected, got, "linear floor")
-    rceil = _fwd_bwd(lambda a, b: ops.linear(a, b, wgrad_with_hp=hp), x, w, grad)
+    rceil = _fwd_bwd(lambda a, b: ops.linear(a, b, OpRecipe(wgrad_with_hp=hp)), x, w, grad)
     assert not torch.equal(rceil["output"], got["output"])  # the mode reaches the casts: FLOOR is another op
     sizes = (33, 0, 31, 64)
     offs = torch.tensor(sizes, device=device).cumsum(0).to(torch.int32)
     x, w, grad = _rand((128, 64), g, "spread", device), _rand((4, 32, 64), g, "spread", device), \
         _rand((128, 32), g, "spread", device)
     expected = _fwd_bwd(_torchao_grouped(offs, hp, True, "FLOOR"), x, w, grad)
-    got = _fwd_bwd(lambda a, b: ops.grouped_mm(a, b.transpose(-2, -1), offs, wgrad_with_hp=hp, pad_groups=True,
-                                               scale_mode="floor"), x, w, grad)
+    got = _fwd_bwd(lambda a, b: ops.grouped_mm(a, b.transpose(-2, -1), offs, floor, pad_groups=True), x, w, grad)
     _assert_same(expected, got, "grouped_mm floor")
 
 
@@ -328,5 +330,5 @@ def test_fast_linear_with_e2m1_elements_is_the_gemms_of_the_specs_casts(device):
     MX spec (the oracle), each operand along the dim torchao's MXFP8 linear blocks it -- bit for bit."""
     g = torch.Generator().manual_seed(4)
     x, w, grad = (_rand(s, g, "spread", device) for s in ((64, 96), (32, 96), (64, 32)))
-    got = _fwd_bwd(lambda a, b: ops.linear(a, b, wgrad_with_hp=False, elem="e2m1"), x, w, grad)
+    got = _fwd_bwd(lambda a, b: ops.linear(a, b, OpRecipe(elements="e2m1")), x, w, grad)
     _assert_same(_linear_of_casts(lambda t: _spec_mx(t, "e2m1"), x, w, grad), got, "linear e2m1")

@@ -54,7 +54,7 @@ def test_gpu_grouped_mm_empty_groups_have_exactly_zero_weight_gradients(sizes):
     x = torch.randn(sum(sizes), 2048, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(len(sizes), 1408, 2048, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     offs = torch.tensor(sizes, device="cuda").cumsum(0).to(torch.int32)
-    y = torchao_grouped_mm(x, w.transpose(-2, -1), offs, "mxfp8", default_kernel("cuda"))
+    y = torchao_grouped_mm(x, w.transpose(-2, -1), offs, kernel=default_kernel("cuda"))
     y.backward(torch.randn_like(y))
     for i, n in enumerate(sizes):
         if n == 0:

@@ -12,6 +12,7 @@ from numerics.layer import harness
 from numerics.layer import strategies as ls
 from numerics.layer.configs import GroupedShape, suite
 from numerics.layer.mxfp8 import torchao_grouped_mm
+from numerics.layer.recipes import get_recipe
 from numerics.layer.results import floor_violations
 
 
@@ -28,7 +29,7 @@ def _inputs(sizes, k=64, n=96, seed=0):
 def _fwd_bwd(x, w, grad, offs, recipe="mxfp8", **kw):
     x = x.clone().requires_grad_(True)
     w = w.clone().requires_grad_(True)
-    y = torchao_grouped_mm(x, w.transpose(-2, -1), offs, recipe, **kw)
+    y = torchao_grouped_mm(x, w.transpose(-2, -1), offs, get_recipe(recipe).op, **kw)
     y.backward(grad)
     return y.detach(), x.grad, w.grad
 
@@ -100,7 +101,7 @@ def test_grouped_mm_accepts_non_contiguous_upstream_gradient(make_grad):
     # without group padding: with it (the seam's default) the padding copy makes the gradient contiguous
     _, want, _ = _fwd_bwd(x, w, torch.ones(32, 32, dtype=torch.bfloat16), offs, pad_groups=False)
     x.requires_grad_(True)
-    y = torchao_grouped_mm(x, w.transpose(-2, -1), offs, "mxfp8", pad_groups=False)
+    y = torchao_grouped_mm(x, w.transpose(-2, -1), offs, pad_groups=False)
     if make_grad == "sum":
         y.sum().backward()
     elif make_grad == "expand":
@@ -153,4 +154,4 @@ def test_grouped_mm_bad_input_raises_valueerror_naming_the_constraint(k, n, m, d
     w = torch.randn(2, n, k).to(dtype)
     offs = torch.tensor([32, m], dtype=torch.int32)
     with pytest.raises(ValueError, match=needle):
-        torchao_grouped_mm(x, w.transpose(-2, -1), offs, "mxfp8")
+        torchao_grouped_mm(x, w.transpose(-2, -1), offs)

@@ -43,7 +43,7 @@ def _quantize_api(lin: nn.Linear) -> nn.Module:
     from torchao.quantization import quantize_
 
     m = nn.Sequential(lin)
-    quantize_(m, op_config("mxfp8"), filter_fn=lambda mod, fqn: isinstance(mod, nn.Linear))
+    quantize_(m, op_config(), filter_fn=lambda mod, fqn: isinstance(mod, nn.Linear))
     return m
 
 
@@ -70,7 +70,7 @@ def test_linear_non_contiguous_upstream_gradient_gives_the_contiguous_ones_bits(
     grads = {}
     for layout in ("expanded", "contiguous"):
         x, w = x0.clone().requires_grad_(True), w0.clone().requires_grad_(True)
-        y = torchao_linear(x, w, "mxfp8")
+        y = torchao_linear(x, w)
         if layout == "expanded":
             y.sum().backward()
         else:
@@ -93,7 +93,7 @@ def test_linear_bad_shapes_raise_valueerror_naming_the_constraint(m, k, n, dtype
     x = torch.randn(m, k).to(dtype)
     w = torch.randn(n, k).to(dtype)
     with pytest.raises(ValueError, match=needle.replace("(", r"\(").replace(")", r"\)")):
-        torchao_linear(x, w, "mxfp8")
+        torchao_linear(x, w)
     if dtype == torch.bfloat16:
         with pytest.raises(ValueError, match="multiple of the MX block size 32"):
             harness.run_linear(LinearShape("bad", m, k, n))

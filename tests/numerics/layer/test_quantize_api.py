@@ -31,7 +31,8 @@ def _runs(module: nn.Module, args: tuple, grad: torch.Tensor, recipe: str) -> tu
     functional = nn.ModuleDict({"attention": copy.deepcopy(module)})  # a name torchtitan's recipe selects
     apply_recipe(functional, get_recipe(recipe), "cpu")
     via_quantize = copy.deepcopy(module)
-    quantize_(via_quantize, op_config(recipe), filter_fn=lambda m, fqn: isinstance(m, (Linear, GroupedLinear)))
+    quantize_(via_quantize, op_config(get_recipe(recipe).op),
+              filter_fn=lambda m, fqn: isinstance(m, (Linear, GroupedLinear)))
     return (harness.run_once(functional["attention"], args[0], args[1:], grad, autocast=True),
             harness.run_once(via_quantize, args[0], args[1:], grad, autocast=True))
 

@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
-# Here, after a call of protocol.sh: fold the GPU machine's protocol folder (results.tgz) into the tracked copy
-# .gpu/$NAME, finished runs only (a stopped run's checkpoint stayed on that machine), then commit it at once:
-# nothing outside git outlives a session.   bash .gpu/merge.sh /work/.device/N/results.tgz
-# The GPU side started from the tracked copy and only adds to it (new finished runs, pace.jsonl appended), so a
+# On the developer's machine, after a call of protocol.sh: fold the GPU machine's protocol folder (results.tgz)
+# into the tracked copy dev/gpu/$NAME, finished runs only (a stopped run's checkpoint stays on that machine), then
+# commit it at once: ignored files do not outlive the checkout.   bash dev/gpu/merge.sh PATH/results.tgz
+# The GPU side starts from the tracked copy and only adds to it (new finished runs, pace.jsonl appended), so a
 # tarball that lost, changed or cut short a tracked file is refused whole (exit 2, one line on stderr, nothing
-# copied): the tracked runs are hours of lent GPU time.
+# copied): the tracked runs are hours of GPU time.
 set -eu
-NAME=${NAME:-proto5}
 refuse() { echo "merge.sh: $*" >&2; exit 2; }
-[ $# -eq 1 ] || refuse "usage: bash .gpu/merge.sh RESULTS.tgz (the results.tgz a protocol.sh call sent back)"
+[ -n "${NAME:-}" ] || refuse "set NAME, the plan's name (its flags are dev/gpu/NAME.args)"
+[ $# -eq 1 ] || refuse "usage: bash dev/gpu/merge.sh RESULTS.tgz (the results.tgz a protocol.sh call sent back)"
 tgz=$1
 [ -f "$tgz" ] || refuse "$tgz: no such file"
 tmp=$(mktemp -d)
@@ -27,17 +27,17 @@ if [ -s "$src/unfinished.txt" ]; then
 fi
 rm -f "$src/unfinished.txt"
 find "$src" -type d -empty -delete
-mkdir -p ".gpu/$NAME"
-for f in $(cd ".gpu/$NAME" && find . -type f); do
+mkdir -p "dev/gpu/$NAME"
+for f in $(cd "dev/gpu/$NAME" && find . -type f); do
     [ -f "$src/$f" ] || refuse "$f is tracked but not in $tgz: not merged"
     if [ "$f" = ./pace.jsonl ]; then  # appended to by every piece: the tracked lines must come first, unchanged
-        n=$(stat -c %s ".gpu/$NAME/$f")
-        cmp -s -n "$n" ".gpu/$NAME/$f" "$src/$f" \
+        n=$(stat -c %s "dev/gpu/$NAME/$f")
+        cmp -s -n "$n" "dev/gpu/$NAME/$f" "$src/$f" \
             || refuse "$f in $tgz is not the tracked one with lines appended (an older call's?): not merged"
     else
-        cmp -s ".gpu/$NAME/$f" "$src/$f" || refuse "$f differs from the tracked one in $tgz: not merged"
+        cmp -s "dev/gpu/$NAME/$f" "$src/$f" || refuse "$f differs from the tracked one in $tgz: not merged"
     fi
 done
-cp -r "$src/." ".gpu/$NAME/"
-git add ".gpu/$NAME"
-git status --short ".gpu/$NAME" | head -40
+cp -r "$src/." "dev/gpu/$NAME/"
+git add "dev/gpu/$NAME"
+git status --short "dev/gpu/$NAME" | head -40

@@ -1,5 +1,6 @@
-"""How fast a protocol's runs part (convergence.protocol.parting), on metrics files written by hand: the numbers
-are known in closed form, so the bins, the medians and the status lines are checked exactly."""
+"""How fast a protocol's replicates drift from their paired run, and the spread at each evaluation
+(convergence.protocol.replicate_drift), on metrics files written by hand: the numbers are known in closed form, so
+the bins, the medians and the spreads are checked exactly."""
 
 from __future__ import annotations
 
@@ -9,9 +10,12 @@ import json
 import numpy as np
 import pytest
 
-from convergence.__main__ import main as convergence_main
-from convergence.protocol import parting, pieces
-from convergence.protocol import plan as pr
+from convergence.protocol import replicate_drift
+from convergence.protocol.folder import compact_run, metrics_path, open_protocol, run_dir
+from convergence.protocol.plan import ProtocolPlan
+from convergence.protocol.render import draw_figures, drift_lines, spread_line, status_lines
+from convergence.protocol.status import progress
+from numerics.errors import BadInput
 
 STEPS = 20
 # relative change of each replicate from its recipe's paired run, per step: BF16's 100x smaller than MXFP8's
@@ -26,8 +30,8 @@ def _write(out, plan, *, scale=SCALE, skip=()):
     """Every run of ``plan``: the paired runs at ``_paired_loss``, replicate i of a recipe ``(1 + a i s)`` times it."""
     status = {}
     for r in plan.runs():
-        i = 0 if r.role in parting.PAIRED_ROLES else int(r.name.rsplit(plan.design, 1)[1])
-        path = pr.metrics_path(out, r)
+        i = 0 if r.role in replicate_drift.PAIRED_ROLES else int(r.name.rsplit(plan.design, 1)[1])
+        path = metrics_path(out, r)
         path.parent.mkdir(parents=True, exist_ok=True)
         steps = [s for s in range(1, STEPS + 1) if s not in (skip if i else ())]
         path.write_text("".join(json.dumps({"step": s, "loss": _paired_loss(s) * (1 + scale[r.recipe] * i * s)})
@@ -36,16 +40,16 @@ def _write(out, plan, *, scale=SCALE, skip=()):
     return status
 
 
-def _plan(**kw) -> pr.ProtocolPlan:
-    return pr.ProtocolPlan(model="tiny", steps=STEPS, replicates=4, candidate_replicates=3, **kw).check()
+def _plan(**kw) -> ProtocolPlan:
+    return ProtocolPlan(model="tiny", steps=STEPS, replicates=4, candidate_replicates=3, **kw).check()
 
 
-def test_parting_bins_and_medians_are_the_closed_form(tmp_path):
+def test_drift_bins_and_medians_are_the_closed_form(tmp_path):
     """Replicate i of a recipe with scale a differs by a i s at step s: a bin's mean is a i times its mean step,
     the median over i = 1..n is a times the median i; MXFP8's 100x BF16's in every bin (the control that the
     measure tells two recipes apart), and a recipe whose replicates are its paired run is 0 throughout."""
     plan = _plan()
-    result = parting.parting(plan, tmp_path, _write(tmp_path, plan))
+    result = replicate_drift.drift(plan, tmp_path, _write(tmp_path, plan))
     assert list(result) == ["bf16", "mxfp8", "mxfp8-head"]
     bins = [[1, 1], [2, 3], [4, 7], [8, 15], [16, 20]]
     # BF16: replicates 1..3 and the held-out 4..6 (they are bf16 runs with the same kind of change)
@@ -60,62 +64,52 @@ def test_parting_bins_and_medians_are_the_closed_form(tmp_path):
     ratio = np.array(result["mxfp8"]["median"]) / np.array(result["bf16"]["median"])
     assert ratio == pytest.approx(100 * np.median(range(1, 3)) / np.median(range(1, 7)), rel=1e-9)
 
-    same = parting.parting(plan, tmp_path / "same", _write(tmp_path / "same", plan, scale=dict.fromkeys(SCALE, 0.0)))
+    alike = _write(tmp_path / "same", plan, scale=dict.fromkeys(SCALE, 0.0))
+    same = replicate_drift.drift(plan, tmp_path / "same", alike)
     assert all(v == 0 for r in same.values() for v in r["median"])
 
 
-def test_parting_reads_compacted_runs_as_plain_ones(tmp_path):
-    """Finished protocol runs keep their metrics gzip (``compact_run``): the same parting from either form."""
+def test_drift_reads_compacted_runs_as_plain_ones(tmp_path):
+    """Finished protocol runs keep their metrics gzip (``compact_run``): the same drift from either form."""
     plan = _plan()
     status = _write(tmp_path, plan)
-    want = parting.parting(plan, tmp_path, status)
+    want = replicate_drift.drift(plan, tmp_path, status)
     for r in plan.runs():
-        pr.compact_run(pr.run_dir(tmp_path, r))
-    assert not list(tmp_path.rglob("metrics.jsonl")) and parting.parting(plan, tmp_path, status) == want
+        compact_run(run_dir(tmp_path, r))
+    assert not list(tmp_path.rglob("metrics.jsonl")) and replicate_drift.drift(plan, tmp_path, status) == want
 
 
-def test_parting_needs_the_same_batches_and_the_same_steps(tmp_path):
+def test_drift_needs_the_same_batches_and_the_same_steps(tmp_path):
     """A design that changes the batches is not measured (None); a replicate that logged other steps than its
     paired run is one line naming it; unfinished runs are left out (no paired run: no recipe)."""
     plan = _plan()
     status = _write(tmp_path, plan)
-    assert parting.parting(dataclasses.replace(plan, design="data"), tmp_path, status) is None
-    assert parting.parting(plan, tmp_path, {n: 0 for n in status}) == {}
+    assert replicate_drift.drift(dataclasses.replace(plan, design="data"), tmp_path, status) is None
+    assert replicate_drift.drift(plan, tmp_path, {n: 0 for n in status}) == {}
     _write(tmp_path, plan, skip=(5,))
-    with pytest.raises(pr.BadInput, match=r"bf16_rounding1: its logged steps are not bf16's \(19 vs 20\)"):
-        parting.parting(plan, tmp_path, status)
+    with pytest.raises(BadInput, match=r"bf16_rounding1: its logged steps are not bf16's \(19 vs 20\)"):
+        replicate_drift.drift(plan, tmp_path, status)
 
 
-def test_status_prints_the_parting_and_draws_it_on_request(tmp_path, capsys):
+def test_status_holds_the_drift_and_its_lines_show_the_bins(tmp_path):
+    """--status's data holds the drift as ``drift`` computes it, an unreadable pair as its reason (the rest of the
+    status stays); the rendered line of a recipe shows the bins holding steps 2 and 8 (64 and 512 are beyond this
+    plan) and the last, with the least and greatest replicate's: replicate 1 and 6 at the bins' mean steps 11.5
+    and 18 (1e-5 x 1 x 11.5 = 1.15e-4, ...)."""
     plan = _plan()
-    pr.open_protocol(plan, tmp_path)
-    _write(tmp_path, plan)
-    lines = pieces.progress_report(plan, tmp_path)
-    i = lines.index("  runs part (|training loss - the recipe's paired run's| / loss, same batches; median over the "
-                    "replicates, least to greatest in brackets):")
-    # the bins holding steps 2, 8 (64 and 512 are beyond this plan) and the last; 2-3's 8.75e-05 and 3.75e-03 sit
-    # on a rounding edge of the printed digits
-    assert lines[i + 1].startswith("  - bf16 (6 replicates) steps 2-3: 8.")
-    # least and greatest: replicate 1 and 6 at the bins' mean steps 11.5 and 18 (1e-5 x 1 x 11.5 = 1.15e-4, ...)
-    assert lines[i + 1].endswith(", 8-15: 4.0e-04 (1.1e-04 to 6.9e-04), 16-20: 6.3e-04 (1.8e-04 to 1.1e-03)")
-    assert lines[i + 2].startswith("  - mxfp8 (2 replicates) steps 2-3: 3.") and lines[i + 2].endswith(
-        "16-20: 2.7e-02 (1.8e-02 to 3.6e-02)")  # replicates 1 and 2: 1e-3 x 18 and x 36
+    open_protocol(plan, tmp_path)
+    status = _write(tmp_path, plan)
+    p = progress(plan, tmp_path)
+    assert p.drift == replicate_drift.drift(plan, tmp_path, status) and p.drift_error is None
+    bf16, mx, _ = drift_lines(p.drift)
+    assert bf16.startswith("bf16 (6 replicates) steps 2-3: 8.")
+    assert bf16.endswith(", 8-15: 4.0e-04 (1.1e-04 to 6.9e-04), 16-20: 6.3e-04 (1.8e-04 to 1.1e-03)")
+    assert mx.startswith("mxfp8 (2 replicates) steps 2-3: 3.") and mx.endswith("16-20: 2.7e-02 (1.8e-02 to 3.6e-02)")
+    assert [f"  - {line}" for line in drift_lines(p.drift)] == [x for x in status_lines(p) if x.startswith("  - ")]
 
-    fig = tmp_path.parent / "parting.png"
-    argv = ["protocol", "--status", "--out", str(tmp_path), "--plot-parting", str(fig)]
-    assert convergence_main(argv) == 0 and fig.stat().st_size > 10_000
-    assert f"  parting figure: {fig}" in capsys.readouterr().out
-    assert convergence_main(argv) == 2 and "exists" in capsys.readouterr().err  # nothing overwritten unasked
-    assert convergence_main(argv + ["--force"]) == 0
-    capsys.readouterr()
-    assert convergence_main(["protocol", "--model", "tiny", "--steps", "4", "--out", str(tmp_path / "p"),
-                             "--plot-parting", str(fig)]) == 2
-    assert "--plot-parting goes with --status" in capsys.readouterr().err
-
-    _write(tmp_path, plan, skip=(5,))  # unreadable as pairs: one line, the rest of the status stays
-    lines = pieces.progress_report(plan, tmp_path)
-    assert any(ln.startswith("  runs part: cannot tell: bf16_rounding1: ") for ln in lines)
-    assert lines[0].endswith("runs done (20 steps each)")
+    _write(tmp_path, plan, skip=(5,))  # unreadable as pairs: its reason, the rest of the status stays
+    p = progress(plan, tmp_path)
+    assert p.drift is None and p.drift_error.startswith("bf16_rounding1: ") and p.done == len(plan.runs())
 
 
 def _write_val(out, plan, levels: dict[str, list[float]], *, skip=None, append=False):
@@ -124,7 +118,7 @@ def _write_val(out, plan, levels: dict[str, list[float]], *, skip=None, append=F
     status, seen = {}, {}
     for r in plan.runs():
         i = seen[r.recipe] = seen.get(r.recipe, -1) + 1
-        path = pr.metrics_path(out, r)
+        path = metrics_path(out, r)
         path.parent.mkdir(parents=True, exist_ok=True)
         steps = [s for s in (5, 10, 20) if (r.name, s) != skip]
         loss = {s: _paired_loss(s) * (1 + levels[r.recipe][i] * s / STEPS) for s in steps}
@@ -141,7 +135,7 @@ def test_spread_by_evaluation_is_the_pooled_spread_at_each_step(tmp_path):
     plan = _plan()  # k = 4, m = 3: 4 + 3 held-out BF16 runs, 3 MXFP8 runs, 3 control runs
     bf16, mx = [0.01, -0.01, 0.02, 0.0, -0.02, 0.005, -0.005], [0.05, 0.03, 0.04]
     status = _write_val(tmp_path, plan, {"bf16": bf16, "mxfp8": mx, "mxfp8-head": [0.5, -0.5, 0.9]})
-    result = parting.spread_by_evaluation(plan, tmp_path, status)
+    result = replicate_drift.spread_by_evaluation(plan, tmp_path, status)
     assert result["steps"] == [5, 10, 20] and result["runs"] == (7, 3) and result["dof"] == 8
 
     def expected(f):  # the closed form at step s = f * STEPS: run i at 1 + x_i f times the base, over BF16's mean
@@ -157,45 +151,46 @@ def test_spread_by_evaluation_is_the_pooled_spread_at_each_step(tmp_path):
     assert result["at_last"] == {r: (pytest.approx(v, rel=1e-12), n) for (r, v), n in zip(rsd.items(), (7, 3, 3))}
 
     wide = _write_val(tmp_path / "w", plan, {"bf16": bf16, "mxfp8": mx, "mxfp8-head": [5.0, -5.0, 9.0]})
-    assert parting.spread_by_evaluation(plan, tmp_path / "w", wide)["spread"] == pytest.approx(result["spread"])
+    assert replicate_drift.spread_by_evaluation(plan, tmp_path / "w", wide)["spread"] == pytest.approx(result["spread"])
     status["mxfp8_rounding1"] = 100
-    assert parting.spread_by_evaluation(plan, tmp_path, status)["runs"] == (7, 2)
-    assert parting.spread_by_evaluation(plan, tmp_path, status)["at_last"]["mxfp8"][1] == 2  # unfinished: left out
+    assert replicate_drift.spread_by_evaluation(plan, tmp_path, status)["runs"] == (7, 2)
+    unfinished_left_out = replicate_drift.spread_by_evaluation(plan, tmp_path, status)
+    assert unfinished_left_out["at_last"]["mxfp8"][1] == 2
     status = _write_val(tmp_path / "s", plan, {"bf16": bf16, "mxfp8": mx, "mxfp8-head": [0, 0, 0]},
                         skip=("bf16_rounding2", 10))
-    assert parting.spread_by_evaluation(plan, tmp_path / "s", status)["steps"] == [5, 20]
-    assert parting.spread_by_evaluation(plan, tmp_path, {n: 0 for n in status}) is None
+    assert replicate_drift.spread_by_evaluation(plan, tmp_path / "s", status)["steps"] == [5, 20]
+    assert replicate_drift.spread_by_evaluation(plan, tmp_path, {n: 0 for n in status}) is None
 
 
-def test_status_prints_the_spread_at_each_evaluation(tmp_path):
+def test_status_holds_the_spread_at_each_evaluation_and_its_line_shows_it(tmp_path):
     plan = _plan()
-    pr.open_protocol(plan, tmp_path)
+    open_protocol(plan, tmp_path)
     status = _write_val(tmp_path, plan, {"bf16": [0.01, -0.01] * 4, "mxfp8": [0.01, -0.01, 0.0], "mxfp8-head": [0] * 3})
-    line = [x for x in pieces.progress_report(plan, tmp_path) if "spread at each evaluation" in x]
-    result = parting.spread_by_evaluation(plan, tmp_path, status)
-    assert line == ["  " + parting.spread_line(result, STEPS)]
-    assert line[0].startswith("  validation loss spread at each evaluation (7 BF16 and 3 mxfp8 runs, pooled, 8 degrees "
-                              f"of freedom): 5: {result['spread'][0]:.2%}, 10: ")
-    assert f"20: {result['spread'][2]:.2%} (mid-schedule before step 20: not what a shorter run would end at)" in (
-        line[0])
-    assert line[0].endswith("; at step 20, each recipe's runs apart (relative standard deviation): bf16 "
-                            f"{result['at_last']['bf16'][0]:.2%} (7 runs), mxfp8 {result['at_last']['mxfp8'][0]:.2%} "
-                            "(3 runs), mxfp8-head 0.00% (3 runs)")  # the control's three runs, alike: no spread
+    result = replicate_drift.spread_by_evaluation(plan, tmp_path, status)
+    p = progress(plan, tmp_path)
+    assert p.spread == result and p.spread_error is None
+    assert result["at_last"]["mxfp8-head"] == (0.0, 3)  # the control's three runs, alike: no spread
+    line = spread_line(result, STEPS)
+    assert line.startswith("validation loss spread at each evaluation (7 BF16 and 3 mxfp8 runs, pooled, 8 degrees "
+                           f"of freedom): 5: {result['spread'][0]:.2%}, 10: ")
+    assert f"bf16 {result['at_last']['bf16'][0]:.2%} (7 runs)" in line and "mxfp8-head 0.00% (3 runs)" in line
+    assert f"  {line}" in status_lines(p)
 
 
-def test_the_parting_figure_draws_the_spread_beside_it(tmp_path):
-    """With validation losses in the runs' logs the parting figure gets a second panel (a wider PNG); without,
-    one panel (the control: the same parting, no spread)."""
+def test_the_drift_figure_draws_the_spread_beside_it(tmp_path):
+    """With validation losses in the runs' logs the drift figure gets a second panel (a wider PNG); without,
+    one panel (the control: the same drift, no spread)."""
     plan = _plan()
-    pr.open_protocol(plan, tmp_path)
+    open_protocol(plan, tmp_path)
     _write(tmp_path, plan)
 
     def width(png):  # a PNG's IHDR: the width, big-endian, at bytes 16-19
         return int.from_bytes(png.read_bytes()[16:20], "big")
     one, two = tmp_path.parent / "one.png", tmp_path.parent / "two.png"
-    pieces.progress_report(plan, tmp_path, parting_figure=one)
+    draw_figures(progress(plan, tmp_path), None, one)
     _write_val(tmp_path, plan, {"bf16": [0.01, -0.01] * 4, "mxfp8": [0.01, -0.01, 0.0], "mxfp8-head": [0] * 3},
                append=True)
-    lines = pieces.progress_report(plan, tmp_path, parting_figure=two)
-    assert any("spread at each evaluation" in x for x in lines)
+    p = progress(plan, tmp_path)
+    assert p.spread is not None
+    draw_figures(p, None, two)
     assert width(one) == 8 * 110 and width(two) == 13 * 110

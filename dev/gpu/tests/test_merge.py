@@ -1,7 +1,7 @@
-""".gpu/merge.sh keeps what a lent GPU machine made: the protocol runs it finished, and nothing it stopped part-way
+"""dev/gpu/merge.sh keeps what a GPU machine made: the protocol runs it finished, and nothing it stopped part-way
 (their checkpoints stay on that machine); a tarball that lost, changed or cut short a tracked file is refused
-whole. Stop 31's runs were lost with an ignored folder; this is the path that now keeps them. On the machine,
-.gpu/workdir.sh picks the folder a call continues in, so that no finished run is made twice."""
+whole. On the machine, dev/gpu/workdir.sh picks the folder a call continues in, so that no finished run is made
+twice. Development tooling, outside the product's tests: python -m pytest dev/gpu/tests"""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
+GPU = Path("dev") / "gpu"  # where the scripts live, relative to the repository root they are run from
 
 pytestmark = pytest.mark.skipif(not (shutil.which("bash") and shutil.which("git") and shutil.which("tar")),
                                 reason="needs bash, git and tar")
@@ -27,10 +28,10 @@ def _run(cwd: Path, *argv: str, env: dict | None = None) -> subprocess.Completed
 def _repo(tmp_path: Path) -> Path:
     """A git checkout holding merge.sh, workdir.sh and a tracked protocol folder with one finished run."""
     repo = tmp_path / "repo"
-    (repo / ".gpu" / "proto" / "runs" / "bf16" / "bf16").mkdir(parents=True)
+    (repo / GPU / "proto" / "runs" / "bf16" / "bf16").mkdir(parents=True)
     for script in ("merge.sh", "workdir.sh"):
-        shutil.copy(ROOT / ".gpu" / script, repo / ".gpu" / script)
-    tracked = repo / ".gpu" / "proto"
+        shutil.copy(ROOT / GPU / script, repo / GPU / script)
+    tracked = repo / GPU / "proto"
     (tracked / "protocol.json").write_text(json.dumps({"model": "proxy"}))
     (tracked / "pace.jsonl").write_text('{"run": "bf16"}\n')
     (tracked / "runs" / "bf16" / "bf16" / "metrics.jsonl.gz").write_bytes(b"first run")
@@ -43,7 +44,7 @@ def _repo(tmp_path: Path) -> Path:
 def _tarball(tmp_path: Path, repo: Path, *, drop: str | None = None, write: dict | None = None) -> Path:
     """What protocol.sh sends back: the tracked folder grown by one finished run and one stopped part-way."""
     made = tmp_path / "machine" / "proto"
-    shutil.copytree(repo / ".gpu" / "proto", made)
+    shutil.copytree(repo / GPU / "proto", made)
     (made / "pace.jsonl").write_text('{"run": "bf16"}\n{"run": "bf16_rounding1"}\n{"run": "mxfp8"}\n')
     for name, recipe, files in (("bf16_rounding1", "bf16", ("metrics.jsonl.gz",)), ("mxfp8", "mxfp8",
                                                                                      ("metrics.jsonl",))):
@@ -63,25 +64,25 @@ def _tarball(tmp_path: Path, repo: Path, *, drop: str | None = None, write: dict
 
 def test_merge_keeps_the_finished_runs_and_stages_them(tmp_path):
     repo = _repo(tmp_path)
-    done = _run(repo, "bash", ".gpu/merge.sh", str(_tarball(tmp_path, repo)), env={**os.environ, "NAME": "proto"})
+    done = _run(repo, "bash", "dev/gpu/merge.sh", str(_tarball(tmp_path, repo)), env={**os.environ, "NAME": "proto"})
     assert done.returncode == 0, done.stderr
     assert "not merged (stopped part-way): runs/mxfp8/mxfp8" in done.stdout
-    folder = repo / ".gpu" / "proto"
+    folder = repo / GPU / "proto"
     assert (folder / "runs" / "bf16_rounding1" / "bf16" / "metrics.jsonl.gz").read_bytes() == b"bf16_rounding1"
     assert not (folder / "runs" / "mxfp8").exists() and not (folder / "unfinished.txt").exists()
     assert (folder / "pace.jsonl").read_text().count("\n") == 3  # every piece's pace, the stopped one's too
     staged = _run(repo, "git", "diff", "--cached", "--name-only").stdout.split()
-    assert staged == [".gpu/proto/pace.jsonl", ".gpu/proto/runs/bf16_rounding1/bf16/metrics.jsonl.gz"]
+    assert staged == ["dev/gpu/proto/pace.jsonl", "dev/gpu/proto/runs/bf16_rounding1/bf16/metrics.jsonl.gz"]
 
 
 def test_merge_refuses_a_tarball_that_lost_a_tracked_run(tmp_path):
     """The control: the same tarball without the tracked run's log is refused with exit 2, and nothing is copied."""
     repo = _repo(tmp_path)
     tgz = _tarball(tmp_path, repo, drop="runs/bf16/bf16/metrics.jsonl.gz")
-    refused = _run(repo, "bash", ".gpu/merge.sh", str(tgz), env={**os.environ, "NAME": "proto"})
+    refused = _run(repo, "bash", "dev/gpu/merge.sh", str(tgz), env={**os.environ, "NAME": "proto"})
     assert refused.returncode == 2
     assert "metrics.jsonl.gz is tracked but not in" in refused.stderr and refused.stderr.count("\n") == 1
-    assert not (repo / ".gpu" / "proto" / "runs" / "bf16_rounding1").exists()
+    assert not (repo / GPU / "proto" / "runs" / "bf16_rounding1").exists()
     assert _run(repo, "git", "status", "--porcelain").stdout == ""
 
 
@@ -94,35 +95,37 @@ def test_merge_refuses_a_tarball_that_lost_a_tracked_run(tmp_path):
 def test_merge_refuses_a_tarball_that_changed_a_tracked_file(tmp_path, write, says):
     """A tracked finished run, the plan or the tracked pace lines changed on the machine (or in transfer), or an
     unfinished.txt naming a path outside the unpacked folder: refused in one line, exit 2, nothing copied or
-    deleted (merge.sh copied them over the tracked runs and staged them, and rm -rf'd the path, before). The
-    control is the merge test above, whose tarball only adds."""
+    deleted. The control is the merge test above, whose tarball only adds."""
     repo = _repo(tmp_path)
     (tmp_path / "t" / "u").mkdir(parents=True)
     canary = tmp_path / "t" / "u" / "canary"  # ../../canary from the unpacked folder TMPDIR/tmp.XXXX/proto
     canary.write_text("a user's file")
     tgz = _tarball(tmp_path, repo, write=write)
-    refused = _run(repo, "bash", ".gpu/merge.sh", str(tgz),
+    refused = _run(repo, "bash", "dev/gpu/merge.sh", str(tgz),
                    env={**os.environ, "NAME": "proto", "TMPDIR": str(tmp_path / "t" / "u")})
     assert refused.returncode == 2 and says in refused.stderr and refused.stderr.count("\n") == 1, refused.stderr
     assert canary.read_text() == "a user's file"
-    assert not (repo / ".gpu" / "proto" / "runs" / "bf16_rounding1").exists()
+    assert not (repo / GPU / "proto" / "runs" / "bf16_rounding1").exists()
     assert _run(repo, "git", "status", "--porcelain").stdout == ""
 
 
-@pytest.mark.parametrize("argv, says", [([], "usage"), (["nothing.tgz"], "no such file"),
-                                        (["not.tgz"], "not a whole gzip tarball")])
-def test_merge_bad_arguments_are_one_line(tmp_path, argv, says):
+@pytest.mark.parametrize("argv, name, says", [([], "proto", "usage"), (["nothing.tgz"], "proto", "no such file"),
+                                              (["not.tgz"], "proto", "not a whole gzip tarball"),
+                                              (["results.tgz"], "", "set NAME")])
+def test_merge_bad_arguments_are_one_line(tmp_path, argv, name, says):
     repo = _repo(tmp_path)
     (repo / "not.tgz").write_text("not a tarball")
-    refused = _run(repo, "bash", ".gpu/merge.sh", *argv, env={**os.environ, "NAME": "proto"})
+    (repo / "results.tgz").write_bytes(_tarball(tmp_path, repo).read_bytes())
+    refused = _run(repo, "bash", "dev/gpu/merge.sh", *argv, env={**os.environ, "NAME": name})
     assert refused.returncode == 2 and says in refused.stderr and refused.stderr.count("\n") == 1, refused.stderr
+    assert not (repo / GPU / "proto" / "runs" / "bf16_rounding1").exists()
 
 
 def _warm(tmp_path: Path, repo: Path, *, lacking: bool) -> Path:
     """A warm machine's working folder: an earlier call's copy with a stopped run's checkpoint, which either holds
     the tracked finished run (it started from the tracked copy) or lacks it (it started from one not yet merged)."""
     work = tmp_path / "machine-tmp" / "proto"
-    shutil.copytree(repo / ".gpu" / "proto", work)
+    shutil.copytree(repo / GPU / "proto", work)
     if lacking:
         shutil.rmtree(work / "runs" / "bf16")
     (work / "runs" / "mxfp8" / "mxfp8").mkdir(parents=True)
@@ -132,13 +135,12 @@ def _warm(tmp_path: Path, repo: Path, *, lacking: bool) -> Path:
 
 @pytest.mark.parametrize("lacking", [False, True])
 def test_a_warm_folder_is_continued_only_when_it_holds_every_tracked_finished_run(tmp_path, lacking):
-    """2026-12-04: a call went out before the last tarball was merged, found a fresh machine and made a finished
-    run again; the next call found that machine warm, and its folder, lacking a run the merge had brought, would
-    have made that one again too. workdir.sh replaces such a folder by the tracked copy (its stopped run's
-    checkpoint goes with it), and keeps a folder that holds every tracked finished run (the control)."""
+    """A warm machine's folder that lacks a finished run the tracked copy holds (a call started from a copy not yet
+    merged) would make that run again: workdir.sh replaces it by the tracked copy (its stopped run's checkpoint
+    goes with it), and keeps a folder that holds every tracked finished run (the control)."""
     repo = _repo(tmp_path)
     work = _warm(tmp_path, repo, lacking=lacking)
-    chose = _run(repo, "bash", ".gpu/workdir.sh", env={**os.environ, "NAME": "proto", "W": str(work)})
+    chose = _run(repo, "bash", "dev/gpu/workdir.sh", env={**os.environ, "NAME": "proto", "W": str(work)})
     assert chose.returncode == 0 and chose.stdout.count("\n") == (2 if lacking else 1), chose.stdout + chose.stderr
     assert (work / "runs" / "bf16" / "bf16" / "metrics.jsonl.gz").read_bytes() == b"first run"
     assert (work / "runs" / "mxfp8" / "mxfp8" / "checkpoint.pt").exists() is not lacking
@@ -152,7 +154,7 @@ def test_a_fresh_machine_starts_from_the_tracked_copy(tmp_path):
     repo = _repo(tmp_path)
     work = tmp_path / "machine-tmp" / "proto"
     work.parent.mkdir()  # the machine's /tmp
-    chose = _run(repo, "bash", ".gpu/workdir.sh", env={**os.environ, "NAME": "proto", "W": str(work)})
+    chose = _run(repo, "bash", "dev/gpu/workdir.sh", env={**os.environ, "NAME": "proto", "W": str(work)})
     assert chose.returncode == 0 and chose.stdout.startswith("fresh machine"), chose.stdout + chose.stderr
     assert (work / "runs" / "bf16" / "bf16" / "metrics.jsonl.gz").read_bytes() == b"first run"
     assert (work / "protocol.json").exists() and not (work / "proto").exists()

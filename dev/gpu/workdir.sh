@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # On the GPU machine, from protocol.sh: make the protocol's working folder W (/tmp/$NAME) and say, in a line or
 # two, which it is. A warm machine's W (an earlier call's, with a stopped run's checkpoint) is continued, unless it
-# lacks a finished run the tracked copy .gpu/$NAME holds: an earlier call there started from a copy not yet
-# merged, and continuing it would make those runs again (2026-12-04: a run made twice so). W is then replaced
-# by the tracked copy, as on a fresh machine.   NAME=proto5 W=/tmp/proto5 bash .gpu/workdir.sh
+# lacks a finished run the tracked copy dev/gpu/$NAME holds: an earlier call there started from a copy not yet
+# merged, and continuing it would make those runs again. W is then replaced by the tracked copy, as on a fresh
+# machine.   NAME=myplan W=/tmp/myplan bash dev/gpu/workdir.sh
 set -eu
-NAME=${NAME:-proto5}
+[ -n "${NAME:-}" ] || { echo "workdir.sh: set NAME, the plan's name (its flags are dev/gpu/NAME.args)" >&2; exit 2; }
 W=${W:-/tmp/$NAME}
-tracked=.gpu/$NAME
+tracked=dev/gpu/$NAME
 how="fresh machine"
 if [ -f "$W/protocol.json" ] && [ -d "$tracked/runs" ]; then
     lacked=$(cd "$tracked" && find runs -name metrics.jsonl.gz | while read -r f; do [ -f "$W/$f" ] || echo "$f"; done)

@@ -82,7 +82,7 @@ def test_ep_identity_refuses_a_config_whose_parts_are_not_objects(tmp_path, caps
     cfg.write_text(json.dumps({"distributed": "ep2"}))
     assert convergence_main(["ep-identity", str(a), str(b)]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "'distributed' must be a JSON object, got str" in err and str(cfg) in err
+    assert err.count("\n") == 1 and "'distributed'" in err and str(cfg) in err  # the field and its file
 
 
 def test_ep_identity_bad_input_one_line(tmp_path, capsys):
@@ -129,7 +129,7 @@ def test_recipe_picks_inside_a_folder_and_is_refused_for_two_files(tmp_path, cap
     assert "IDENTICAL" in capsys.readouterr().out
     assert convergence_main(["ep-identity", str(a / "bf16" / "metrics.jsonl"), file_b, "--recipe", "bf16"]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "--recipe picks recipes inside run folders" in err
+    assert err.count("\n") == 1 and "--recipe" in err
 
 
 def test_two_folders_of_different_recipes_are_refused_a_file_against_a_folder_is_compared(tmp_path, capsys):
@@ -140,7 +140,7 @@ def test_two_folders_of_different_recipes_are_refused_a_file_against_a_folder_is
     (b / "bf16").rename(b / "mxfp8")
     assert convergence_main(["ep-identity", str(a), str(b)]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "the runs hold different recipes: bf16 vs mxfp8" in err
+    assert err.count("\n") == 1 and "bf16" in err and "mxfp8" in err  # the two recipes
     assert convergence_main(["ep-identity", str(a), str(b / "mxfp8" / "metrics.jsonl")]) == 0
     assert "IDENTICAL" in capsys.readouterr().out
 

@@ -476,13 +476,15 @@ def test_a_run_started_before_a_field_existed_resumes_with_that_fields_default(c
 def test_probes_change_no_trained_bit(tmp_path, monkeypatch):
     """The protocol probes its MXFP8 runs and not its BF16 ones, so a probe that moved training would bias every
     MXFP8 verdict by its own effect: an MXFP8 run probed every other step trains the same bits as one never
-    probed. A probe planted to nudge one weight is told apart (the control)."""
+    probed. A probe planted to nudge one weight is told apart (the control). Four steps: the probe after step 2 is
+    followed by two training steps and an evaluation, where a moved weight shows (the control's, from step 3)."""
     from convergence.train import probes as probes_mod
     from convergence.train.ep_identity import compare_runs
 
-    d = defaults_for("tiny") | dict(batch=2, seq=32, val_every=3, val_batches=2, ckpt_every=0)
+    d = defaults_for("tiny") | dict(batch=2, seq=32, val_every=3, val_batches=2, ckpt_every=0,
+                                    data=DataSpec(path=str(_small_corpus(tmp_path / "corpus.txt"))))
     for every in (0, 2):
-        run(TrainConfig(model="tiny", recipes=("mxfp8",), steps=6, **(d | {"probe_every": every})),
+        run(TrainConfig(model="tiny", recipes=("mxfp8",), steps=4, **(d | {"probe_every": every})),
             tmp_path / f"probe{every}", progress=False)
     assert (tmp_path / "probe2" / "mxfp8" / "probes.jsonl").stat().st_size > 0
     result = compare_runs(tmp_path / "probe0", tmp_path / "probe2")
@@ -496,7 +498,7 @@ def test_probes_change_no_trained_bit(tmp_path, monkeypatch):
         return real(model, *args, **kwargs)
 
     monkeypatch.setattr(probes_mod, "probe", nudging)
-    run(TrainConfig(model="tiny", recipes=("mxfp8",), steps=6, **(d | {"probe_every": 2})), tmp_path / "nudged",
+    run(TrainConfig(model="tiny", recipes=("mxfp8",), steps=4, **(d | {"probe_every": 2})), tmp_path / "nudged",
         progress=False)
     assert compare_runs(tmp_path / "probe0", tmp_path / "nudged")["recipes"]["mxfp8"]["first_difference"]["step"] == 3
 
@@ -604,7 +606,8 @@ def test_deterministic_flag_holds_for_the_run_on_one_process_and_is_restored(tmp
     real_loss_of = loop.loss_of
     monkeypatch.setattr(loop, "loss_of", lambda *a: seen.append(torch.are_deterministic_algorithms_enabled())
                         or real_loss_of(*a))
-    d = defaults_for("tiny") | dict(batch=2, seq=32, val_every=0, val_batches=1, probe_every=0, ckpt_every=0)
+    d = defaults_for("tiny") | dict(batch=2, seq=32, val_every=0, val_batches=1, probe_every=0, ckpt_every=0,
+                                    data=DataSpec(path=str(_small_corpus(tmp_path / "corpus.txt"))))
     before = torch.are_deterministic_algorithms_enabled()
     for flag in (True, False):
         seen.clear()
@@ -650,6 +653,7 @@ def test_phase_times_and_peak_memory_are_measured_and_change_no_computed_bit(tmp
     host memory (and GPU memory on a GPU), and --phase-times adds forward / backward / optimizer seconds that
     fit inside the step; none of it changes the curve, which is bit-identical without them."""
     args = ["train", "--model", "tiny", "--recipe", "bf16", "--steps", "3", "--batch", "4", "--seq", "32",
+            "--data", str(_small_corpus(tmp_path / "corpus.txt")),
             "--val-every", "3", "--val-batches", "1", "--threads", "1"]
     assert convergence_main([*args, "--out", str(tmp_path / "plain")]) == 0
     assert convergence_main([*args, "--out", str(tmp_path / "timed"), "--phase-times"]) == 0

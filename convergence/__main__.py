@@ -1,5 +1,5 @@
-"""python -m convergence train | compare | calibrate | bench | profile | ep-identity | protocol | power | probes: thin
-dispatch to each main()."""
+"""python -m convergence train | compare | calibrate | bench | profile | profile-step | ep-identity | protocol | power |
+probes: thin dispatch to each main()."""
 
 from __future__ import annotations
 
@@ -16,6 +16,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
                     "are two runs (e.g. reference vs deepep EP) identical step for step"),
     "bench": ("convergence.train.cli:bench_main", "tokens/s of bf16 and mxfp8 (per kernel) training steps, one run"),
     "profile": ("convergence.train.profile", "a run's step time, tokens/s, phases and peak memory, from its metrics"),
+    "profile-step": ("convergence.train.perf.profile_step",
+                     "one training step under torch.profiler: GPU kernel time, idle gaps, launches, syncs, by kind"),
     "power": ("convergence.curves.cli:power_main", "replicates and steps a margin needs, from measured spreads"),
     "probes": ("convergence.curves.probes", "per-layer BF16-vs-MXFP8 SQNRs of a run's probes: a table and a figure"),
     "protocol": ("convergence.protocol.cli",

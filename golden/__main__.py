@@ -24,7 +24,7 @@ from pathlib import Path
 from numerics.cli import ArgumentParser, CLIError, run_main
 from numerics.errors import BadInput
 
-ARTIFACTS: list[str] = ["golden.layer_stats", "golden.tensor_vectors", "golden.recorded"]
+ARTIFACTS: list[str] = ["golden.layer_stats", "golden.tensor_vectors", "golden.posthoc", "golden.recorded"]
 ROOT = Path(__file__).resolve().parent
 
 

@@ -5,7 +5,9 @@ Files under ``golden/ep/``, ``golden/layers/`` (benchmarks), ``golden/training/`
 ``<file>.meta.json`` sidecar: ``sha256`` of the data file, the ``command`` that produced it, the
 ``hardware``, the mxval ``commit`` whose tree ran, the library ``versions`` and a ``note`` saying
 what the file shows. ``check(root)`` verifies that every sidecar has those fields (the checksums and
-the list of files are ``golden.integrity``'s). ``regenerate(root)`` refuses: a GPU result is
+the list of files are ``golden.integrity``'s), and reads each benchmark whose format has versions with its
+bench's own reader (``READERS``), which takes every version recorded: a format change that could no longer read
+a recorded file fails here. ``regenerate(root)`` refuses: a GPU result is
 re-recorded on its GPU by the command in its sidecar (``commands(root)`` lists them), then added on
 purpose with
 
@@ -28,6 +30,9 @@ NAME = "recorded"
 ROOT = Path(__file__).resolve().parent
 DIRS = ("ep", "layers", "training", "suite")
 REQUIRED = ("sha256", "command", "hardware", "commit", "versions", "note")
+# (folder, file-name prefix) -> the reader of those benchmarks (module:function), which raises BadInput
+READERS = {("training", "bench_"): "convergence.train.perf.bench:load_report",
+           ("layers", "fast_bench"): "numerics.layer.fast.bench:load_report"}
 
 
 def _meta_path(data: Path) -> Path:
@@ -54,7 +59,24 @@ def check(root: Path = ROOT) -> list[str]:
         missing = [k for k in REQUIRED if not meta.get(k)]
         if missing:
             problems.append(f"{data.relative_to(root)}: sidecar lacks {', '.join(missing)}")
+        reader = _reader(data)
+        if reader is not None:
+            try:
+                reader(data)
+            except BadInput as exc:
+                problems.append(f"{data.relative_to(root)}: its bench's reader refuses it: {exc}")
     return problems
+
+
+def _reader(data: Path):
+    """The reader of a recorded benchmark (``READERS``), or None for other files."""
+    import importlib
+
+    for (folder, prefix), target in READERS.items():
+        if data.parent.name == folder and data.name.startswith(prefix):
+            module, _, name = target.partition(":")
+            return getattr(importlib.import_module(module), name)
+    return None
 
 
 def rederived(root: Path = ROOT) -> list[Path]:

@@ -155,7 +155,7 @@ def val_loss_protocol(tmp_path):
     from convergence.protocol.folder import metrics_path, open_protocol
     from convergence.protocol.plan import ProtocolPlan
 
-    plan = ProtocolPlan(model="tiny", steps=10, replicates=3, candidate_replicates=4).check()
+    plan = ProtocolPlan(model="tiny", control="mxfp8-head", steps=10, replicates=3, candidate_replicates=4).check()
     open_protocol(plan, tmp_path)
     noise = {"bf16": 0.0, "bf16_rounding1": 1e-4, "bf16_rounding2": -1e-4, "bf16_rounding3": 2e-4,
              "mxfp8": 5e-5, "mxfp8_rounding1": -5e-5, "mxfp8-head": 0.05, "mxfp8-head_rounding1": 0.0501,

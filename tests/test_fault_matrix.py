@@ -70,7 +70,10 @@ COMMANDS = [
             "protocol", writes=False),
     Command("convergence-bench", "convergence", ["bench", "--model", "tiny", "--device", "cpu", "--batch", "1",
                                                  "--seq", "16", "--steps", "1", "--warmup", "0", "--no-compile",
-                                                 "--json", "{out}"], 0, "file"),
+                                                 "--repeats", "1", "--json", "{out}"], 0, "file"),
+    Command("profile-step", "convergence", ["profile-step", "--model", "tiny", "--device", "cpu", "--batch", "1",
+                                            "--seq", "16", "--steps", "1", "--warmup", "0", "--json", "{out}"], 0,
+            "file"),
     Command("golden", "golden", ["check", "--only", "recorded", "--root", "{in}"], 0, None, "golden"),
 ]
 WRITING = [c for c in COMMANDS if c.output]
@@ -208,7 +211,7 @@ def test_validate_interrupted_in_its_curves_level_writes_a_partial_report_and_sa
 
     monkeypatch.setitem(validate.RUNNERS, "training", lambda *_: LevelResult("training", "pass", "stood in",
                                                                              (Check("runs", "pass"),)))
-    monkeypatch.setattr("convergence.protocol.plan.judge", judged)
+    monkeypatch.setattr("convergence.protocol.judge.judge", judged)
     out = tmp_path / "v"
     assert mxval_main(["validate", "--quick", "--levels", "training,curves", "--out", str(out)]) == 130
     err = capsys.readouterr().err

@@ -201,8 +201,9 @@ def power_main(argv: Sequence[str] | None = None) -> int:
       forks from BF16 trunks), test (equivalence, non-inferiority, and the two-ranges rule before them) and true
       difference, the runs per arm for ``--power`` (80 %), total runs and, with a cost per run (``--run-s``, or
       a protocol folder's ``--pace``), GPU-hours. The spread is a result's final window (its BF16 and candidate
-      runs pooled) or ``--spread``; the fork's within-trunk spread is ``--fork-spread`` (a fork pilot's), else
-      an assumption the table names;
+      runs pooled) or ``--spread``; the fork's within-trunk spread is a fork pilot's result (``--fork-pilot``) or
+      ``--fork-spread``, else an assumption the table names; by default at no true difference and at twice the
+      margin (a worse candidate detected: the planted positive control's shift);
     * given RESULTs (``compare --metric val_loss`` JSON files or protocol folders), also the two-ranges rule's
       replicates and run lengths for a margin (``convergence.curves.power``), as before.
 
@@ -231,13 +232,16 @@ def power_main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--fork-spread", type=float, default=None,
                    help="within-trunk spread of a fork's continuations (a fork pilot's; default: assumed from "
                    f"--spread, sqrt(1 - {designs.EXPLAINED_AT_FORK:.2f}) x it, and said so)")
+    p.add_argument("--fork-pilot", type=Path, default=None, metavar="PILOT",
+                   help="a fork pilot's result (OUT/results/*_pilot__*.json of protocol --design fork --pilot N): its "
+                   "within-trunk final-window spread in the fork row, and its fork step")
     p.add_argument("--pairs-per-trunk", type=int, default=8, help="fork: BF16 / candidate pairs per trunk")
     p.add_argument("--fork-step", type=int, default=None, help="fork: the trunk's step (default: a third of --steps)")
     p.add_argument("--steps", type=int, default=None, help="a run's steps (default: the results')")
     p.add_argument("--alpha", type=float, default=0.05, help="each one-sided test's level")
     p.add_argument("--power", type=float, default=0.8, help="the chance of the favourable verdict to plan for")
     p.add_argument("--true-difference", type=float, action="append", default=None,
-                   help="relative true difference to plan at (repeatable; default 0)")
+                   help="relative true difference to plan at (repeatable; default 0 and twice the margin)")
     p.add_argument("--run-s", type=float, default=None,
                    help="GPU-seconds of one whole BF16 run, start-up included (default: --pace's)")
     p.add_argument("--candidate-run-s", type=float, default=None,
@@ -266,6 +270,8 @@ def power_main(argv: Sequence[str] | None = None) -> int:
         raise CLIError("--se-set must be in [0, 1) and --startup-s a number of seconds >= 0")
     if args.pairs_per_trunk < 1:
         raise CLIError(f"--pairs-per-trunk must be >= 1, got {args.pairs_per_trunk}")
+    if args.fork_pilot is not None and args.fork_spread is not None:
+        raise CLIError("--fork-pilot gives the fork's spread: leave out --fork-spread")
     if not args.results and args.spread is None:
         raise CLIError("give RESULT files or folders, or --spread (the run-to-run spread to plan with)")
     if args.json:
@@ -323,6 +329,15 @@ def design_table(args, plan_at: dict, ms: list, results: list[dict]) -> list[dic
     from numerics.errors import BadInput
 
     spread, se_set, steps, source = args.spread, args.se_set, args.steps, "given"
+    fork_source, fork_at = "given (a fork pilot's)", args.fork_step
+    if args.fork_pilot is not None:
+        pilot = read_json_object(args.fork_pilot, what="a fork pilot's result", fix="python -m convergence protocol "
+                                 "--design fork --pilot N writes it in OUT/results/*_pilot__*.json")
+        args.fork_spread, dof = designs.pilot_spread(pilot, str(args.fork_pilot))
+        fork_source = (f"measured: the fork pilot {args.fork_pilot}, {len(pilot.get('continuations') or [])} "
+                       f"continuations, {dof} degrees of freedom")
+        if fork_at is None:
+            fork_at, steps = pilot["fork_step"], steps or pilot["steps"]
     if ms:
         # the longest runs; among a protocol's results, its verdict's (BF16 and the candidate, not a control)
         i = max(range(len(ms)), key=lambda j: (ms[j].steps, (results[j].get("protocol") or {}).get("verdict")
@@ -333,7 +348,7 @@ def design_table(args, plan_at: dict, ms: list, results: list[dict]) -> list[dic
             source = f"measured: {ms[i].source}, final window, {dof} degrees of freedom"
         se_set = ms[i].se_set if se_set is None else se_set  # after --larger-set
     se_set = se_set or 0.0
-    fork_step = args.fork_step
+    fork_step = fork_at
     if fork_step is not None and (steps is None or not 0 < fork_step < steps):
         raise CLIError(f"--fork-step must be inside the run (0, {steps}): pass --steps" if steps is None else
                        f"--fork-step must be inside the run (0, {steps}), got {fork_step}")
@@ -348,8 +363,9 @@ def design_table(args, plan_at: dict, ms: list, results: list[dict]) -> list[dic
         cand_s = costs.get(args.candidate, run_s) if cand_s is None else cand_s
     ind = designs.independent(spread, se_set, source=source)
     fk = designs.fork(args.fork_spread, se_set, pairs_per_trunk=args.pairs_per_trunk, fork_fraction=fraction,
-                      independent_spread=spread, source="given (a fork pilot's)")
-    rows = designs.table([ind, fk], plan_at["margin"], deltas=tuple(args.true_difference or (0.0,)),
+                      independent_spread=spread, source=fork_source)
+    rows = designs.table([ind, fk], plan_at["margin"],
+                         deltas=tuple(args.true_difference or (0.0, 2 * plan_at["margin"])),
                          alpha=args.alpha, power=args.power, confidence=plan_at["confidence"], run_s=run_s,
                          candidate_run_s=cand_s, startup_s=args.startup_s)
     where = "the fork at " + (f"step {fork_step} of {steps}" if fork_step else "a third of the run")

@@ -243,16 +243,19 @@ def _batch_arrays(batches: list[dict] | None, steps: np.ndarray, k: int, sources
 def compare_curves(baselines: list[Curve], candidate: Curve, options: CompareOptions | None = None, *,
                    candidate_replicates: list[Curve] | tuple = (),
                    divergence_runs: tuple[list[Curve], list[Curve]] | None = None,
-                   batches: list[dict] | None = None) -> dict:
+                   batches: list[dict] | None = None, blocks: tuple[list, list] | None = None) -> dict:
     """``candidate_replicates``: more runs of the candidate recipe, perturbed as the baselines are (metric
     val_loss only: the estimate is then the mean of all candidate runs); ``divergence_runs``: (baselines,
     candidate runs) divergence is judged on, when those are not the compared ones (the training loss of
     val_loss runs); ``batches``: per run (baselines, then the candidate runs) a dict step -> per-batch
-    validation losses, for the held-out set's sampling error (metric val_loss)."""
+    validation losses, for the held-out set's sampling error (metric val_loss); ``blocks``: (a block label per
+    baseline, one per candidate run), for runs continued from common trunks (``convergence.curves.paired``)."""
     o = (options or CompareOptions()).check()
     reps = list(candidate_replicates)
     if reps and o.metric != "val_loss":
         raise BadInput("candidate replicates are judged on validation loss only (--metric val_loss)")
+    if blocks is not None and o.metric != "val_loss":
+        raise BadInput("blocks are judged on validation loss only (--metric val_loss)")
     div_bases, div_cands = divergence_runs or (baselines, [candidate, *reps])
     div = next(((d | {"source": c.meta.source} if reps else d) for c in div_cands if (d := _divergence(c, o))), None)
     base_div = [{"source": b.meta.source, **d} for b in div_bases if (d := _divergence(b, o))]
@@ -296,10 +299,13 @@ def compare_curves(baselines: list[Curve], candidate: Curve, options: CompareOpt
         fstart = int(np.searchsorted(steps, steps[-1] - o.final_fraction * (al.steps[-1] - al.steps[0])))
         sources = [c.meta.source for c in (*baselines, candidate, *reps)]
         result.update(paired.statistics(steps, cand, bases, _batch_arrays(batches, steps, k, sources), o,
-                                        final_from=min(fstart, len(steps) - 1)))
+                                        final_from=min(fstart, len(steps) - 1), blocks=blocks))
         result["series"] |= {"baseline_names": [b.name for b in baselines], "candidate_name": candidate.name}
         decides = result["overall" if o.test == LEGACY else PART_OF[o.endpoint]]  # two-ranges: the whole range's
         result.update(interval=decides["interval"], estimate=decides["estimate"])
+        if o.test != LEGACY:  # the declared endpoint's numbers, where a reader of the result looks first
+            result.update({key: decides.get(key) for key in ("interval_level", "p_no_difference", "p_test",
+                                                             "half_width", "smallest_margin")})
     elif o.metric == "loss" and len(steps) >= 8:
         bmean = bases.mean(axis=0)
         noise = _noise(cand / bmean - 1.0)
@@ -364,14 +370,19 @@ def _check_distinct_runs(paths, curves: list[Curve], batches=None) -> None:
 
 
 def compare_paths(baselines, candidate, *, margin: float = CompareOptions.margin, candidate_replicates=(),
-                  each_once: bool = True, **opts) -> dict:
+                  each_once: bool = True, blocks: tuple[list, list] | None = None, planted_shift: float = 0.0,
+                  **opts) -> dict:
     """Load and compare; ``opts``: CompareOptions fields and loader keys (format, loss_key, step_key, tag).
 
     ``metric="val_loss"`` compares the validation loss (``load_curve``'s ``validation``; ``loss_key`` or
     ``tag`` names another series), judges divergence on the training loss where the files have one, and
     reads JSONL runs' ``val_batch_losses``; ``candidate_replicates`` (val_loss only) are more runs of the
-    candidate recipe. A file given twice is ``BadInput`` unless ``each_once`` is False (a caller that reads
-    only each run's levels, not the verdict)."""
+    candidate recipe; ``blocks`` (val_loss only): ``compare_curves``'. A file given twice is ``BadInput`` unless
+    ``each_once`` is False (a caller that reads only each run's levels, not the verdict).
+
+    ``planted_shift`` (val_loss only): every candidate run's validation losses (and per-batch losses) multiplied
+    by ``1 + planted_shift`` once loaded, a known true effect (the protocol's planted positive control: BF16 runs
+    made that much worse); the result records it (``planted_shift``)."""
     load_keys = {k: opts.pop(k) for k in ("format", "loss_key", "step_key", "tag") if k in opts}
     if load_keys.get("loss_key") and load_keys.get("loss_key") == load_keys.get("step_key"):
         raise BadInput(f"--loss-key and --step-key name the same field ({load_keys['loss_key']!r}): the steps "
@@ -381,10 +392,14 @@ def compare_paths(baselines, candidate, *, margin: float = CompareOptions.margin
     paths = [*baselines, candidate, *candidate_replicates]
     if candidate_replicates and options.metric != "val_loss":
         raise BadInput("candidate replicates are judged on validation loss only (--metric val_loss)")
+    if planted_shift and options.metric != "val_loss":
+        raise BadInput("a planted shift is judged on validation loss only (--metric val_loss)")
     if options.metric == "val_loss":
         curves = load_curves(paths, **load_keys, validation=True)
         if each_once:  # after loading: what is wrong inside a file is said first
             check_once(paths, counts=EACH_RUN_ONCE)
+        if planted_shift:
+            curves[k:] = [replace(c, values=c.values * (1 + planted_shift)) for c in curves[k:]]
         try:  # the training loss: the keys and tag named the validation loss
             train = load_curves(paths, **{k: v for k, v in load_keys.items() if k not in ("loss_key", "tag")})
             div_runs, div_note = (train[:k], train[k:]), "training loss"
@@ -395,12 +410,17 @@ def compare_paths(baselines, candidate, *, margin: float = CompareOptions.margin
         own = (load_keys.get("loss_key") or "val_loss") == "val_loss"
         batches = [load_field(p, "val_batch_losses", step_key=load_keys.get("step_key") or "step")
                    if own and c.meta.format == "jsonl" else None for p, c in zip(paths, curves)]
+        if planted_shift:
+            batches[k:] = [None if b is None else {s: [x * (1 + planted_shift) for x in v] if isinstance(v, list)
+                                                   else v for s, v in b.items()} for b in batches[k:]]
         if each_once:  # the replicates of each side: a baseline and the candidate alike is a finding, not a copy
             _check_distinct_runs(paths[:k], curves[:k], batches[:k])
             _check_distinct_runs(paths[k:], curves[k:], batches[k:])
         result = compare_curves(curves[:k], curves[k], options, candidate_replicates=curves[k + 1:],
-                                divergence_runs=div_runs, batches=batches)
+                                divergence_runs=div_runs, batches=batches, blocks=blocks)
         result["divergence_judged_on"] = div_note
+        if planted_shift:
+            result["planted_shift"] = planted_shift
     else:
         named = [flag for flag, v, names in (("--loss-key", load_keys.get("loss_key"), VAL_KEYS),
                                              ("--tag", load_keys.get("tag"), VAL_TAGS)) if v in names]

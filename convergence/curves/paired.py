@@ -1,8 +1,9 @@
 """The paired verdict on held-out validation loss: a candidate against its baseline and baseline replicates.
 
-Public: ``statistics(steps, candidate, baselines, batches, options) -> dict`` (the ``overall``,
+Public: ``statistics(steps, candidate, baselines, batches, options, blocks=None) -> dict`` (the ``overall``,
 ``final_window``, ``noise`` and plotting parts of ``convergence.curves.compare``'s result for
-``metric="val_loss"``), ``range_statistic``, ``jackknife_se``, ``between_runs``, ``REPLICATE_DESIGN``.
+``metric="val_loss"``), ``range_statistic``, ``jackknife_se``, ``between_runs``, ``within_blocks``,
+``REPLICATE_DESIGN``.
 
 The design (docs/protocol.md): the candidate (say MXFP8) and the first baseline (BF16)
 start from the same weights and see the same data; the other baselines are *replicates*, BF16 runs that
@@ -34,6 +35,18 @@ Both parts (the whole compared range and its final fraction) get ``se = sqrt(se_
 non-inferiority) each part is judged by ``convergence.curves.decision.equivalence.judge`` on the same se and dof,
 and the verdict takes the declared endpoint's. Fewer than two baselines measure no run-to-run noise, so the verdict
 is then ``inconclusive`` whatever the estimate.
+
+Blocks (``blocks``: a label per baseline and per candidate run, the fork design's trunks): runs continued from one
+trunk share what the trunk decided, which cancels in the difference of their means. ``within_blocks`` then gives
+the run-to-run part: the estimate is the mean over blocks of (candidate runs' mean - baselines' mean), equal to the
+unblocked one when every block holds as many of each (the design is balanced: ``BadInput`` otherwise), with
+variance ``s_w^2 * sum_b (1/k_b + 1/m_b) / B^2``, ``s_w`` the spread of runs around their block-and-recipe mean,
+pooled over both recipes, on ``sum (n - 1)`` degrees of freedom (``2n - 2B`` for n runs a recipe in B blocks:
+``convergence.curves.decision.designs.Design.dof``). That takes the candidate's effect to be the same on every block
+(no block-by-recipe interaction) and both recipes' spreads equal; the result reports the blocks' differences and
+the F-test of their spread against what ``s_w`` predicts (``interaction_p``: small when the effect depends on the
+block). One run of each per block leaves no spread within blocks: then the blocks' differences, their standard
+error over B - 1 degrees of freedom.
 """
 
 from __future__ import annotations
@@ -80,6 +93,46 @@ def between_runs(k: int, spread, m: int = 1, cand_spread=None):
     return (float(se), float(dof)) if se.ndim == 0 else (se, dof)
 
 
+def within_blocks(levels, cand_levels, blocks: tuple[list, list]) -> dict:
+    """The run-to-run standard error and degrees of freedom of a blocked design (module docstring): ``levels`` of
+    the baselines and ``cand_levels`` of the candidate runs, ``blocks`` their labels. Returns ``se_between``,
+    ``dof``, ``spread`` (within blocks), ``block_differences`` and ``interaction_p`` (None without the numbers)."""
+    from numerics.errors import BadInput
+
+    base_blocks, cand_blocks = (list(b) for b in blocks)
+    if len(base_blocks) != len(levels) or len(cand_blocks) != len(cand_levels):
+        raise BadInput(f"blocks label {len(base_blocks)} baselines and {len(cand_blocks)} candidate runs, the "
+                       f"comparison has {len(levels)} and {len(cand_levels)}")
+    names = list(dict.fromkeys(base_blocks))
+    groups = {(b, arm): [] for b in names for arm in (0, 1)}
+    for x, b in zip(levels, base_blocks):
+        groups[(b, 0)].append(float(x))
+    for x, b in zip(cand_levels, cand_blocks):
+        if (b, 1) not in groups:
+            raise BadInput(f"candidate run in block {b!r}, which holds no baseline")
+        groups[(b, 1)].append(float(x))
+    sizes = {(len(groups[(b, 0)]), len(groups[(b, 1)])) for b in names}
+    if len(sizes) != 1 or min(next(iter(sizes))) < 1:
+        raise BadInput(f"a blocked comparison needs as many baselines, and as many candidate runs, in every block: "
+                       f"got (baselines, candidate runs) {sorted(sizes)}")
+    k_b, m_b = next(iter(sizes))
+    n_blocks = len(names)
+    diffs = np.array([np.mean(groups[(b, 1)]) - np.mean(groups[(b, 0)]) for b in names])
+    dof = sum(len(g) - 1 for g in groups.values())
+    out = {"blocks": n_blocks, "block_differences": [float(d) for d in diffs], "interaction_p": None}
+    if dof >= 1:
+        spread = math.sqrt(sum(float(((np.asarray(g) - np.mean(g)) ** 2).sum()) for g in groups.values()) / dof)
+        se = spread * math.sqrt(1 / k_b + 1 / m_b) / math.sqrt(n_blocks)
+        if n_blocks >= 2 and spread > 0:  # the blocks' differences spread as s_w^2 (1/k_b + 1/m_b) without interaction
+            f = float(diffs.var(ddof=1)) / (spread ** 2 * (1 / k_b + 1 / m_b))
+            out["interaction_p"] = float(stats.f.sf(f, n_blocks - 1, dof))
+        return out | {"se_between": se, "dof": float(dof), "spread": spread, "estimator": "within blocks"}
+    if n_blocks < 2:
+        return out | {"se_between": None, "dof": None, "spread": None, "estimator": "none: one run each in one block"}
+    se = float(diffs.std(ddof=1)) / math.sqrt(n_blocks)
+    return out | {"se_between": se, "dof": float(n_blocks - 1), "spread": None, "estimator": "blocks' differences"}
+
+
 def jackknife_se(cand_b: np.ndarray, bases_b: np.ndarray) -> float:
     """Standard error of the estimate from the held-out set's batches, by the jackknife over batches.
 
@@ -95,7 +148,7 @@ def jackknife_se(cand_b: np.ndarray, bases_b: np.ndarray) -> float:
     return float(math.sqrt((n - 1) / n * ((loo - loo.mean()) ** 2).sum()))
 
 
-def _part(steps: np.ndarray, cand: np.ndarray, bases: np.ndarray, batches, opts) -> dict:
+def _part(steps: np.ndarray, cand: np.ndarray, bases: np.ndarray, batches, opts, blocks=None) -> dict:
     k = len(bases)
     est, levels = range_statistic(cand, bases)
     cand_levels = candidate_levels(cand, bases)
@@ -114,10 +167,19 @@ def _part(steps: np.ndarray, cand: np.ndarray, bases: np.ndarray, batches, opts)
                 "why": "one baseline: run-to-run noise is not measured (pass replicates with --baseline)"}
     spread = float(levels.std(ddof=1))
     cand_spread = float(cand_levels.std(ddof=1)) if m >= 2 else None
-    se_between, dof = between_runs(k, spread, m, cand_spread)
+    blocked = None
+    if blocks is not None:
+        blocked = within_blocks(levels, cand_levels, blocks)
+        if blocked["se_between"] is None:
+            return {**out, "blocked": blocked, "interval": None, "half_width": None, "decision": "inconclusive",
+                    "why": "one run of each recipe in one block: run-to-run noise is not measured"}
+        se_between, dof = blocked["se_between"], blocked["dof"]
+    else:
+        se_between, dof = between_runs(k, spread, m, cand_spread)
     se = math.sqrt(se_between ** 2 + (se_set or 0.0) ** 2)
     noise = {"se_between": se_between, "seed_spread": spread, "candidate_spread": cand_spread, "dof": dof,
-             "se": se, "se_within": None, "noise_source": "replicates" + ("+set" if se_set is not None else "")}
+             "se": se, "se_within": None, "noise_source": ("replicates within blocks" if blocked else "replicates")
+             + ("+set" if se_set is not None else "")} | ({"blocked": blocked} if blocked else {})
     if opts.test != LEGACY:  # one declared test on this part (convergence.curves.decision.equivalence)
         return {**out, **noise, **judge(est, se, dof, test=opts.test, alpha=opts.alpha, margin=opts.margin)}
     level = 1 - (1 - opts.confidence) / 4  # two ranges (Bonferroni), two-sided
@@ -130,22 +192,25 @@ def _part(steps: np.ndarray, cand: np.ndarray, bases: np.ndarray, batches, opts)
             "decision": decision, "why": f"interval [{lo:+.3%}, {hi:+.3%}] {word} +-{m:.3%}"}
 
 
-def statistics(steps: np.ndarray, cand: np.ndarray, bases: np.ndarray, batches, opts, *, final_from: int) -> dict:
+def statistics(steps: np.ndarray, cand: np.ndarray, bases: np.ndarray, batches, opts, *, final_from: int,
+               blocks: tuple[list, list] | None = None) -> dict:
     """The ``overall`` (all of ``steps``) and ``final_window`` (from index ``final_from``) parts, the noise
     summary and the plotted series. ``cand``: one run [t] or m runs [m, t]; ``batches``: (candidate [t, n] or
-    [m, t, n], baselines [k, t, n]) or None."""
+    [m, t, n], baselines [k, t, n]) or None; ``blocks``: each baseline's and candidate run's block (module
+    docstring) or None."""
 
     def cut(sl):
         return None if batches is None else (batches[0][..., sl, :], batches[1][:, sl])
 
-    overall = _part(steps, cand, bases, cut(slice(None)), opts)
+    overall = _part(steps, cand, bases, cut(slice(None)), opts, blocks)
     final = _part(steps[final_from:], cand[..., final_from:], bases[:, final_from:], cut(slice(final_from, None)),
-                  opts)
+                  opts, blocks)
     mean = bases.mean(axis=0)
     k = len(bases)
     runs = np.atleast_2d(cand)
     cand_mean = runs.mean(axis=0)
-    noise = {"model": "replicates", "replicates": k, "replicate_spread": final.get("seed_spread"),
+    noise = {"model": "replicates" if blocks is None else "replicates within blocks", "replicates": k,
+             "replicate_spread": final.get("seed_spread"),
              "candidate_runs": len(runs), "candidate_spread": final.get("candidate_spread"),
              "se_set": final["se_set"], "heldout_batches": final["heldout_batches"], "evaluations": len(steps),
              "note": (f"{k} baselines: {REPLICATE_DESIGN}" if k >= 2 else

@@ -3,8 +3,9 @@ made in resumable pieces and judged on held-out validation loss.
 
 Modules, one concern each: ``plan`` (the design and the run list, the commands that make them), ``folder`` (the
 runs' state on disk, compaction), ``schedule`` (which run goes where: the ``Executor`` seam, ``LocalExecutor``
-for this machine's GPUs or CPU workers, the pace), ``judge`` (verdicts and result files), ``provenance`` (the
-runs' environments, the hardware tag), ``replicate_drift`` (how fast replicates drift from their paired run, the
-spread at each evaluation), ``status`` (how far a folder is, as data), ``render`` (that data in words and
-figures), ``cli`` (python -m convergence protocol).
+for this machine's GPUs or CPU workers, the pace), ``slurm_executor`` (each run a Slurm job: ``slurm`` submits
+them and reads their states, ``slurm_job`` is what a job runs on its node), ``judge`` (verdicts and result
+files), ``provenance`` (the runs' environments, the hardware tag), ``replicate_drift`` (how fast replicates drift
+from their paired run, the spread at each evaluation), ``status`` (how far a folder is, as data), ``render``
+(that data in words and figures), ``cli`` (python -m convergence protocol).
 """

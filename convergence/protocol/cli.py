@@ -2,8 +2,9 @@
 (``convergence.protocol``: ``plan`` the runs, ``folder`` their state, ``schedule`` where they run, ``judge`` the
 verdicts, ``status`` and ``render`` what --status says).
 
-Executors (``--executor``, ``EXECUTORS``): ``local``, this machine's GPUs or CPU workers. Bad input is one line on
-stderr and exit code 2; the exit codes of a run are in ``main``.
+Executors (``--executor``, ``EXECUTORS``): ``local``, this machine's GPUs or CPU workers; ``slurm``, each run a
+Slurm job (``convergence.protocol.slurm_executor``, docs/slurm.md). Bad input is one line on stderr and exit code 2;
+the exit codes of a run are in ``main``.
 """
 
 from __future__ import annotations
@@ -11,15 +12,19 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import shutil
+import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
 
-from convergence.protocol import folder, render, schedule
+from convergence.curves.decision.equivalence import ENDPOINTS, TESTS
+from convergence.protocol import folder, render, schedule, slurm, slurm_executor
 from convergence.protocol.judge import judge, write_results
-from convergence.protocol.plan import DESIGNS, TRAIN_OVERRIDES, ProtocolPlan
+from convergence.protocol.plan import DESIGNS, PLANTED, TRAIN_OVERRIDES, ProtocolPlan
 from convergence.protocol.provenance import environment_change, hardware_tag, runs_hardware_tag
+from convergence.protocol.slurm_job import worker_minutes
 from convergence.protocol.status import pairs, progress
 from convergence.train import data as data_mod
 from convergence.train.cli import check_recipe_kernels
@@ -29,6 +34,7 @@ from numerics.files import check_distinct, check_writable
 from numerics.layer.configs import CONFIGS
 from numerics.layer.mxfp8 import KERNELS as MXFP8_KERNELS
 from numerics.layer.mxfp8 import kernel_problem as mxfp8_problem
+from numerics.layer.recipes import NULL_CONTROLS
 
 
 def local_executor(args, *, slots: int, per_gpu: int, threads: int | None) -> schedule.Executor:
@@ -37,8 +43,19 @@ def local_executor(args, *, slots: int, per_gpu: int, threads: int | None) -> sc
                                   worker_argv=schedule.protocol_worker(args.out, threads, gpu_share=per_gpu))
 
 
+def slurm_executor_of(args, *, slots: int, per_gpu: int, threads: int | None) -> schedule.Executor:
+    """Each run a Slurm job with the ``--slurm-*`` options, each worker with ``threads`` (default: its CPUs)."""
+    options = slurm_executor.options_of(args, args.device)
+    if not args.status:  # before the folder changes: a submitter, and a time limit that leaves time to train
+        slurm.check_submitter()
+        worker_minutes(options.time_minutes, schedule.STARTUP_S.get(args.model, 60.0))
+    return slurm_executor.SlurmExecutor(options, threads=threads or options.cpus,
+                                        mixed_environment=args.mixed_environment,
+                                        shared=args.slurm_shared_folder, wait=args.slurm_wait)
+
+
 # --executor NAME -> its factory (the parsed arguments; the runs at once, per GPU, and CPU threads per run)
-EXECUTORS: dict[str, Callable[..., schedule.Executor]] = {"local": local_executor}
+EXECUTORS: dict[str, Callable[..., schedule.Executor]] = {"local": local_executor, "slurm": slurm_executor_of}
 
 
 def _protocol_parser() -> ArgumentParser:
@@ -54,9 +71,35 @@ def _protocol_parser() -> ArgumentParser:
     p.add_argument("--candidate-replicates", type=int, default=d.candidate_replicates,
                    help="candidate runs, the paired one included, each with a replicate's change (and as many "
                         "control runs and held-out BF16 runs): below the one-run floor (docs/protocol.md)")
-    p.add_argument("--design", default=d.design, help=f"what a replicate changes: {', '.join(DESIGNS)}")
+    p.add_argument("--design", default=d.design, help=f"what a replicate changes: {', '.join(DESIGNS)} (fork: "
+                   "trunks continued by paired runs)")
     p.add_argument("--candidate", default=d.candidate, help="the recipe judged (default mxfp8)")
-    p.add_argument("--control", default=d.control, help="the positive control recipe (default mxfp8-head)")
+    # declared before any run; None: the folder's plan's, or a new plan's default (an older folder keeps its own)
+    p.add_argument("--control", default=None, help=f"the positive control: '{PLANTED}' (a new plan's default: the "
+                   "held-out BF16 runs made --planted-shift margins worse) or a recipe known to be worse")
+    p.add_argument("--planted-shift", type=float, default=None,
+                   help=f"the planted control's true effect in margins, 1 to 3 (default {d.planted_shift:g})")
+    p.add_argument("--test", default=None, choices=TESTS,
+                   help=f"the declared test (a new plan's default {d.test}; two-ranges: the rule before)")
+    p.add_argument("--alpha", type=float, default=None, help=f"each one-sided test's level (default {d.alpha:g})")
+    p.add_argument("--endpoint", default=None, choices=ENDPOINTS,
+                   help="the primary endpoint: the final window (default) or the whole range; the other is reported")
+    p.add_argument("--null-control", action="store_true",
+                   help="also run mxfp8-null (the seam with no cast) beside its BF16 twin, both --deterministic: they "
+                        "must end bit-identical")
+    p.add_argument("--trunks", type=int, default=None, help="--design fork: BF16 trunks (default 1)")
+    p.add_argument("--fork-step", type=int, default=None, help="--design fork: the trunks' last step")
+    p.add_argument("--fork-change", default=d.fork_change, choices=("rounding", "data"),
+                   help="--design fork: what tells continuations apart: rows permuted (rounding) or the remaining "
+                        "windows' order (data)")
+    p.add_argument("--pilot", type=int, default=None, metavar="N",
+                   help="--design fork without a candidate: N BF16 continuations per trunk; the result is their spread")
+    p.add_argument("--planned-spread", type=float, default=None,
+                   help="the run-to-run spread (fork: within a trunk) the plan's projection is computed at (default: "
+                        "the model's measured one, convergence.protocol.projection)")
+    p.add_argument("--declare-only", action="store_true",
+                   help="write OUT/protocol.json and OUT/projection.json (what the plan should decide, its GPU-hours) "
+                        "and run nothing")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument("--mxfp8-kernel", default="auto", choices=["auto", *MXFP8_KERNELS])
     p.add_argument("--margin", type=float, default=d.margin, help="relative equivalence margin (DeepSeek-V3: 0.0025)")
@@ -87,8 +130,10 @@ def _protocol_parser() -> ArgumentParser:
     p.add_argument("--force", action="store_true", help="delete this protocol's runs in --out and start again "
                    "(with --status, which deletes nothing: overwrite --plot's and --plot-parting's files)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads per process")
-    p.add_argument("--executor", choices=list(EXECUTORS), default="local",
-                   help="where the runs are made (default local: this machine's GPUs or CPU workers)")
+    p.add_argument("--executor", choices=list(EXECUTORS), default=None,
+                   help="where the runs are made: local (the default: this machine's GPUs or CPU workers) or slurm "
+                        "(each run a Slurm job: docs/slurm.md); --status reads a folder with Slurm jobs as slurm")
+    slurm_executor.add_arguments(p)
     p.add_argument("--piece", help=argparse.SUPPRESS)  # internal: one worker piece of the run NAME
     p.add_argument("--gpu-share", type=int, default=1, help=argparse.SUPPRESS)  # internal: runs sharing its GPU
     return p
@@ -103,14 +148,102 @@ def _plan_flags() -> list[str]:
     return [*fields, *TRAIN_OVERRIDES, "hardware"]
 
 
+# what a plan declares that a command line may leave out: the folder's plan's then (an older folder keeps its rule
+# and control), else a new plan's default
+DECLARED = ("test", "alpha", "endpoint", "control", "planted_shift")
+
+
 def _plan_of(args):
     """The plan the command line gives (checked): a run's, or one --status compares with its folder's."""
     overrides = tuple((k, float(v)) for k in TRAIN_OVERRIDES if (v := getattr(args, k)) is not None)
-    return ProtocolPlan(model=args.model, steps=args.steps, seed=args.seed, replicates=args.replicates,
-                           candidate_replicates=args.candidate_replicates,
-                           design=args.design, candidate=args.candidate, control=args.control, device=args.device,
-                           mxfp8_kernel=args.mxfp8_kernel, margin=args.margin, name=args.name, data=args.data,
-                           val_percent=args.val_percent, overrides=overrides).check()
+    held = folder.load_plan(args.out) if (args.out / "protocol.json").is_file() and not args.force else None
+    new = ProtocolPlan(model=args.model, steps=args.steps)
+    declared = {key: getattr(args, key) if getattr(args, key) is not None else getattr(held or new, key)
+                for key in DECLARED}
+    fork = dict(trunks=args.trunks or 1, fork_step=args.fork_step or 0, pilot=args.pilot is not None)
+    if args.pilot is not None:
+        if args.pilot < 2:
+            raise CLIError(f"--pilot must be >= 2 (continuations: their spread is the result), got {args.pilot}")
+        if args.replicates != parser_default("replicates"):
+            raise CLIError("--pilot N gives the continuations per trunk: leave out --replicates")
+        fork["candidate_replicates"] = 1
+    return ProtocolPlan(model=args.model, steps=args.steps, seed=args.seed,
+                        replicates=args.pilot if args.pilot is not None else args.replicates,
+                        candidate_replicates=fork.pop("candidate_replicates", args.candidate_replicates),
+                        design=args.design, candidate=args.candidate, device=args.device,
+                        mxfp8_kernel=args.mxfp8_kernel, margin=args.margin, name=args.name, data=args.data,
+                        val_percent=args.val_percent, overrides=overrides, null_control=args.null_control,
+                        planned_spread=args.planned_spread, fork_change=args.fork_change, **declared,
+                        **fork).check()
+
+
+def parser_default(key: str):
+    return _protocol_parser().get_default(key)
+
+
+def _check_environment(plan: ProtocolPlan, out: Path) -> None:
+    """CLIError when this machine computes runs differently from the plan's runs made so far."""
+    from numerics.environment import describe
+
+    changed = render.environment_change_line(environment_change(plan, out, describe()))
+    if changed:
+        raise CLIError(f"{out}: this machine computes runs differently from the plan's runs made so far "
+                       f"({changed}); its runs are compared with each other: continue where they match, or "
+                       "pass --mixed-environment to go on with both")
+
+
+def _since_start_s() -> float | None:
+    """Seconds since this process started (Linux's /proc), its interpreter's start-up included, as a local
+    worker's parent times it; None where unknown."""
+    try:
+        started = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])  # field 22: starttime
+        return float(Path("/proc/uptime").read_text().split()[0]) - started / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _worker(args) -> int:
+    """``--piece NAME``: one piece of one run of the plan in --out; nothing on a finished run. A scheduler's
+    SIGTERM (preemption, scancel) or SIGUSR2 (Slurm's warning) stops it at its next step, with its checkpoint.
+    With ``--batch-job`` (a Slurm job, whose submitter neither sees its node nor times it) it checks its node's
+    GPU and environment and records its own pace, with its job id and node."""
+    import signal
+    import socket
+    import time
+
+    from convergence.train.stopping import stop_on_signals
+
+    t0 = time.monotonic() - (_since_start_s() or 0.0)
+    plan = folder.load_plan(args.out)
+    spec = next((s for s in plan.runs() if s.name == args.piece), None)
+    if spec is None:
+        raise CLIError(f"--piece {args.piece}: no run of that name in {args.out}'s plan")
+    with stop_on_signals(signal.SIGTERM, signal.SIGUSR2):
+        before = folder.run_state(plan, args.out, spec)
+        if before == "done":  # a job requeued after its run finished, or a run made elsewhere meanwhile
+            print(f"{spec.name}: finished already; nothing to do", file=sys.stderr, flush=True)
+            return 0
+        before = before if folder.can_continue(args.out, spec) else 0
+        where = None
+        if args.batch_job:
+            task = os.environ.get("SLURM_ARRAY_TASK_ID")
+            job = f"{os.environ['SLURM_ARRAY_JOB_ID']}_{task}" if task else os.environ.get("SLURM_JOB_ID")
+            where = {"slurm_job": job, "node": socket.gethostname()}
+            print(f"{spec.name}: piece in Slurm job {job} on {where['node']}, from step {before}", file=sys.stderr,
+                  flush=True)
+            if plan.device == "cuda" and not torch.cuda.is_available():
+                raise CLIError(f"{spec.name}: no CUDA device visible on {where['node']} (the jobs asked "
+                               f"--slurm-gpus 1; CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')})")
+            if not args.mixed_environment:
+                _check_environment(plan, args.out)
+        if args.gpu_share > 1 and plan.device == "cuda":  # the memory check then sees this run's share
+            torch.cuda.set_per_process_memory_fraction(1 / args.gpu_share)
+        stop = None if args.stop_after_minutes is None else 60 * args.stop_after_minutes
+        schedule.run_piece(plan, spec, args.out, stop_after_s=stop)
+        if where is not None:
+            schedule.record_pace(args.out, spec, before, folder.run_state(plan, args.out, spec),
+                                 time.monotonic() - t0, 1, *schedule.run_ends(plan, spec), where=where)
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -118,8 +251,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     Exit code: 4 while runs are unfinished (repeat the command), 1 when a run failed; once complete, the
     candidate's verdict as ``compare`` exits (0 equivalent, 1 not_equivalent or diverged, 3 inconclusive)."""
-    import sys
-
     parser = _protocol_parser()
     args = parser.parse_args(argv)
     if args.threads is not None and args.threads < 1:
@@ -132,18 +263,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.piece is not None:  # a worker: one piece of one run of the plan in --out
-        plan = folder.load_plan(args.out)
-        spec = next((s for s in plan.runs() if s.name == args.piece), None)
-        if spec is None:
-            raise CLIError(f"--piece {args.piece}: no run of that name in {args.out}'s plan")
-        if args.gpu_share > 1 and plan.device == "cuda":  # the memory check then sees this run's share
-            torch.cuda.set_per_process_memory_fraction(1 / args.gpu_share)
-        stop = None if args.stop_after_minutes is None else 60 * args.stop_after_minutes
-        schedule.run_piece(plan, spec, args.out, stop_after_s=stop)
-        return 0
+        return _worker(args)
+    slurm_flags = slurm_executor.flags_given(args, parser)
     if args.status:
         for flag, given in (("--whole-runs", args.whole_runs), ("--stop-after-minutes", args.stop_after_minutes),
-                            ("--mixed-environment", args.mixed_environment), ("--gpus", args.gpus)):
+                            ("--mixed-environment", args.mixed_environment), ("--gpus", args.gpus),
+                            *((f, True) for f in slurm_flags)):
             if given:  # --status runs nothing: a flag for a run would be ignored, and its user think it applied
                 raise CLIError(f"{flag} goes with a run, not with --status (which runs nothing)")
         if not (args.out / "protocol.json").is_file():
@@ -173,7 +298,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise CLIError("--parallel with --status picks the pace of N runs per GPU; a CPU plan's is one run's, "
                            "whatever its workers: leave --parallel out")
         per_gpu = args.parallel if plan.device == "cuda" else 1
-        executor = EXECUTORS[args.executor](args, slots=per_gpu, per_gpu=per_gpu, threads=args.threads)
+        # a folder whose runs went to Slurm reads as the Slurm executor sees it, where Slurm's commands are
+        name = args.executor or ("slurm" if slurm.has_jobs(args.out) and shutil.which("squeue") else "local")
+        executor = EXECUTORS[name](args, slots=per_gpu, per_gpu=per_gpu, threads=args.threads)
         now = progress(plan, args.out, per_gpu=per_gpu, states=executor.states(plan, args.out))
         render.draw_figures(now, args.plot, args.plot_parting, force=args.force)
         print("\n".join(render.status_lines(now, figure=args.plot, drift_figure=args.plot_parting)))
@@ -183,6 +310,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise CLIError(f"{flag} goes with --status (a finished protocol writes its own figures)")
     if args.model is None or args.steps is None:
         raise CLIError("--model and --steps are required")
+    on_slurm = args.executor == "slurm"
+    if slurm_flags and not on_slurm:  # it would be ignored
+        raise CLIError(f"{slurm_flags[0]} goes with --executor slurm")
+    for flag, given in (("--stop-after-minutes", args.stop_after_minutes is not None),
+                        ("--whole-runs", args.whole_runs), ("--gpus", args.gpus is not None),
+                        ("--parallel", args.parallel != 1)):
+        if on_slurm and given:
+            raise CLIError(f"{flag} goes with the local executor: under --executor slurm each run is a job, sized "
+                           "by --slurm-time, --slurm-gpus and --slurm-cpus")
     if args.gpus is not None and args.device != "cuda":  # a CPU plan has no GPUs to count: it would be ignored
         raise CLIError("--gpus goes with --device cuda; a CPU plan runs --parallel workers at once")
     plan = _plan_of(args)
@@ -191,10 +327,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     held = (args.out / "protocol.json").is_file()
     if held and not args.force:  # another plan's runs read as this one's would look damaged (its logs end elsewhere)
         folder.check_same_plan(plan, args.out)
+    if args.declare_only:
+        return _declare(plan, args)
     before = {r.name: 0 for r in plan.runs()} if held and args.force else folder.run_status(plan, args.out)
     judge_only = not args.force and held and all(v == "done" for v in before.values())
     gpus = (args.gpus or torch.cuda.device_count()) if args.device == "cuda" else 0
-    if not judge_only:
+    if not judge_only and not on_slurm:  # a Slurm job's node has the GPUs, not the node submitting it
         if args.device == "cuda" and not torch.cuda.is_available():
             raise CLIError("--device cuda: no CUDA device is visible")
         if args.device == "cuda" and not 1 <= gpus <= torch.cuda.device_count():
@@ -206,31 +344,33 @@ def main(argv: Sequence[str] | None = None) -> int:
     problem = None if judge_only or plan.mxfp8_kernel == "auto" else mxfp8_problem(plan.mxfp8_kernel, args.device)
     if problem:
         raise CLIError(f"--mxfp8-kernel: {problem}")
-    check_recipe_kernels((plan.candidate, plan.control), plan.mxfp8_kernel, None if judge_only else args.device)
+    recipes = {r.recipe for r in plan.runs()} - {"bf16"}
+    check_recipe_kernels(sorted(recipes - set(NULL_CONTROLS)), plan.mxfp8_kernel, None if judge_only else args.device)
+    check_recipe_kernels(sorted(recipes & set(NULL_CONTROLS)), "auto", None if judge_only else args.device)
     if plan.data is not None and not judge_only:  # before protocol.json records it: a mistyped path then leaves
         data_mod.check_data_path(plan.data)        # no plan that the corrected command would have to --force
     slots = gpus * args.parallel if args.device == "cuda" else args.parallel
     per_gpu = args.parallel if args.device == "cuda" else 1
+    if held and args.force:
+        slurm_executor.refuse_active_jobs(args.out, "--force, deleting their runs,", required=on_slurm)
+    elif not judge_only and not on_slurm:
+        slurm_executor.refuse_active_jobs(args.out, "training their runs here", required=False)
+    executor = EXECUTORS[args.executor or "local"](  # its options checked before the folder changes
+        args, slots=slots, per_gpu=per_gpu,
+        threads=args.threads or (None if on_slurm else max(1, (os.cpu_count() or 1) // max(slots, 1))))
     grew = folder.open_protocol(plan, args.out, force=args.force)
     if grew:
         print(grew, flush=True)
+    _write_projection(plan, args.out, again=bool(grew) or args.force)
     if args.force:  # its runs were deleted: read once more
         before = folder.run_status(plan, args.out)
-    if not judge_only and not args.mixed_environment:
-        from numerics.environment import describe
-
-        changed = render.environment_change_line(environment_change(plan, args.out, describe()))
-        if changed:
-            raise CLIError(f"{args.out}: this machine computes runs differently from the plan's runs made so far "
-                           f"({changed}); its runs are compared with each other: continue where they match, or "
-                           "pass --mixed-environment to go on with both")
-    print(f"protocol {plan.prefix}: {len(before)} runs of {plan.steps} steps, {slots or 1} at a time"
-          f"{f' ({per_gpu} per GPU)' if per_gpu > 1 else ''}; done: "
+    if not judge_only and not args.mixed_environment and not on_slurm:  # a Slurm job checks its own node
+        _check_environment(plan, args.out)
+    at_once = f"{slots or 1} at a time" + (f" ({per_gpu} per GPU)" if per_gpu > 1 else "")
+    print(f"protocol {plan.prefix}: {len(before)} runs of {plan.steps} steps, "
+          f"{'as Slurm jobs' if on_slurm else at_once}; done: "
           f"{sum(v == 'done' for v in before.values())}", flush=True)
-    threads = args.threads or max(1, (os.cpu_count() or 1) // max(slots, 1))
-
     stop = None if args.stop_after_minutes is None else 60 * args.stop_after_minutes
-    executor = EXECUTORS[args.executor](args, slots=slots, per_gpu=per_gpu, threads=threads)
     try:
         status = schedule.execute(plan, args.out, executor, stop_after_s=stop, whole_runs=args.whole_runs)
     except schedule.RunFailed as exc:
@@ -240,13 +380,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     if left:
         print(f"{len(status) - len(left)} of {len(status)} runs finished; not yet: "
               + ", ".join(f"{n} ({status[n]}/{plan.steps} steps)" for n in left)
-              + f". Repeat the same command to continue ({args.out})")
+              + (". Repeat the same command once their jobs end: it judges the plan, or submits what did not "
+                 "finish again (--status shows the jobs)" if on_slurm else ". Repeat the same command to continue")
+              + f" ({args.out})")
         return 4
-    verdicts = judge(plan, args.out)
-    on_its_device = args.device == "cpu" or torch.cuda.is_available()
+    on_its_device = not on_slurm and (args.device == "cpu" or torch.cuda.is_available())
     hardware = args.hardware or (hardware_tag(args.device, gpus) if on_its_device
                                  else runs_hardware_tag(plan, args.out))
     command = plan.command("OUT", gpus=gpus, per_gpu=per_gpu, stop_after_minutes=args.stop_after_minutes)
+    if plan.pilot:
+        from convergence.protocol.pilot import pilot_lines, pilot_result
+
+        result = pilot_result(plan, args.out) | {"environment": _environment()}
+        files = write_results(plan, args.out, {"pilot": result}, command, hardware)
+        print("\n".join(pilot_lines(result)))
+        print(f"pilot complete: {len(files)} result files in {args.out / 'results'} (record.sh lists them in golden/)")
+        return 0
+    verdicts = judge(plan, args.out)
     files = write_results(plan, args.out, verdicts, command, hardware)
     for name, r in verdicts.items():
         print(render.verdict_line(name, r))
@@ -256,6 +406,43 @@ def main(argv: Sequence[str] | None = None) -> int:
     from convergence.curves.compare import EXIT_CODES
 
     return EXIT_CODES[verdicts["verdict"]["verdict"]]  # the candidate's verdict, as compare exits
+
+
+def _environment() -> dict:
+    from numerics.environment import describe
+
+    return describe()
+
+
+def _write_projection(plan: ProtocolPlan, out: Path, *, again: bool) -> dict:
+    """OUT/projection.json: what the plan should decide, written when the plan is declared (or changed), before
+    any run of it (``convergence.protocol.projection``)."""
+    import json
+
+    from convergence.protocol.projection import projection
+    from numerics.files import atomic_write
+
+    path = out / "projection.json"
+    p = projection(plan)
+    if again or not path.exists():
+        atomic_write(path, json.dumps(p, indent=1) + "\n", force=True)
+    return p
+
+
+def _declare(plan: ProtocolPlan, args) -> int:
+    """--declare-only: the plan and its projection written, nothing run."""
+    from convergence.protocol.projection import projection_lines
+
+    if plan.data is not None:
+        data_mod.check_data_path(plan.data)
+    grew = folder.open_protocol(plan, args.out, force=args.force)
+    if grew:
+        print(grew, flush=True)
+    p = _write_projection(plan, args.out, again=True)
+    print("\n".join(projection_lines(p)))
+    print(f"declared in {args.out / 'protocol.json'} and {args.out / 'projection.json'}; run it with: "
+          + plan.command(str(args.out)))
+    return 0
 
 
 if __name__ == "__main__":

@@ -8,8 +8,9 @@ Public: ``open_protocol(plan, out)``, ``load_plan(out)``, ``read_plan(path)``, `
 
 Layout: ``OUT/protocol.json`` (the plan), ``OUT/runs/<run>/<recipe>/`` (each run's ``config.json``,
 ``metrics.jsonl``, ``probes.jsonl`` and, while unfinished, its checkpoint), ``OUT/logs/`` (the workers' output),
-``OUT/pace.jsonl`` (each piece's pace: ``convergence.protocol.schedule``) and ``OUT/results/`` (the verdicts and
-their files: ``convergence.protocol.judge``). A run is continued from its checkpoint until it has ``steps`` steps;
+``OUT/pace.jsonl`` (each piece's pace: ``convergence.protocol.schedule``), ``OUT/slurm/`` (the Slurm jobs' record
+and logs: ``convergence.protocol.slurm``) and ``OUT/results/`` (the verdicts and their files:
+``convergence.protocol.judge``). A run is continued from its checkpoint until it has ``steps`` steps;
 its checkpoint is written only when a piece stops and at the end, and deleted once the run is complete (a proxy
 checkpoint is ~11 GB). A complete run's ``metrics.jsonl`` and ``probes.jsonl`` are then replaced by their gzip
 (``compact_run``); every reader finds either through ``metrics_path`` / ``probes_path`` and reads it gzip-aware.
@@ -29,11 +30,12 @@ from numerics.files import GZIP_MAGIC, atomic_write, gzip_or_plain, read_json_ob
 
 PACE_FILE = "pace.jsonl"  # each piece's recipe, steps and wall seconds (convergence.protocol.schedule)
 
-# What may change on a folder that holds runs: how many replicates, which recipe is the positive control, and the
-# result files' prefix (``name``: it names no run, so a plan started without one can still be given its own).
+# What may change on a folder that holds runs: how many replicates (and a fork plan's trunks), which recipe is the
+# positive control, and the result files' prefix (``name``: it names no run, so a plan started without one can
+# still be given its own).
 # Every run is named by what it is (recipe, change), so the runs made stay valid; a run no longer in the plan is
 # kept on disk and left out of the verdicts.
-CHANGEABLE = ("replicates", "candidate_replicates", "control", "name")
+CHANGEABLE = ("replicates", "candidate_replicates", "control", "name", "trunks")
 
 
 def changed_fields(have: dict, want: dict) -> list[tuple[str, object, object]]:
@@ -60,12 +62,12 @@ def open_protocol(plan: ProtocolPlan, out: Path, *, force: bool = False) -> str 
     """Make ``out`` hold ``plan`` (``out/protocol.json``): a new or empty folder gets it; a folder with the same
     plan is continued, also when only ``CHANGEABLE`` fields differ (the plan is rewritten, every run made is
     kept; returns a line saying so); another plan, or a folder of something else, is refused (``force``
-    deletes this protocol's own runs, logs, results and pace first, nothing else)."""
+    deletes this protocol's own runs, logs, results, pace and Slurm jobs' records first, nothing else)."""
     out = Path(out)
     state = out / "protocol.json"
     forced = force and state.exists()
     if forced:
-        for sub in ("runs", "logs", "results", "results.partial"):
+        for sub in ("runs", "logs", "results", "results.partial", "slurm"):  # slurm: convergence.protocol.slurm
             shutil.rmtree(out / sub, ignore_errors=True)
         (out / PACE_FILE).unlink(missing_ok=True)  # the paces of runs no longer there
         state.unlink()
@@ -143,7 +145,8 @@ def run_config(out: Path, spec: RunSpec) -> dict:
 
 
 def run_state(plan: ProtocolPlan, out: Path, spec: RunSpec) -> int | str:
-    """One run's steps logged so far, or "done" (all steps, or a run that diverged and stopped). A compacted log
+    """One run's steps logged so far, or "done" (all its steps: a trunk's end at its ``stop_at``; or a run that
+    diverged and stopped). A compacted log
     (``compact_run``: only a finished run's) that ends short is damage, not a run to train again over it; so is a
     file where the run's folder belongs (it is not a run not started)."""
     folder = run_dir(out, spec)
@@ -153,11 +156,12 @@ def run_state(plan: ProtocolPlan, out: Path, spec: RunSpec) -> int | str:
     path = metrics_path(out, spec)
     recs = JsonlLog(path).records()
     last = recs[-1] if recs else {}
-    if last.get("step") == plan.steps or last.get("diverged"):
+    end = spec.stop_at or plan.steps
+    if last.get("step") == end or last.get("diverged"):
         return "done"
     if path.name.endswith(".gz"):
         raise BadInput(f"{path}: a finished run's compacted log, but it ends at step {last.get('step', 0)} of "
-                       f"{plan.steps}: damaged; restore it (e.g. from git) rather than train the run again")
+                       f"{end}: damaged; restore it (e.g. from git) rather than train the run again")
     return len(recs)
 
 

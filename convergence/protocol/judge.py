@@ -1,8 +1,15 @@
-"""A protocol's verdicts and result files: the design checked from the runs' own files, the three comparisons
-on validation loss, and OUT/results/ with a golden-style sidecar per file.
+"""A protocol's verdicts and result files: the design checked from the runs' own files, the comparisons on
+validation loss (and the null control's identity), and OUT/results/ with a golden-style sidecar per file.
 
 Public: ``judge(plan, out)``, ``judge_logs(plan, log_of)``, ``check_design(plan, out)``, ``as_expected(verdict,
-expected)``, ``write_results(plan, out, verdicts, command, hardware)``.
+expected)``, ``control_outcome(plan, name, r)``, ``null_identity(twin, null)``, ``write_results(plan, out, verdicts,
+command, hardware)``.
+
+Each verdict is ``compare_paths`` of its runs against the plan's baselines, with the plan's declared test, alpha and
+endpoint (a plan from before them: the ``two-ranges`` rule it was judged by), blocked by trunk in a fork plan;
+``protocol.outcome`` says how a control came out by its own check (``control_outcome``): the positive control
+``detected`` or not (with the chance the plan gave it in advance: ``convergence.protocol.projection``), the
+negative control's interval ``covers_zero`` or not, the null control ``identical`` or not.
 """
 
 from __future__ import annotations
@@ -15,8 +22,9 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
+from convergence.curves.decision.equivalence import PART_OF, WORDS
 from convergence.protocol.folder import gzipped, metrics_path, probes_path, run_config
-from convergence.protocol.plan import VERDICTS, ProtocolPlan, RunSpec
+from convergence.protocol.plan import COVERS_ZERO, IDENTICAL, PLANTED, ProtocolPlan, RunSpec
 from convergence.protocol.provenance import run_environments, runs_environment
 from convergence.train.checkpoint import JsonlLog
 from numerics.errors import BadInput
@@ -43,6 +51,8 @@ def check_design(plan: ProtocolPlan, out: Path) -> None:
         fp = run_config(out, spec).get("init_fingerprint")
         if isinstance(fp, str) and fp.startswith("sha256:"):
             by_seed.setdefault(spec.seed, {}).setdefault(fp, []).append(spec.name)
+        if spec.role == "null_control":  # the one run that must end as its twin did (null_identity checks it)
+            continue
         vals = [r["val_batch_losses"] for r in JsonlLog(metrics_path(out, spec)).records() if "val_batch_losses" in r]
         if vals:
             end = tuple(vals[-1])
@@ -64,8 +74,8 @@ def check_design(plan: ProtocolPlan, out: Path) -> None:
 
 
 def judge(plan: ProtocolPlan, out: Path) -> dict[str, dict]:
-    """The three comparisons (``VERDICTS``) on validation loss, from the finished runs (checked against the design
-    first: ``check_design``)."""
+    """The plan's verdicts (``ProtocolPlan.verdicts``) on validation loss, from the finished runs (checked against
+    the design first: ``check_design``)."""
     check_design(plan, out)
     return judge_logs(plan, lambda spec: metrics_path(out, spec))
 
@@ -75,19 +85,80 @@ def judge_logs(plan: ProtocolPlan, log_of: Callable[[RunSpec], Path]) -> dict[st
     folder, as golden/training holds a whole plan's, are judged by the same code that judged them."""
     from convergence.curves.compare import compare_paths
 
-    baselines = [log_of(r) for r in plan.baselines()]
+    base_specs = plan.baselines()
+    baselines = [log_of(r) for r in base_specs]
+    declared = {} if plan.legacy else {"test": plan.test, "alpha": plan.alpha, "endpoint": plan.endpoint}
     result = {}
-    for name, (_role, expected, shows) in VERDICTS.items():
+    for name, (_roles, expected, shows) in plan.verdicts().items():
         judged = plan.judged(name)
-        first, *more = (log_of(r) for r in judged)
-        r = compare_paths(baselines, first, margin=plan.margin, metric="val_loss", candidate_replicates=more)
+        if name == "null_control":
+            r = null_identity(log_of(plan.run("baseline")), log_of(judged[0]))
+        else:
+            shift = plan.planted_shift * plan.margin if name == "positive_control" and plan.control == PLANTED else 0.0
+            first, *more = (log_of(r) for r in judged)
+            blocks = plan.blocks(base_specs)
+            r = compare_paths(baselines, first, margin=plan.margin, metric="val_loss", candidate_replicates=more,
+                              planted_shift=shift, blocks=None if blocks is None else (blocks, plan.blocks(judged)),
+                              **declared)
+        outcome = control_outcome(plan, name, r)
         r["protocol"] = {"verdict": name, "judged_run": judged[0].name,
                          "judged_runs": [s.name for s in judged], "expected": expected, "shows": shows,
-                         "as_expected": as_expected(r["verdict"], expected),
+                         "as_expected": as_expected(r["verdict"], expected) if plan.legacy or outcome is None
+                         else outcome["passed"], "outcome": outcome,
                          "plan": plan.as_dict(),
                          "runs": [dataclasses.asdict(s) for s in plan.runs()]}
         result[name] = r
     return result
+
+
+def control_outcome(plan: ProtocolPlan, name: str, r: dict) -> dict | None:
+    """How a control of a plan with a declared test came out by its own check (None for the candidate, and for a
+    plan under the rule before, whose controls keep their expected verdicts): ``passed`` and the numbers.
+
+    * positive control: ``detected`` when the test's unfavourable verdict came out (or the runs diverged); with
+      the chance the plan gave it in advance at its planned spread (``projection``), when it has one;
+    * negative control: the two-sided ``1 - alpha`` interval of the declared endpoint ``covers_zero`` (the test of
+      no difference, p against no difference >= alpha): true runs of BF16 fail it alpha of the time;
+    * null control: ``identical``, step for step (``null_identity``)."""
+    if plan.legacy or name == "verdict":
+        return None
+    if name == "null_control":
+        return {"check": IDENTICAL, "passed": r["verdict"] == IDENTICAL}
+    if name == "positive_control":
+        from convergence.protocol.projection import projection
+
+        bad = WORDS[plan.test][1]
+        chance = (projection(plan).get("positive_control") or {}).get("chance_detected")
+        shift = r.get("planted_shift")
+        return {"check": "detected", "passed": r["verdict"] in (bad, "diverged"), "detected_as": bad,
+                "planted_shift": shift, "planned_chance": chance}
+    from scipy import stats
+
+    part = r.get(PART_OF[plan.endpoint]) or {}
+    se, dof, est = part.get("se"), part.get("dof"), part.get("estimate")
+    if r["verdict"] == "diverged" or se is None or dof is None or est is None:
+        return {"check": COVERS_ZERO, "passed": False, "covers_zero": None, "p_no_difference": None,
+                "interval": None, "interval_level": 1 - plan.alpha, "why": r["reason"]}
+    half = float(stats.t.ppf(1 - plan.alpha / 2, dof)) * se
+    p = part["p_no_difference"]
+    return {"check": COVERS_ZERO, "passed": p >= plan.alpha, "covers_zero": p >= plan.alpha,
+            "p_no_difference": p, "interval": [est - half, est + half], "interval_level": 1 - plan.alpha}
+
+
+def null_identity(twin: Path, null: Path) -> dict:
+    """The null control's result: its metrics against its BF16 twin's, every computed figure at every step
+    (``convergence.train.ep_identity.first_difference``: timing fields aside), ``verdict`` ``identical`` or
+    ``not_identical``."""
+    from convergence.train.ep_identity import end_difference, first_difference
+    from convergence.train.profile import load_records
+
+    a, b = load_records(twin), load_records(null)
+    diff = first_difference(a, b)
+    reason = (f"{len(a)} steps equal in every computed figure, bit for bit" if diff is None else
+              f"differs from its BF16 twin at step {diff['step']} in {diff['field']}: {diff['a']!r} vs {diff['b']!r}")
+    return {"verdict": IDENTICAL if diff is None else f"not_{IDENTICAL}", "reason": reason, "metric": "identity",
+            "first_difference": diff, "at_end": None if diff is None else end_difference(a, b),
+            "inputs": {"twin": str(twin), "null": str(null)}, "steps": [len(a), len(b)]}
 
 
 def _note(name: str, r: dict) -> str:
@@ -95,10 +166,10 @@ def _note(name: str, r: dict) -> str:
     hw = f"; interval half-width {sens['half_width']:.3%}" if sens else ""
     if sens.get("intervals_reach") is not None:  # the margin the runs resolve, whatever the one set
         hw += f", intervals within +-{sens['intervals_reach']:.3%}"
-    exp = r["protocol"]["expected"]
-    ok = r["protocol"]["as_expected"]
+    proto = r.get("protocol") or {}
+    exp, ok = proto.get("expected"), proto.get("as_expected")
     tail = "" if exp is None else f" (a control: expected {exp}, {'as' if ok else 'NOT as'} expected)"
-    return f"{name}: {r['verdict']}: {r['reason']}{hw}{tail}"
+    return f"{name}: {r.get('verdict')}: {r.get('reason')}{hw}{tail}"
 
 
 def write_results(plan: ProtocolPlan, out: Path, verdicts: dict[str, dict], command: str, hardware: str) -> list[Path]:
@@ -141,7 +212,8 @@ def write_results(plan: ProtocolPlan, out: Path, verdicts: dict[str, dict], comm
         emit(path, json.dumps(r, indent=1, default=str) + "\n", command, _note(name, r),
              judged if trained is None else trained | {"judged_with": judged},
              commit=(judged or {}).get("mxval_commit"))
-        plot_comparison(r, path.with_suffix(".png"), force=True)
+        if "series" in r:  # a comparison (the null control's identity and a pilot's spreads have no curves)
+            plot_comparison(r, path.with_suffix(".png"), force=True)
     for spec in plan.runs():
         own = envs.get(spec.name)
         note = "" if own else " (versions: the judging machine's; the run's config.json records none)"

@@ -19,13 +19,46 @@ IN_RANGE = {"overall": "over the whole range", "final_window": "in the final win
 
 
 def verdict_line(name: str, r: dict) -> str:
-    """One verdict as the protocol prints it: the decision, for a control whether it came out as it must, the
-    reason and what the runs resolve."""
+    """One verdict as the protocol prints it: the decision, for a control whether it came out as it must (a plan
+    with a declared test: by its own check, ``judge.control_outcome``), the reason (the estimate, its interval, the
+    p-value against no difference and the test's), what the runs resolve and the secondary endpoint."""
     from convergence.curves.compare import resolution
 
-    exp, ok = r["protocol"]["expected"], r["protocol"]["as_expected"]
-    check = "" if exp is None else f" [control: expected {exp}: {'OK' if ok else 'FAILED'}]"
-    return f"{name:<17} {r['verdict'].upper()}{check}: {r['reason']}; {resolution(r)}"
+    proto = r["protocol"]
+    exp, ok, outcome = proto["expected"], proto["as_expected"], proto.get("outcome")
+    mark = "OK" if ok else "FAILED"
+    if outcome is None:
+        check = "" if exp is None else f" [control: expected {exp}: {mark}]"
+        return f"{name:<17} {r['verdict'].upper()}{check}: {r['reason']}; {resolution(r)}" + _secondary(r)
+    if outcome["check"] == "identical":
+        return f"{name:<17} {r['verdict'].upper()} [control: expected identical: {mark}]: {r['reason']}"
+    if outcome["check"] == "covers_zero":
+        covers = {True: "yes", False: "no", None: "cannot tell"}[outcome["covers_zero"]]
+        said = "" if outcome["interval"] is None else (
+            f"{outcome['interval_level']:.0%} interval [{outcome['interval'][0]:+.3%}, {outcome['interval'][1]:+.3%}],"
+            f" p = {outcome['p_no_difference']:.3g} against no difference; ")
+        return (f"{name:<17} COVERS 0: {covers.upper()} [control: expected yes: {mark}]: {said}its test: "
+                f"{r['verdict']}: {r['reason']}")
+    chance = outcome.get("planned_chance")
+    planted = "" if outcome.get("planted_shift") is None else f"planted +{outcome['planted_shift']:.3%}, "
+    said = f"{planted}planned chance {chance:.0%}" if chance is not None else f"{planted}no planned chance"
+    return (f"{name:<17} {r['verdict'].upper()} [control: detected ({outcome['detected_as']}): "
+            f"{'yes' if ok else 'no'}; {said}]: {r['reason']}; {resolution(r)}")
+
+
+def _secondary(r: dict) -> str:
+    """A declared test's other part, reported, never deciding."""
+    from convergence.curves.decision.equivalence import PART_OF
+
+    if not r.get("endpoint") or not r.get("test") or r["test"] == "two-ranges":
+        return ""
+    other = next(p for e, p in PART_OF.items() if e != r["endpoint"])
+    part = r.get(other) or {}
+    if part.get("interval") is None:
+        return ""
+    lo, hi = part["interval"]
+    return (f"; secondary, {WHERE[other]} (never decides): {part['estimate']:+.3%} [{lo:+.3%}, {hi:+.3%}], "
+            f"p = {part['p_no_difference']:.3g} against no difference")
 
 
 def made_with_line(made: dict) -> str | None:
@@ -142,8 +175,16 @@ def status_lines(p: Progress, figure: Path | None = None, drift_figure: Path | N
                          "looks decided would bias it, stopping for want of compute time does not)")
         if lv.planning_error is not None:
             lines.append(f"  cannot plan from every finished run ({lv.planning_error}): planning from the level's runs")
-        lines.append("  " + projection_text(lv.projection))
+        # a plan with a declared test: what its test resolves; the projection by the two-ranges rule for one under it
+        lines.append("  " + (projection_text(lv.projection) if lv.resolves is None else lv.resolves))
         lines += [f"  {line}" for line in pairs_lines(lv.pairs)]
+        if lv.designs:
+            from convergence.curves.decision.designs import report_table
+
+            lines.append(f"  runs a declared test needs, by design ({lv.designs_note}):")
+            lines += [f"    {line}" for line in report_table(lv.designs, plan.margin, 0.8, plan.alpha).splitlines()]
+        elif lv.designs_note:
+            lines.append(f"  runs a declared test needs, by design: {lv.designs_note}")
         if figure is not None:
             lines.append(f"  figure: {figure}")
     if figure is not None and lv is None:
@@ -169,8 +210,8 @@ def status_lines(p: Progress, figure: Path | None = None, drift_figure: Path | N
 
 
 def _started(name: str, s, steps: int) -> str:
-    note = {"restart": " (no checkpoint here: starts again at step 0)", "running": " (running)",
-            "failed": " (failed)"}.get(s.state, "")
+    note = {"restart": " (no checkpoint here: starts again at step 0)"}.get(s.state, f" ({s.state})")
+    note = "" if s.state == "stopped" else note
     where = f" [{s.where}]" if s.where else ""
     log = f" (log: {s.log})" if s.state == "failed" and s.log else ""
     return f"{name} {s.steps}/{steps}{note}{where}{log}"
@@ -197,7 +238,7 @@ def draw_figures(p: Progress, figure: Path | None, drift_figure: Path | None, *,
     plan, lv = p.plan, p.level
     runs = f"{p.done} of {len(p.states)} runs of {plan.steps} steps"
     if figure is not None and lv is not None and lv.verdicts is not None:
-        plot_verdicts(lv.verdicts, figure, force=force,
+        plot_verdicts({n: r for n, r in lv.verdicts.items() if r.get("final_window")}, figure, force=force,
                       title=f"{plan.prefix}: {runs}; judged as k = {lv.replicates}, m = {lv.candidate_replicates}"
                             + ("" if lv.whole else " (interim)"))
     if drift_figure is not None and p.drift:

@@ -8,9 +8,12 @@ gpu_share)``, ``gpus_of_slots(slots, per_gpu)``, ``RunFailed``, ``STARTUP_S``, `
 
 ``execute`` tidies the runs already finished and hands an executor the runs still to make, in order: the runs
 already started first, then the plan's order (``ProtocolPlan.runs``: nested levels), so at most as many
-checkpoints exist as runs go at once. An executor makes them, or as many as its time allows, and says where each
-run stands (``Executor.states``: what ``--status`` shows). Each run's piece is the same entry point whatever runs
-it: ``run_piece``, in this process or as ``python -m convergence protocol --out OUT --piece NAME``
+checkpoints exist as runs go at once. A fork plan's continuation (``RunSpec.after``) is started only once its trunk's
+checkpoint is here (``forks.ready``); a trunk's checkpoint is deleted once no run needs it (``forks.release``,
+after every piece and at the end of ``execute``), and a lost one is made again, bit-identically
+(``forks.lost_trunks``, ``forks.check_remade``). An executor makes them, or as many as its time allows, and says
+where each run stands (``Executor.states``: what ``--status`` shows). Each run's piece is the same entry point
+whatever runs it: ``run_piece``, in this process or as ``python -m convergence protocol --out OUT --piece NAME``
 (``protocol_worker``).
 
 ``LocalExecutor`` runs them on this machine:
@@ -45,10 +48,12 @@ from pathlib import Path
 from typing import Protocol
 
 from convergence.curves.jsonl import is_number
+from convergence.protocol import forks
 from convergence.protocol.folder import (
     PACE_FILE,
     can_continue,
     finish_run,
+    metrics_path,
     resumable_status,
     run_dir,
     run_state,
@@ -58,6 +63,7 @@ from convergence.protocol.plan import ProtocolPlan, RunSpec
 from convergence.train import data as data_mod
 from convergence.train.checkpoint import JsonlLog
 from convergence.train.loop import train_recipe
+from convergence.train.placement import deterministic_mode
 from numerics.errors import BadInput
 
 # Seconds a piece spends outside its training clock. tiny: measured 5 s of CPU time (process start and imports
@@ -86,8 +92,9 @@ class RunFailed(Exception):
 class RunState:
     """One run as an executor sees it: ``state`` is ``done``, ``stopped`` (``steps`` logged; it continues from its
     checkpoint), ``restart`` (steps logged, no checkpoint here: it starts again at step 0), ``pending`` (nothing
-    logged yet, or waiting where it was submitted), ``running`` or ``failed``; ``log`` its output, ``where`` where it
-    runs or waits (a worker slot, a job id), when the executor knows."""
+    logged yet, or waiting where it was submitted), ``running``, ``failed``, or how a batch job ended before its
+    run did: ``cancelled``, ``timeout``, ``preempted`` (the run continues from its checkpoint when submitted again);
+    ``log`` its output, ``where`` where it runs or waits (a worker slot, a job id), when the executor knows."""
 
     state: str
     steps: int
@@ -114,11 +121,15 @@ def execute(plan: ProtocolPlan, out: Path, executor: Executor | None = None, *, 
     out = Path(out)
     finished = run_status(plan, out)  # read once: tidying a finished run changes no run's state
     for spec in plan.runs():  # a kill after a run's last step left its checkpoint and plain logs: tidy them now
-        if finished[spec.name] == "done":
+        if finished[spec.name] == "done" and spec.stop_at is None:  # a trunk's checkpoint: forks.release's
             finish_run(run_dir(out, spec))
+    forks.release(plan, out, finished)
     status = resumable_status(plan, out, finished)
+    for trunk in forks.lost_trunks(plan, out, status):  # made again from step 0 (forks.check_remade)
+        status[trunk.name] = 0
     todo = sorted((s for s in plan.runs() if status[s.name] != "done"), key=lambda s: status[s.name] == 0)
     (executor or LocalExecutor()).run(plan, out, todo, stop_after_s=stop_after_s, whole_runs=whole_runs)
+    forks.release(plan, out, run_status(plan, out))
     return resumable_status(plan, out)
 
 
@@ -126,8 +137,10 @@ def run_piece(plan: ProtocolPlan, spec: RunSpec, out: Path, *, stop_after_s: flo
               tokens: data_mod.TokenData | None = None, progress: bool = True) -> bool:
     """Continue one run from its checkpoint (or start it) for at most ``stop_after_s``; True when it is done.
     A finished run keeps no checkpoint (its last step writes none, and an earlier one is deleted) and its logs
-    are compacted to gzip (``finish_run``); a stopped one stays plain, for training to append to."""
-    cfg = plan.train_config(spec)
+    are compacted to gzip (``finish_run``); a stopped one stays plain, for training to append to. A trunk stops at
+    its ``stop_at`` with its checkpoint (``forks``: kept for its continuations); one made again, its checkpoint
+    lost, must log what it did before (``forks.check_remade``). A run's ``deterministic`` holds while it trains."""
+    cfg = forks.train_config(plan, spec, out)
     tokens = tokens or data_mod.load_tokens(cfg.data)
     for other in plan.runs():  # the folder's runs are compared with each other: all on the same tokens
         made = run_dir(out, other) / "config.json"
@@ -135,37 +148,54 @@ def run_piece(plan: ProtocolPlan, spec: RunSpec, out: Path, *, stop_after_s: flo
             data_mod.check_same_data(made, tokens.meta)
             break
     folder = run_dir(out, spec)
-    done = train_recipe(cfg, spec.recipe, folder, tokens, resume=True, progress=progress, stop_after_s=stop_after_s,
-                        final_checkpoint=False)
-    if done:
+    before = None
+    if spec.stop_at is not None and run_state(plan, out, spec) == "done" and not can_continue(out, spec):
+        before = JsonlLog(metrics_path(out, spec)).records()  # a lost trunk made again: held to these
+        for name in ("metrics.jsonl.gz", "probes.jsonl.gz"):
+            (folder / name).unlink(missing_ok=True)
+    with deterministic_mode(cfg.deterministic, cfg.device):
+        done = train_recipe(cfg, spec.recipe, folder, tokens, resume=True, progress=progress,
+                            stop_after_s=stop_after_s, final_checkpoint=False, stop_at_step=spec.stop_at)
+    if before is not None and done:
+        forks.check_remade(plan, out, spec, before)
+    if done and spec.stop_at is None:
         finish_run(folder)
     return done
 
 
+def run_ends(plan: ProtocolPlan, spec: RunSpec) -> tuple[int, int]:
+    """``record_pace``'s ``total_steps`` and ``first_step`` of a run (``forks.span``)."""
+    first, last = forks.span(plan, spec)
+    return last, first
+
+
 def record_pace(out: Path, spec: RunSpec, steps_before, steps_after, wall_s: float, per_gpu: int,
-                total_steps: int) -> None:
+                total_steps: int, first_step: int = 0, where: dict | None = None) -> None:
     """Append one piece's pace (the steps it added and its wall seconds, start-up included) to ``OUT/pace.jsonl``,
     with the host CPU it ran on: machines of one GPU model ran the MX recipes ~16 % apart, and a run's pieces may
-    run on different machines."""
+    run on different machines. ``total_steps``: the run's last step (a trunk's stop), ``first_step``: its first
+    (a continuation's fork step: the steps before are its trunk's); ``where``: more about where it ran (a batch
+    job's id and node)."""
     from numerics.environment import cpu_model
 
     def count(v):
-        return total_steps if v == "done" else int(v)
+        return total_steps if v == "done" else max(int(v), first_step)
 
     entry = {"run": spec.name, "recipe": spec.recipe, "per_gpu": per_gpu, "from_step": count(steps_before),
-             "to_step": count(steps_after), "wall_s": round(wall_s, 2), "cpu": cpu_model()}
+             "to_step": count(steps_after), "wall_s": round(wall_s, 2), "cpu": cpu_model()} | (where or {})
     JsonlLog(Path(out) / PACE_FILE).append(entry)
 
 
 def expected_wall_s(out: Path, plan: ProtocolPlan, recipe: str, per_gpu: int = 1,
-                    slowest: bool = False) -> tuple[float, str] | None:
-    """(wall seconds, how it was estimated) a whole run of ``recipe`` in ``plan`` is expected to take, start-up
+                    slowest: bool = False, steps: int | None = None) -> tuple[float, str] | None:
+    """(wall seconds, how it was estimated) a run of ``recipe`` in ``plan`` training ``steps`` steps (default the
+    plan's: a whole run; a fork's trunk or continuation trains part of them) is expected to take, start-up
     included, from the pieces in ``OUT/pace.jsonl`` run ``per_gpu`` to a GPU; None when there are none. From the
     recipe's last ``RECENT_RUNS`` finished runs when there are any: their mean, or with ``slowest`` the slowest
-    (what ``--whole-runs`` asks). A run made in one piece counts its wall seconds; one made in pieces, each
-    piece's seconds less its start-up (``STARTUP_S`` of the plan's model) plus one start-up, from the last piece
-    that started at step 0 (an earlier start lost its checkpoint). With no finished run, the pieces' seconds per
-    step, the same way."""
+    (what ``--whole-runs`` asks). A run made in one piece of those steps counts its wall seconds; otherwise each
+    piece's seconds less its start-up (``STARTUP_S`` of the plan's model), per step, times ``steps``, plus one
+    start-up, from the last piece that started at the run's first step (an earlier start lost its checkpoint).
+    With no finished run, the pieces' seconds per step, the same way."""
     path = Path(out) / PACE_FILE
     if not path.is_file():
         return None
@@ -179,21 +209,23 @@ def expected_wall_s(out: Path, plan: ProtocolPlan, recipe: str, per_gpu: int = 1
             pieces.append(e)
     if not pieces:
         return None
-    startup, steps = STARTUP_S.get(plan.model, 60.0), plan.steps
+    startup, want = STARTUP_S.get(plan.model, 60.0), steps or plan.steps
+    spans = {r.name: forks.span(plan, r) for r in plan.runs()}
 
     def whole_s(chain: list[dict]) -> float:
         training = sum(max(e["wall_s"] - startup, 0.0) for e in chain)
-        return startup + training * steps / sum(e["to_step"] - e["from_step"] for e in chain)
+        return startup + training * want / sum(e["to_step"] - e["from_step"] for e in chain)
 
-    chains: dict[str, list[dict]] = {}  # each run's pieces since its last start at step 0
+    chains: dict[str, list[dict]] = {}  # each run's pieces since its last start at its first step
     finished = []
     for e in pieces:
+        first, last = spans.get(e.get("run", ""), (0, plan.steps))
         chain = chains.setdefault(e.get("run", ""), [])
-        if e["from_step"] == 0:
+        if e["from_step"] == first:
             chain.clear()
         chain.append(e)
-        if e["to_step"] == steps:
-            finished.append(e["wall_s"] if len(chain) == 1 else whole_s(chain))
+        if e["to_step"] == last:
+            finished.append(e["wall_s"] if len(chain) == 1 and last - first == want else whole_s(chain))
     recent = finished[-RECENT_RUNS:]
     if recent:
         n = f"{len(recent)} {recipe} run{'s' * (len(recent) > 1)}"
@@ -219,11 +251,11 @@ class PaceHold:
     call_minutes: float | None
 
 
-def protocol_worker(out: Path, threads: int | None = None,
-                    gpu_share: int = 1) -> Callable[[str, float | None], list[str]]:
+def protocol_worker(out: Path, threads: int | None = None, gpu_share: int = 1,
+                    extra: Sequence[str] = ()) -> Callable[[str, float | None], list[str]]:
     """The command of one worker piece: ``python -m convergence protocol --out OUT --piece NAME``, stopping after
     ``minutes`` (None: when its run is done) with ``threads`` torch CPU threads (None: torch's default) and, when
-    ``gpu_share`` runs share a GPU, at most 1/``gpu_share`` of its memory."""
+    ``gpu_share`` runs share a GPU, at most 1/``gpu_share`` of its memory; ``extra``: flags added at its end."""
 
     def argv(name: str, minutes: float | None) -> list[str]:
         cmd = [sys.executable, "-m", "convergence", "protocol", "--out", str(out), "--piece", name]
@@ -231,7 +263,7 @@ def protocol_worker(out: Path, threads: int | None = None,
             cmd += ["--stop-after-minutes", f"{minutes:.4f}"]
         if gpu_share > 1:
             cmd += ["--gpu-share", str(gpu_share)]
-        return cmd + ([] if threads is None else ["--threads", str(threads)])
+        return cmd + ([] if threads is None else ["--threads", str(threads)]) + list(extra)
 
     return argv
 
@@ -294,7 +326,8 @@ class LocalExecutor:
             a run asking the deadline's seconds would be started and cut a start-up short of its end."""
             if not whole_runs or deadline is None or status[spec.name] != 0:
                 return True
-            need = expected_wall_s(out, plan, spec.recipe, self.per_gpu, slowest=True)
+            first, last = forks.span(plan, spec)
+            need = expected_wall_s(out, plan, spec.recipe, self.per_gpu, slowest=True, steps=last - first)
             left = budget()
             if need is None or PACE_MARGIN * need[0] <= left:
                 return True
@@ -320,7 +353,7 @@ class LocalExecutor:
             if left is not None and left < MIN_PIECE_S:
                 break
             before = status[spec.name]
-            if not fits(spec):
+            if not fits(spec) or not forks.ready(plan, out, spec):  # a trunk held back: its runs wait with it
                 continue
             t0 = time.monotonic()
             if tokens is None:
@@ -337,7 +370,8 @@ class LocalExecutor:
                 first = (str(exc).splitlines() or [""])[0]
                 raise RunFailed(f"{spec.name} raised {type(exc).__name__}: {first} (log: {log})") from exc
             after = status[spec.name] = run_state(plan, out, spec)
-            record_pace(out, spec, before, after, time.monotonic() - t0, self.per_gpu, plan.steps)
+            record_pace(out, spec, before, after, time.monotonic() - t0, self.per_gpu, *run_ends(plan, spec))
+            forks.release(plan, out, status)
             _say(self.progress, f"{spec.name}: {'finished' if done else 'stopped'} at {after} "
                                 f"({time.monotonic() - t0:.0f} s)")
             if not done:
@@ -359,8 +393,11 @@ class LocalExecutor:
                     if left is not None and left < MIN_PIECE_S:
                         queue = []
                         break
-                    pick = next((i for i, q in enumerate(queue) if fits(q)), None)
+                    pick = next((i for i, q in enumerate(queue) if forks.ready(plan, out, q) and fits(q)), None)
                     if pick is None:  # nothing left fits: a pace only grows more certain and the time only shorter
+                        trunks = {r.name for r, *_ in running.values()} | {q.name for q in queue}
+                        if any(q.after in trunks for q in queue):  # waiting for a trunk that is still training
+                            break
                         queue = []
                         break
                     spec = queue.pop(pick)
@@ -379,7 +416,8 @@ class LocalExecutor:
                     log.close()
                     del running[slot]
                     state = status[spec.name] = run_state(plan, out, spec)
-                    record_pace(out, spec, before, state, time.monotonic() - t0, self.per_gpu, plan.steps)
+                    record_pace(out, spec, before, state, time.monotonic() - t0, self.per_gpu, *run_ends(plan, spec))
+                    forks.release(plan, out, status)
                     _say(self.progress, f"{spec.name}: piece ended ("
                                         f"{'finished' if state == 'done' else f'at step {state}'}, "
                                         f"{time.monotonic() - t0:.0f} s wall, exit {proc.returncode})")

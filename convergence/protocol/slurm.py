@@ -1,9 +1,9 @@
 """A plan's runs as Slurm jobs, through submitit: submitted once each, their states read back from Slurm.
 
 Public: ``SlurmOptions``, ``SlurmRun``, ``submit(folder, runs, options) -> Submission``, ``job_states(folder)``,
-``wait(folder, names)``, ``JobState``, ``STATES``, ``ACTIVE``, ``check_shared_folder(folder, options)``,
-``JOBS_FILE``; what a job runs on its node, and when its worker stops, is ``convergence.protocol.slurm_job``
-(``Piece``, ``worker_minutes``, ``torchrun_argv``).
+``wait(folder, names)``, ``has_jobs(folder)``, ``check_submitter()``, ``JobState``, ``STATES``, ``ACTIVE``,
+``check_shared_folder(folder, options)``, ``JOBS_FILE``; what a job runs on its node, and when its worker stops,
+is ``convergence.protocol.slurm_job`` (``Piece``, ``worker_minutes``, ``torchrun_argv``).
 
 * What is submitted: each run is one job running its worker command (``SlurmRun.argv``) through ``Piece``; the runs
   of one ``submit`` share their options, so they go as one job array (``executor.batch()``; one run: one job).
@@ -26,7 +26,8 @@ Public: ``SlurmOptions``, ``SlurmRun``, ``submit(folder, runs, options) -> Submi
     process of the job; a worker inside ``convergence.train.stopping.stop_on_signals`` then stops at the next
     step with its checkpoint. On the warning ``Piece.checkpoint`` (submitit's hook) waits for that before submitit
     requeues the job; a preempted job comes back by itself where the cluster requeues (PreemptMode=REQUEUE), or
-    ends ``preempted`` for the next ``submit``. A worker without the handler ignores the warning (``Piece``
+    ends ``preempted`` for the next ``submit``; after a SIGTERM (a preemption or ``scancel``) ``Piece`` does not
+    requeue it. A worker without the handler ignores the warning (``Piece``
     starts it so) and dies at SIGTERM or the kill, losing the steps since its last checkpoint (atomic, so the
     resumed run is still bit-identical).
 * Multi-node runs: one ``Piece`` per node (``srun``, one task per node) starts ``torchrun`` with a c10d rendezvous
@@ -38,6 +39,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import fcntl
+import io
 import math
 import re
 import shutil
@@ -167,7 +169,13 @@ class JobState:
     def line(self) -> str:
         """One line for a status report: the state, Slurm's word and reason where they add to it, the exit code of
         a job that ended badly, the node, and the log (or that there is none)."""
-        text = f"job {self.job_id} {self.state}"
+        return self.where(state=True, log=True)
+
+    def where(self, *, state: bool = False, log: bool = False) -> str:
+        """``job ID`` (with ``state``: its state), Slurm's word and reason where they add to the state, the exit
+        code of a job that ended badly, the node; with ``log`` its log, and always that there is none where a job
+        that ended wrote none."""
+        text = f"job {self.job_id}" + (f" {self.state}" if state else "")
         said = [w for w in (self.slurm if self.slurm.lower() != self.state else "", self.reason) if w]
         if self.exit_code not in ("", "0:0"):
             said.append(f"exit {self.exit_code}")
@@ -178,7 +186,7 @@ class JobState:
             return text + ": neither squeue nor sacct lists it (purged from both); its run is submitted again"
         if self.state != "pending" and self.log is not None:
             if self.log.exists():
-                text += f"; log {self.log}"
+                text += f"; log {self.log}" if log else ""
             elif self.state != "running":
                 text += (f"; it wrote no log ({self.log}): it ended before starting, or its node does not see this "
                          "folder (not on a shared file system)")
@@ -378,14 +386,21 @@ def check_shared_folder(folder: Path, options: SlurmOptions) -> None:
 # ------------------------------------------------------------------ submitting
 
 
-def _executor(folder: Path, options: SlurmOptions, name: str):
+def check_submitter() -> None:
+    """BadInput unless this machine can submit: submitit installed, ``sbatch`` on PATH."""
     try:
-        import submitit
+        import submitit  # noqa: F401
     except ImportError:
         raise BadInput("the Slurm executor needs submitit: pip install 'mxval[slurm]'") from None
     if shutil.which("sbatch") is None:
         raise BadInput("sbatch is not on PATH: the Slurm executor runs where Slurm's commands do (a login node); "
                        "elsewhere use the local executor")
+
+
+def _executor(folder: Path, options: SlurmOptions, name: str):
+    check_submitter()
+    import submitit
+
     ex = submitit.SlurmExecutor(folder=_state_dir(folder) / LOGS_DIR, max_num_timeout=MAX_REQUEUES)
     ex.update_parameters(**options.parameters(name))
     return ex
@@ -439,8 +454,8 @@ def submit(folder: Path, runs: Sequence[SlurmRun], options: SlurmOptions, *, npr
             return done
         _append(folder, {"submit": token, "runs": [r.name for r in todo], "options": dataclasses.asdict(options),
                          "at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "host": socket.gethostname()})
-        try:
-            with ex.batch():
+        try:  # sbatch's own output (submitit prints its errors) goes into the one line below, not to the terminal
+            with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()), ex.batch():
                 jobs = [ex.submit(Piece(r.argv, done=r.done, nodes=options.nodes, nproc_per_node=nproc,
                                         max_requeues=MAX_REQUEUES, checkpoint_wait_s=CHECKPOINT_WAIT_S))
                         for r in todo]
@@ -451,6 +466,11 @@ def submit(folder: Path, runs: Sequence[SlurmRun], options: SlurmOptions, *, npr
     done.submitted = {r.name: j.job_id for r, j in zip(todo, jobs)}
     done.logs = {r.name: j.paths.stdout for r, j in zip(todo, jobs)}
     return done
+
+
+def has_jobs(folder: Path) -> bool:
+    """Whether ``folder`` has had runs submitted to Slurm (its ``slurm/jobs.jsonl`` exists)."""
+    return (_state_dir(folder) / JOBS_FILE).is_file()
 
 
 def wait(folder: Path, names: Sequence[str], *, poll_s: float = 1.0, timeout_s: float | None = None

@@ -87,7 +87,8 @@ def _ignore_usr2() -> None:
 class Piece:
     """A job's callable: run ``argv`` (under torchrun when ``nodes`` x ``nproc_per_node`` > 1) unless ``done``
     exists; when the worker exits cleanly and ``done`` does not exist, requeue the job (at most ``max_requeues``
-    times) so that it continues from the worker's checkpoint. ``checkpoint`` is submitit's hook for its warning
+    times) so that it continues from the worker's checkpoint, unless the job got SIGTERM (a ``scancel`` is the
+    user's stop; a preempted job is Slurm's to requeue). ``checkpoint`` is submitit's hook for its warning
     signal: it waits for the worker to stop and hands submitit this piece again to requeue."""
 
     def __init__(self, argv: Sequence[str], *, done: Path | None = None, nodes: int = 1, nproc_per_node: int = 1,
@@ -116,14 +117,28 @@ class Piece:
             return f"already done: {self.done}"
         cmd = self.command()
         print(f"piece: {' '.join(cmd)}", flush=True)
-        self._proc = subprocess.Popen(cmd, preexec_fn=_ignore_usr2)  # its output goes to the job's log
-        while self._proc.poll() is None:  # poll, not wait(): checkpoint() polls it too, from a signal handler
-            time.sleep(0.5)
+        terminated = []
+        before = signal.getsignal(signal.SIGTERM)
+
+        def on_term(signum, frame):  # note it, and leave it to submitit's handler as before
+            terminated.append(signum)
+            if callable(before):
+                before(signum, frame)
+
+        signal.signal(signal.SIGTERM, on_term)
+        try:
+            self._proc = subprocess.Popen(cmd, preexec_fn=_ignore_usr2)  # its output goes to the job's log
+            while self._proc.poll() is None:  # poll, not wait(): checkpoint() polls it too, from a signal handler
+                time.sleep(0.5)
+        finally:
+            signal.signal(signal.SIGTERM, before)
         code = self._proc.returncode
         if code != 0:
             raise PieceFailed(f"the worker exited {code}: {' '.join(cmd)}")
         if self.done is None or self.done.exists() or int(os.environ.get("SLURM_PROCID", "0")) != 0:
             return "finished"
+        if terminated:  # scancel (the user's stop) or a preemption (Slurm requeues it where the cluster does)
+            return "stopped by SIGTERM before its end: not requeued here; submit it again to continue"
         restarts = int(os.environ.get("SLURM_RESTART_COUNT", "0"))
         if restarts >= self.max_requeues:
             return f"stopped before its end; not requeued after {restarts} requeues: submit it again"

@@ -4,7 +4,8 @@ and the spread at each evaluation, each run's state, and the compute time left a
 written; ``convergence.protocol.render`` words it for ``--status`` and draws its figures.
 
 Public: ``progress(plan, out, per_gpu, states) -> Progress``, ``projection(plan, verdicts, levels, whole)``,
-``planning_levels(plan, sub, out, status)``, ``pairs(plan, verdicts)``, ``time_left(plan, out, states, per_gpu)``,
+``planning_levels(plan, sub, out, status)``, ``design_rows(plan, verdicts, levels, out)``, ``pairs(plan, verdicts)``,
+``time_left(plan, out, states, per_gpu)``,
 ``GROUPS``; the data: ``Progress``, ``Group``, ``Level``, ``Projection``, ``Needs``, ``Pairs``, ``TimeLeft``.
 """
 
@@ -22,10 +23,12 @@ from convergence.protocol.provenance import made_with
 from convergence.protocol.schedule import LocalExecutor, RunState, expected_wall_s
 from numerics.errors import BadInput
 
-GROUPS = (("baselines (BF16 + replicates)", ("baseline", "replicate")),
+GROUPS = (("trunks (BF16, to the fork step)", ("trunk",)),
+          ("baselines (BF16 + replicates)", ("baseline", "replicate")),
           ("candidate (+ replicates)", ("candidate", "candidate_replicate")),
           ("positive control (+ replicates)", ("control", "control_replicate")),
-          ("negative control (held-out BF16)", ("heldout",)))
+          ("negative control (held-out BF16)", ("heldout",)),
+          ("null control (mxfp8-null)", ("null_control",)))  # a group without runs in the plan is not shown
 RANGES = ("overall", "final_window")  # the verdict's two ranges: the whole range and the final window
 
 
@@ -103,6 +106,9 @@ class Level:
     projection: Projection | None = None
     planning_error: str | None = None
     pairs: list[Pairs] = field(default_factory=list)
+    designs: list[dict] = field(default_factory=list)
+    designs_note: str = ""
+    resolves: str | None = None
 
 
 @dataclass(frozen=True)
@@ -138,7 +144,7 @@ def progress(plan: ProtocolPlan, out: Path, per_gpu: int = 1, states: dict[str, 
     status = {name: "done" if s.state == "done" else s.steps for name, s in states.items()}
     runs = plan.runs()
     groups = [Group(title, sum(status[r.name] == "done" for r in group), len(group))
-              for title, roles in GROUPS for group in [[r for r in runs if r.role in roles]]]
+              for title, roles in GROUPS for group in [[r for r in runs if r.role in roles]] if group]
     sub = last_whole_level(plan, out, status)
     drift = spread = drift_error = spread_error = None
     try:
@@ -167,8 +173,79 @@ def _level(plan: ProtocolPlan, sub: ProtocolPlan, out: Path, status: dict) -> Le
             levels = planning_levels(plan, sub, out, status)
         except (BadInput, ValueError) as exc:  # a finished run outside the level: plan from the level's runs
             planning_error = str(exc)
+    rows, note = design_rows(plan, verdicts, levels, out)
     return Level(**kw, verdicts=verdicts, projection=projection(plan, verdicts, levels, whole=whole),
-                 planning_error=planning_error, pairs=pairs(sub, verdicts))
+                 planning_error=planning_error, pairs=pairs(sub, verdicts), designs=rows, designs_note=note,
+                 resolves=declared_resolution(plan, rows))
+
+
+def declared_resolution(plan: ProtocolPlan, rows: list[dict]) -> str | None:
+    """What the whole plan should resolve by its declared test at the spread measured so far (the first design
+    row's: this folder's), in words; None under the rule before (``projection`` says it) or without a spread."""
+    import math
+
+    from scipy import stats
+
+    from convergence.protocol.projection import arms
+
+    if plan.legacy or not rows:
+        return None
+    c, dof = arms(plan)
+    if dof < 1:
+        return None
+    spread, se_set = rows[0]["spread"], rows[0]["se_set"]
+    half = float(stats.t.ppf(1 - plan.alpha, dof)) * math.sqrt(spread ** 2 * c + se_set ** 2)
+    shape = f"k = {plan.replicates}, m = {plan.candidate_replicates}" + (
+        f" in each of {plan.trunks} trunks" if plan.design == "fork" else "")
+    return (f"at the spread measured so far ({spread:.3%}, {rows[0]['spread_source'].removeprefix('measured: ')}) "
+            f"the whole plan ({shape}) should resolve about +-{half:.3%} by its {plan.test} test (the "
+            f"{1 - 2 * plan.alpha:.0%} interval's half-width, {dof:g} degrees of freedom), against a margin of "
+            f"+-{plan.margin:.3%}")
+
+
+def design_rows(plan: ProtocolPlan, verdicts: dict, levels: dict | None, out: Path) -> tuple[list[dict], str]:
+    """``designs.table``'s rows from this folder's final window (the plan's margin and alpha; at no true difference
+    and at twice the margin), and a line saying where its numbers come from: independent runs at the spread of
+    every finished BF16 and candidate run pooled (each group around its own mean), the fork's assumed from it; a
+    fork plan's own within-trunk spread instead. GPU-hours at the folder's pace (``designs.pace_costs``, whole
+    runs; else none)."""
+    from convergence.curves import power
+    from convergence.curves.decision import designs
+    from convergence.protocol.folder import PACE_FILE
+    from convergence.protocol.schedule import STARTUP_S
+
+    fw = verdicts["verdict"].get("final_window") or {}
+    se_set = fw.get("se_set") or 0.0
+    if plan.design == "fork":
+        spread = (fw.get("blocked") or {}).get("spread")
+        if spread is None:
+            return [], "no within-trunk spread measured yet"
+        ds = [designs.fork(spread, se_set, pairs_per_trunk=plan.replicates, fork_fraction=plan.fork_step / plan.steps,
+                           source=f"measured: this folder's final window, within trunks, {fw.get('dof'):g} "
+                                  "degrees of freedom")]
+    else:
+        if levels is not None:
+            bf16, cand = levels["final_window"]
+        else:
+            held = (verdicts.get("negative_control") or {}).get("final_window") or {}
+            bf16 = list(fw.get("replicate_levels") or []) + list(held.get("candidate_levels") or [])
+            cand = list(fw.get("candidate_levels") or [])
+        pooled = power.pooled_spread([bf16, cand])
+        if pooled is None or not pooled[0] > 0:
+            return [], "no spread measured yet"
+        ind = designs.independent(pooled[0], se_set, source=f"measured: this folder's final window, {len(bf16)} "
+                                  f"BF16 and {len(cand)} {plan.candidate} runs, {pooled[1]} degrees of freedom")
+        ds = [ind, designs.fork(None, se_set, independent_spread=pooled[0], fork_fraction=1 / 3)]
+    pace = Path(out) / PACE_FILE
+    costs = designs.pace_costs(pace) if pace.is_file() else {}
+    run_s = costs.get("bf16")
+    cand_s = costs.get(plan.candidate, run_s)
+    rows = designs.table(ds, plan.margin, deltas=(0.0, 2 * plan.margin), alpha=plan.alpha, run_s=run_s,
+                         candidate_run_s=cand_s, startup_s=STARTUP_S.get(plan.model, 60.0))
+    cost = ("no whole BF16 run's pace in this folder: no GPU-hours" if run_s is None else
+            f"GPU-hours at this folder's pace: a BF16 run {run_s:.0f} s, {plan.candidate} {cand_s:.0f} s, a start-up "
+            f"{STARTUP_S.get(plan.model, 60.0):.0f} s per trunk and continuation")
+    return rows, cost + ("" if plan.design == "fork" else "; the fork at a third of the run")
 
 
 def planning_levels(plan: ProtocolPlan, sub: ProtocolPlan, out: Path, status: dict) -> dict[str, tuple[list, list]]:
@@ -286,18 +363,25 @@ def pairs(plan: ProtocolPlan, verdicts: dict) -> list[Pairs]:
 
 def time_left(plan: ProtocolPlan, out: Path, states: dict[str, RunState], per_gpu: int = 1) -> TimeLeft:
     """The compute time the runs not done need at this folder's pace (``expected_wall_s``): a stopped run its
-    steps left, a run that starts again (no checkpoint here) all of them."""
+    steps left, a run that starts again (no checkpoint here) all of them; a fork's trunk and continuations their
+    own part of the run (``forks.span``), each priced as a whole run of ``recipes``' seconds."""
+    from convergence.protocol.forks import span
+
     runs = plan.runs()
     total, recipes, no_pace = 0.0, [], []
     for recipe in dict.fromkeys(r.recipe for r in runs):
-        todo = [states[r.name] for r in runs if r.recipe == recipe and states[r.name].state != "done"]
+        todo = [(r, states[r.name]) for r in runs if r.recipe == recipe and states[r.name].state != "done"]
         if not todo:
             continue
         need = expected_wall_s(out, plan, recipe, per_gpu)
         if need is None:
             no_pace.append((recipe, len(todo)))
             continue
-        share = sum(1 - (s.steps if s.state in ("stopped", "running") else 0) / plan.steps for s in todo)
+        share = 0.0
+        for r, st in todo:
+            first, last = span(plan, r)
+            done = 0 if st.state == "restart" else max(st.steps - first, 0)  # the rest resume
+            share += (last - first - done) / plan.steps
         total += need[0] * share
         recipes.append((recipe, need[0], share))
     return TimeLeft(total, recipes, no_pace)

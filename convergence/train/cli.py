@@ -309,7 +309,7 @@ def bench_main(argv: Sequence[str] | None = None) -> int:
     """python -m convergence bench: BF16 and MXFP8 (every kernel here) training steps, eager and compiled."""
     import json
 
-    from convergence.train import bench
+    from convergence.train.perf import bench
 
     p = ArgumentParser(prog="python -m convergence bench", description=bench.__doc__.splitlines()[0])
     p.add_argument("--model", default="proxy", help=f"one of {', '.join(CONFIGS)}")
@@ -318,18 +318,22 @@ def bench_main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--seq", type=int, default=2048)
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--repeats", type=int, default=3,
+                   help="measurements of each configuration, each a fresh build and warm-up, taken round the "
+                   "configurations (default 3): rows show the median and the range")
     p.add_argument("--kernel", action="append", help="repeatable MXFP8 kernel (emulated, fast, real); default: "
                    "every one that runs on the device")
     p.add_argument("--no-compile", action="store_true", help="eager only (eager and compiled is the default)")
     p.add_argument("--compile-emulated", action="store_true",
                    help="also compile the emulated kernel (minutes of compilation on an H200)")
-    p.add_argument("--json", type=Path, help="write the rows, the cast-work floor and the environment here")
+    p.add_argument("--json", type=Path, help="write the rows, the cast-work floor and the environment here (again "
+                   "after every round of repeats: a run cut short keeps the rounds it finished)")
     p.add_argument("--force", action="store_true", help="overwrite an existing --json file")
     args = p.parse_args(argv)
     if args.model not in CONFIGS:
         raise CLIError(f"unknown model {args.model!r}; choose from {', '.join(CONFIGS)}")
-    if min(args.batch, args.seq, args.steps) <= 0 or args.warmup < 0:
-        raise CLIError("--batch, --seq and --steps must be > 0 and --warmup >= 0")
+    if min(args.batch, args.seq, args.steps, args.repeats) <= 0 or args.warmup < 0:
+        raise CLIError("--batch, --seq, --steps and --repeats must be > 0 and --warmup >= 0")
     if args.compile_emulated and args.no_compile:  # it printed eager rows only
         raise CLIError("--compile-emulated adds compiled rows, and --no-compile asks for eager ones only")
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -344,20 +348,29 @@ def bench_main(argv: Sequence[str] | None = None) -> int:
     cfg_flops = bench.step_flops(bench.get_config(args.model), args.seq)
     print(f"model {args.model}, {args.batch} x {args.seq} tokens/step, {cfg_flops / 1e9:.4g} GFLOP/token, "
           f"device {args.device}", flush=True)
+    # the run's settings, copy bandwidth and environment first: the JSON is written after every round of repeats
+    doc = bench.report([], model=args.model, batch=args.batch, seq=args.seq, device=device, steps=args.steps,
+                       warmup=args.warmup, repeats=args.repeats)
+
+    def after_round(rows, done):
+        doc.update(rows=rows, repeats_done=done)
+        if args.json:
+            atomic_write(args.json, json.dumps(doc, indent=1, default=str) + "\n", force=True)
+
     bench.progress_line(bench.format_rows([]))
     rows = bench.bench(args.model, batch=args.batch, seq=args.seq, steps=args.steps, warmup=args.warmup,
                        device=device, compile_=not args.no_compile, kernels=args.kernel, progress=bench.progress_line,
-                       compile_emulated=args.compile_emulated)
-    doc = bench.report(rows, model=args.model, batch=args.batch, seq=args.seq, device=device)
+                       compile_emulated=args.compile_emulated, repeats=args.repeats, after_round=after_round)
     print(bench.format_rows(rows))
     if doc["cast_floor_ms"] is not None:
         print(f"cast-work floor: {doc['cast_bytes_per_step'] / 1e9:.2f} GB per step at {doc['copy_gbps']:.0f} GB/s "
               f"device copy = {doc['cast_floor_ms']:.1f} ms per step")
     for r in rows:
         if r.get("ratio_to_bf16") is not None and r["recipe"] != "bf16":
-            print(f"step-time ratio mxfp8/{r['kernel']} (compiled={r['compiled']}) / bf16: {r['ratio_to_bf16']:.2f}x")
+            lo, hi = r["ratio_to_bf16_range"]
+            print(f"step-time ratio mxfp8/{r['kernel']} (compiled={r['compiled']}) / bf16: {r['ratio_to_bf16']:.2f}x "
+                  f"(ratio of medians of {r['repeats']}; per-repeat ratios {lo:.2f}-{hi:.2f})")
     if args.json:
-        atomic_write(args.json, json.dumps(doc, indent=1, default=str) + "\n", force=True)
         print(f"wrote {args.json}")
     return 0
 

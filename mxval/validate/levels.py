@@ -249,12 +249,15 @@ def communication_result(doc: dict, rc: int, what: str, plan: LadderPlan) -> Lev
 # ---------------------------------------------------------------- training
 
 def protocol_plan(plan: LadderPlan):
-    """The convergence protocol at this machine's size: the paired MXFP8 run, BF16 replicates, both controls."""
+    """The convergence protocol at this machine's size: the paired MXFP8 run and BF16 replicates, judged by the
+    declared test (equivalence on the final window), the planted positive control and the held-out negative
+    control; on a CPU also the null control (mxfp8-null beside its BF16 twin, deterministic, bit-identical: two
+    tiny runs, a strong check of the seam; on a GPU the ``gpu`` tier holds it on the proxy)."""
     from convergence.protocol.plan import ProtocolPlan
 
     return ProtocolPlan(model=plan.train_model, steps=plan.train_steps, seed=plan.seed,
                         replicates=plan.train_replicates, design=plan.train_design, device=plan.device,
-                        mxfp8_kernel=plan.mxfp8_kernel).check()
+                        mxfp8_kernel=plan.mxfp8_kernel, null_control=plan.device == "cpu").check()
 
 
 def run_training(plan: LadderPlan, out: Path, progress: Progress) -> LevelResult:
@@ -326,47 +329,90 @@ VERDICT_STATUS = {"equivalent": "pass", "non_inferior": "pass", "not_equivalent"
 # few replicates), not that MXFP8 failed: its check is inconclusive, and so is the candidate's verdict.
 
 
-def protocol_checks(verdicts: dict[str, dict], pp) -> list[Check]:
-    """The candidate's check and one per control; a control that misses makes the candidate inconclusive."""
-    from convergence.curves.compare import resolution
+def _passed(r: dict) -> bool:
+    """Whether a control came out as it must: by its own check (``protocol.outcome``), or for a result judged by
+    the rule before declared tests, by its verdict word (``judge.as_expected``)."""
     from convergence.protocol.judge import as_expected
-    from convergence.protocol.plan import VERDICTS
+
+    if r["protocol"].get("outcome") is not None:
+        return bool(r["protocol"]["outcome"]["passed"])
+    return bool(as_expected(r["verdict"], r["protocol"]["expected"]))
+
+
+def _control_said(name: str, r: dict) -> str:
+    """A control's outcome by its own check, in words (``convergence.protocol.judge.control_outcome``)."""
+    o = r["protocol"].get("outcome") or {}
+    if o.get("check") == "covers_zero":
+        if o.get("interval") is None:
+            return f"cannot tell: {r['reason']}"
+        lo, hi = o["interval"]
+        return (f"{'covers' if o['covers_zero'] else 'does not cover'} 0: {o['interval_level']:.0%} interval "
+                f"[{lo:+.3%}, {hi:+.3%}], p = {o['p_no_difference']:.3g} against no difference")
+    if o.get("check") == "detected":
+        chance = o.get("planned_chance")
+        return (f"{r['verdict']} ({'detected' if o['passed'] else 'not detected'}"
+                + (f", planted +{o['planted_shift']:.3%}" if o.get("planted_shift") else "")
+                + (f", planned chance {chance:.0%}" if chance is not None else ", no chance planned at this size")
+                + f"): {r['reason']}")
+    return f"{r['verdict']}: {r['reason']}"
+
+
+def protocol_checks(verdicts: dict[str, dict], pp) -> list[Check]:
+    """The candidate's check and one per control (by its own check: detected, covers 0, identical); a control
+    that misses makes the candidate inconclusive."""
+    from convergence.curves.compare import resolution
 
     r = verdicts["verdict"]
     controls, untrusted = [], []
-    for name, (role, expected, shows) in VERDICTS.items():
+    for name, (_roles, expected, shows) in pp.verdicts().items():
         if expected is None:
             continue
         c = verdicts[name]
-        ok = as_expected(c["verdict"], expected)
+        ok = _passed(c)
         if not ok:
             untrusted.append(name.replace("_", " "))
-        controls.append(Check(f"{name.replace('_', ' ')} ({pp.run(role).name}) is {expected}",
-                              "pass" if ok else "inconclusive", f"{c['verdict']}: {c['reason']} ({shows})"))
+        runs = c["protocol"].get("judged_runs") or [c["protocol"]["judged_run"]]
+        who = ", ".join(runs[:3]) + ("..." if len(runs) > 3 else "")
+        controls.append(Check(f"{name.replace('_', ' ')} ({who}) is {expected.replace('_', ' ')}",
+                              "pass" if ok else "inconclusive", f"{_control_said(name, c)} ({shows})"))
     status = VERDICT_STATUS[r["verdict"]]
     detail = f"{r['reason']}; {resolution(r)}"
     if untrusted and status != "inconclusive":
         status, detail = "inconclusive", (f"{r['verdict']} not trusted: the {' and the '.join(untrusted)} did not "
                                           f"come out as expected at this size; {detail}")
-    return [Check("MXFP8 within the margin of BF16 (validation loss, paired)", status, detail), *controls]
+    test = r.get("test") or "two-ranges"
+    return [Check(f"MXFP8 within the margin of BF16 (validation loss, paired; {test} on the "
+                  f"{r.get('endpoint') or 'two ranges'})", status, detail), *controls]
 
 
 def curves_summary(verdicts: dict[str, dict]) -> str:
     """The curves level's line: a control that missed comes first, since it makes the candidate's verdict
-    untrusted whatever that verdict says (the row's status is inconclusive then: ``protocol_checks``)."""
+    untrusted whatever that verdict says (the row's status is inconclusive then: ``protocol_checks``); then the
+    candidate's verdict (its test, the estimate, interval and p-values, what the runs resolve) and each control's
+    outcome."""
     from convergence.curves.compare import resolution
-    from convergence.protocol.judge import as_expected
-    from convergence.protocol.plan import VERDICTS
 
     r = verdicts["verdict"]
     said = f"{r['verdict']}: {r['reason']}; {resolution(r)}"
-    missed = [f"the {name.replace('_', ' ')} came out {verdicts[name]['verdict']}, not {expected}"
-              for name, (_, expected, _) in VERDICTS.items()
-              if expected is not None and not as_expected(verdicts[name]["verdict"], expected)]
+    controls = {n: v for n, v in verdicts.items() if n != "verdict"}
+    missed = [f"the {n.replace('_', ' ')} came out {_word(v)}, not {v['protocol']['expected'].replace('_', ' ')}"
+              for n, v in controls.items() if not _passed(v)]
     if missed:
         return f"not trusted at this size: {' and '.join(missed)}; the candidate's comparison alone: {said}"
-    return (f"{said}; controls: positive {verdicts['positive_control']['verdict']}, negative "
-            f"{verdicts['negative_control']['verdict']}")
+    return f"{said}; controls: " + ", ".join(f"{n.replace('_', ' ').removesuffix(' control')} {_word(v)}"
+                                             for n, v in controls.items())
+
+
+def _word(r: dict) -> str:
+    """How a control came out, in a word or two (its own check's, or its verdict under the rule before)."""
+    o = r["protocol"].get("outcome")
+    if not o:
+        return r["verdict"]
+    if o["check"] == "covers_zero":
+        return {True: "covers 0", False: "does not cover 0", None: "cannot tell"}[o.get("covers_zero")]
+    if o["check"] == "detected":
+        return f"{r['verdict']} ({'detected' if o['passed'] else 'not detected'})"
+    return r["verdict"]
 
 
 def run_curves(plan: LadderPlan, out: Path, progress: Progress) -> LevelResult:
@@ -374,7 +420,7 @@ def run_curves(plan: LadderPlan, out: Path, progress: Progress) -> LevelResult:
     from convergence.protocol.judge import judge
 
     pp = protocol_plan(plan)
-    progress(f"validation loss: MXFP8 and both controls against {pp.replicates} BF16 runs")
+    progress(f"validation loss: MXFP8 and its controls against {pp.replicates} BF16 runs")
     verdicts = judge(pp, out / "training")
     (out / "curves").mkdir()
     for name, r in verdicts.items():
@@ -389,8 +435,14 @@ def run_curves(plan: LadderPlan, out: Path, progress: Progress) -> LevelResult:
                "intervals_reach": sens.get("intervals_reach"),
                "replicate_spread": noise.get("replicate_spread"), "se_set": noise.get("se_set"),
                "noise_model": noise.get("model"), "baselines": r["baseline_runs"],
+               "test": r.get("test"), "endpoint": r.get("endpoint"), "alpha": r.get("alpha"),
+               "interval_level": r.get("interval_level"), "p_no_difference": r.get("p_no_difference"),
+               "p_test": r.get("p_test"), "resolves": r.get("half_width"), "smallest_margin": r.get("smallest_margin"),
                "positive_control": verdicts["positive_control"]["verdict"],
-               "negative_control": verdicts["negative_control"]["verdict"]}
+               "negative_control": verdicts["negative_control"]["verdict"],
+               "controls": {n: {"verdict": v["verdict"], "expected": v["protocol"]["expected"],
+                                "as_expected": v["protocol"]["as_expected"], "outcome": v["protocol"].get("outcome")}
+                            for n, v in verdicts.items() if n != "verdict"}}
     status = level_status(checks)
     enable = None
     if status == "inconclusive":
@@ -398,13 +450,17 @@ def run_curves(plan: LadderPlan, out: Path, progress: Progress) -> LevelResult:
                   f"resolves +-{_fmt((sens.get('half_width') or math.nan) * 100, 3)} %; python -m convergence power "
                   f"{out / 'curves' / 'verdict.json'} says how many replicates and steps reach the margin; run them "
                   "with python -m convergence protocol (README: the convergence protocol), or mxval validate --steps N")
-    table = [("comparison", "verdict", "estimate", "interval", "half-width")]
+    table = [("comparison", "verdict", "estimate", "interval", "p (no difference)", "test's p", "half-width",
+              "control's check")]
     for name, v in verdicts.items():
         part = v.get("final_window") or {}
         iv = v.get("interval")
+        o = v["protocol"].get("outcome") or {}
         table.append((name, v["verdict"], f"{v['estimate']:+.3%}" if v.get("estimate") is not None else "-",
                       f"[{iv[0]:+.3%}, {iv[1]:+.3%}]" if iv else "-",
-                      f"{part['half_width']:.3%}" if part.get("half_width") is not None else "-"))
+                      _fmt(v.get("p_no_difference"), 3), _fmt(v.get("p_test"), 3),
+                      f"{part['half_width']:.3%}" if part.get("half_width") is not None else "-",
+                      "-" if not o else f"{o['check']}: {'yes' if o['passed'] else 'NO'}"))
     summary = curves_summary(verdicts)
     return LevelResult("curves", status, summary, tuple(checks), numbers, tuple(table), (_rel(fig, out),),
                        tuple(f"curves/{name}.json" for name in verdicts), enable)

@@ -37,15 +37,21 @@ READING = {
     "training": "BF16 and MXFP8 train from identical initial weights on identical batches. BF16 also trains "
                 "replicates, each differing from it by one benign change that the table's init / data / rows column "
                 "names (by default the order each batch's rows are summed in, at the same seed and data: rounding "
-                "alone); their spread is the run-to-run noise the verdicts are held against, and a positive control "
-                "(a recipe known to be worse) trains beside them. A run fails if its loss is non-finite or does not "
-                "fall. "
+                "alone); their spread is the run-to-run noise the verdicts are held against; held-out BF16 runs are "
+                "the negative control (and, made twice the margin worse, the planted positive control). On a CPU the "
+                "null control trains too: mxfp8-null, the MXFP8 seam with its casts replaced by the identity, which "
+                "must end bit-identical to its BF16 twin. A run fails if its loss is non-finite or does not fall. "
                 "Probes give each layer's MXFP8-vs-BF16 SQNR on the run's own activations: the layer whose "
                 "figure falls first is where a diverging run went wrong.",
-    "curves": "DeepSeek-V3's criterion: relative loss difference within 0.25 %, decided by confidence intervals "
-              "over the whole compared range and the final 20 %, with the BF16 replicates' spread as the noise. "
-              "Inconclusive means the intervals straddle the margin: the run is too short or too noisy to "
-              "decide, not that MXFP8 failed. Not-equivalent or diverged fails the level.",
+    "curves": "DeepSeek-V3's criterion: relative validation-loss difference within 0.25 %, decided by the declared "
+              "test (equivalence: TOST at alpha 0.05, the 90 % interval inside the margin) on one endpoint (the "
+              "final 20 % of the evaluations; the whole range is reported, never deciding), with the BF16 "
+              "replicates' spread as the noise. Each row gives the estimate, its interval, the p-value against no "
+              "difference and the test's, and what the runs resolve. The controls: the planted one must be "
+              "detected, the held-out BF16 runs' interval must cover 0, the null control must be identical; a "
+              "control that misses makes the verdict untrusted (inconclusive). Inconclusive means the interval "
+              "straddles the margin: the run is too short or too noisy to decide, not that MXFP8 failed. "
+              "Not-equivalent or diverged fails the level.",
 }
 
 

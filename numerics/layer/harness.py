@@ -30,11 +30,12 @@ from numerics.layer import mxfp8
 from numerics.layer.configs import GroupedShape, LayerSuite, LinearShape, ModelConfig
 from numerics.layer.deepseek_v3 import Attention, GroupedLinear, Linear, MoE, rope_frequencies
 from numerics.layer.recipes import CONTROLS as _CONTROLS
+from numerics.layer.recipes import NULL_CONTROLS as _NULL
 from numerics.layer.recipes import RECIPES as _REGISTRY
 from numerics.layer.recipes import Recipe, apply_recipe, get_recipe, set_op
 from numerics.layer.results import LayerResult, TensorStat
 
-RECIPES = tuple(r for r in _REGISTRY if r not in _CONTROLS)  # bf16, mxfp8, mxfp8-wgrad-hp
+RECIPES = tuple(r for r in _REGISTRY if r not in _CONTROLS + _NULL)  # bf16, mxfp8, mxfp8-wgrad-hp
 INPUT_FAMILIES = ("normal", "outlier_channels", "lognormal_rows")
 
 

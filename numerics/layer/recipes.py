@@ -1,9 +1,10 @@
 """Recipes as data, one registry and one spelling, and the one converter that applies a recipe to modules.
 
 Public: ``Recipe``, ``RECIPES``, ``MX_RECIPES`` (the MXFP8 candidates), ``CONTROLS`` (positive controls),
-``get_recipe(name)``, ``apply_recipe(model, recipe, ...)``, ``set_op(module, recipe, kernel)``,
-``quantized_fqns(model, recipe)``. A recipe is which modules are converted (``linear_fqns``,
-``grouped_experts``) and what each converted GEMM computes (``op``, a ``numerics.layer.op_recipe.OpRecipe``).
+``NULL_CONTROLS`` (the seam with its casts left out), ``get_recipe(name)``, ``apply_recipe(model, recipe, ...)``,
+``set_op(module, recipe, kernel)``, ``quantized_fqns(model, recipe)``. A recipe is which modules are converted
+(``linear_fqns``, ``grouped_experts``) and what each converted GEMM computes (``op``, a
+``numerics.layer.op_recipe.OpRecipe``).
 
 Positive controls are recipes meant to train worse, which the convergence protocol must call
 ``not_equivalent``: ``mxfp8-head``, the same MXFP8 ops on more modules (the output head, which every FP8
@@ -12,6 +13,13 @@ recipe keeps in high precision; on the proxy at lr 6e-4 it trained *better*, so 
 (E2M1, MXFP4's element) element mantissa bits fewer (E5M2 on the proxy at lr 3e-4: 6 dB per GEMM lost
 and no measurable loss), and ``mxfp8-floor``, the OCP v1.0 scale rule that a published 8B pretraining run
 diverged with. The layer level leaves controls out.
+
+The null control, ``mxfp8-null``, is neither a candidate nor a positive control: mxfp8's modules through the same
+seam (the fast ops' autograd functions, group padding and GEMM calls) with the cast replaced by the identity
+(``OpRecipe.cast``). It must train bit-identically to ``bf16`` under ``--deterministic``
+(tests/convergence/train/test_null_control.py, on the CPU and, in the ``gpu`` tier, on the proxy), so any change to
+the seam that alters arithmetic beyond quantization is seen; the convergence protocol can run it beside its paired
+BF16 run (``--null-control``). It is in ``NULL_CONTROLS``, not ``MX_RECIPES`` or ``CONTROLS``.
 
 The MXFP8 module selection is torchtitan's DeepSeek-V3 MXFP8 recipe
 (``torchtitan/models/deepseek_v3/config_registry.py::deepseek_v3_debugmodel_mxfp8``, read at commit
@@ -133,9 +141,22 @@ def _mxfp8_e2m1() -> Recipe:
     )
 
 
+def _mxfp8_null() -> Recipe:
+    return dataclasses.replace(
+        _mxfp8(), name="mxfp8-null",
+        op=OpRecipe(cast="identity"),  # deviation from mxfp8: no operand cast; the seam's plumbing alone
+        description="null control: mxfp8's modules through the same seam (the fast ops' autograd functions, "
+        "group padding and GEMM calls) with every cast replaced by the identity; it must train bit-identically "
+        "to bf16 under --deterministic. Kernel fast only",
+    )
+
+
 RECIPES = {"bf16": _bf16, "mxfp8": _mxfp8, "mxfp8-wgrad-hp": _mxfp8_wgrad_hp, "mxfp8-head": _mxfp8_head,
-           "mxfp8-e5m2": _mxfp8_e5m2, "mxfp8-floor": _mxfp8_floor, "mxfp8-e2m1": _mxfp8_e2m1}
-MX_RECIPES = tuple(name for name, make in RECIPES.items() if make().mxfp8 and not make().control)
+           "mxfp8-e5m2": _mxfp8_e5m2, "mxfp8-floor": _mxfp8_floor, "mxfp8-e2m1": _mxfp8_e2m1,
+           "mxfp8-null": _mxfp8_null}
+NULL_CONTROLS = tuple(name for name, make in RECIPES.items() if make().op.cast == "identity")
+MX_RECIPES = tuple(name for name, make in RECIPES.items()
+                   if make().mxfp8 and not make().control and name not in NULL_CONTROLS)
 CONTROLS = tuple(name for name, make in RECIPES.items() if make().control)  # same ops, more modules: not layer cases
 
 
@@ -200,9 +221,10 @@ def apply_recipe(model: nn.Module, recipe: Recipe, device: torch.device | str = 
         set_op(modules[fqn], recipe, kernel)
     op = recipe.op
     if op.torchao_recipe is None:  # no torchao op computes it: the fast ops' own settings
-        return {"quantized": fqns, "kernel": kernel, "elements": op.elements, "torchao_config": None,
-                "ops": f"numerics.layer.fast.ops (linear, grouped_mm) with {op.elements.upper()} elements, "
-                       f"{op.scale_calculation_mode} scales"}
+        what = ("identity casts (the null control)" if op.cast == "identity" else
+                f"{op.elements.upper()} elements, {op.scale_calculation_mode} scales")
+        return {"quantized": fqns, "kernel": kernel, "elements": op.elements, "cast": op.cast,
+                "torchao_config": None, "ops": f"numerics.layer.fast.ops (linear, grouped_mm) with {what}"}
     cfg = mxfp8.op_config(op, kernel)
     return {
         "quantized": fqns,

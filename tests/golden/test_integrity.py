@@ -10,7 +10,7 @@ from golden import integrity
 def test_committed_golden_tree_is_whole():
     assert integrity.check() == []
     kinds = {e["kind"] for e in integrity.load_manifest(integrity.ROOT)}
-    assert kinds == {"layer_stats", "tensor_vectors", "recorded"}
+    assert kinds == {"layer_stats", "tensor_vectors", "posthoc", "recorded"}
 
 
 def test_every_sidecar_carries_the_checksum_of_its_file():

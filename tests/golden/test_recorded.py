@@ -49,3 +49,15 @@ def test_recorded_add_refuses_files_outside_golden(tmp_path):
     f.write_text("{}")
     with pytest.raises(BadInput, match="not a file under golden"):
         recorded.add(f, command="c", hardware="h", commit="c", note="n")
+
+
+def test_recorded_benchmarks_are_read_by_their_benches_readers(scratch_root):
+    """The recorded benchmarks (first formats included) pass their readers; one the reader refuses is named."""
+    benches = [p for p in recorded._data_files(scratch_root) if recorded._reader(p) is not None]
+    assert {p.name for p in benches} >= {"bench_proxy__h200.json", "fast_bench__h200.json"}
+    target = scratch_root / "training" / "bench_proxy__h200.json"
+    doc = json.loads(target.read_text())
+    target.write_text(json.dumps(doc | {"version": 99}))
+    assert [p for p in recorded.check(scratch_root) if "reader refuses" in p] == [
+        "training/bench_proxy__h200.json: its bench's reader refuses it: "
+        f"{target}: not a convergence-bench file of version 1 or 2"]

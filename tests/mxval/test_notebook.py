@@ -10,13 +10,13 @@ from mxval.notebook import NotebookInputError, training_runs
 
 
 def test_validate_training_runs_reads_the_protocol_folder_validate_writes(tmp_path, fake_validate_folder):
-    """The BF16 baseline and its replicates, then the candidate: the held-out run and the control are not among
-    them (the curves level judges the same runs)."""
+    """The BF16 baseline and its replicates, then the candidate: the held-out run and the null control are not
+    among them (the curves level judges the same runs)."""
     names = fake_validate_folder(tmp_path)
     runs, left_out = training_runs(tmp_path)
     assert left_out == []
     assert [n for n, _ in runs] == ["bf16", "bf16_rounding1", "bf16_rounding2", "mxfp8"]
-    assert {"mxfp8-head", "bf16_rounding3"} <= set(names) - {n for n, _ in runs}
+    assert {"mxfp8-null", "bf16_rounding3"} <= set(names) - {n for n, _ in runs}
     assert runs[-1][1].relative_to(tmp_path).as_posix() == "training/runs/mxfp8/mxfp8/metrics.jsonl.gz"
     curves = load_curves([p for _, p in runs])  # what the notebook does next: the gzip files read as JSONL
     assert [len(c) for c in curves] == [200] * 4

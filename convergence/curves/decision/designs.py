@@ -1,8 +1,9 @@
 """How many runs, and GPU-hours, a declared test needs: per design, test and true difference.
 
 Public: ``Design``, ``independent(spread, se_set)``, ``fork(spread, se_set, ...)``, ``runs_per_arm(design, test,
-delta, margin, ...)``, ``pace_costs(path)``, ``endpoint_spread(result)``, ``table(...)``, ``report_table(rows)``,
-``EXPLAINED_AT_FORK``, ``TEST_ROWS``.
+delta, margin, ...)``, ``favourable``, ``verdict_chance``, ``aim_of(delta, margin)``, ``pace_costs(path)``,
+``endpoint_spread(result)``, ``pilot_spread(pilot)``, ``table(...)``, ``report_table(rows)``, ``EXPLAINED_AT_FORK``,
+``TEST_ROWS``.
 
 Designs (n runs per arm: n BF16 and n candidate runs; the estimate's variance ``spread^2 * 2/n + se_set^2``):
 
@@ -20,8 +21,12 @@ Designs (n runs per arm: n BF16 and n candidate runs; the estimate's variance ``
   output says it is an assumption.
 
 Tests (``convergence.curves.decision.equivalence.chance``, exact for normal run levels): ``equivalence`` and
-``non-inferiority`` at ``alpha``, powered at a stated true difference (0 by default); each row also gives the
-chance of the favourable verdict at a true difference of +margin (the type-I point: at most alpha). The row
+``non-inferiority`` at ``alpha``, powered at a stated true difference for the verdict that is right there
+(``aim_of``): inside the margin the favourable one (equivalent, non_inferior: 0 by default), beyond it the
+unfavourable one (not_equivalent, inferior: a candidate that much worse detected, e.g. at twice the margin, the
+planted positive control's shift); exactly at the margin neither is right, and no number of runs reaches the power.
+Each row also gives the chance of the favourable verdict at a true difference of +margin (the type-I point: at most
+alpha). The row
 ``two-ranges`` is the rule before (both ranges' Bonferroni intervals) approximated by one range at its level,
 ``(1 - confidence) / 4`` a side: what the same question cost under it.
 
@@ -100,22 +105,36 @@ def fork(spread: float | None, se_set: float = 0.0, *, pairs_per_trunk: int = 8,
     return Design("fork", spread, se_set, pairs_per_trunk, fork_fraction, source)
 
 
-def favourable(design: Design, test: str, delta: float, margin: float, n: int, *, alpha: float = 0.05,
-               confidence: float = 0.95) -> float:
-    """The chance that n runs per arm give the favourable verdict at a true difference ``delta``."""
+def aim_of(delta: float, margin: float) -> str:
+    """The verdict that is right at a true difference ``delta``: favourable inside the margin, else unfavourable."""
+    return "favourable" if abs(delta) < margin else "unfavourable"
+
+
+def verdict_chance(design: Design, test: str, delta: float, margin: float, n: int, *, aim: str = "favourable",
+                   alpha: float = 0.05, confidence: float = 0.95) -> float:
+    """The chance that n runs per arm give the ``aim`` verdict (favourable or unfavourable) at a true difference
+    ``delta``."""
     if test == "two-ranges":  # one range at the Bonferroni level of the rule before
         test, alpha = "equivalence", (1 - confidence) / 4
     return chance(test, delta, margin, alpha=alpha, sigma=design.spread, c=2 / n, dof=design.dof(n),
-                  se_set=design.se_set)["favourable"]
+                  se_set=design.se_set)[aim]
+
+
+def favourable(design: Design, test: str, delta: float, margin: float, n: int, *, alpha: float = 0.05,
+               confidence: float = 0.95) -> float:
+    """The chance that n runs per arm give the favourable verdict at a true difference ``delta``."""
+    return verdict_chance(design, test, delta, margin, n, alpha=alpha, confidence=confidence)
 
 
 def runs_per_arm(design: Design, test: str, delta: float, margin: float, *, alpha: float = 0.05,
-                 power: float = 0.8, confidence: float = 0.95) -> int | None:
-    """The fewest runs per arm (>= 2) that give the favourable verdict with probability ``power`` at a true
-    difference ``delta``; None when ``N_MAX`` do not (the held-out set's error alone is too large, or |delta| is
-    at or beyond the margin)."""
+                 power: float = 0.8, confidence: float = 0.95, aim: str | None = None) -> int | None:
+    """The fewest runs per arm (>= 2) that give the ``aim`` verdict (default: the right one at ``delta``,
+    ``aim_of``) with probability ``power`` at a true difference ``delta``; None when ``N_MAX`` do not (the held-out
+    set's error alone is too large, or ``delta`` is at the margin)."""
+    aim = aim or aim_of(delta, margin)
+
     def enough(n: int) -> bool:
-        return favourable(design, test, delta, margin, n, alpha=alpha, confidence=confidence) >= power
+        return verdict_chance(design, test, delta, margin, n, aim=aim, alpha=alpha, confidence=confidence) >= power
 
     hi = 2
     while not enough(hi):
@@ -144,11 +163,22 @@ def endpoint_spread(result: dict, part: str = "final_window") -> tuple[float, in
     return pooled[0], pooled[1], float(p.get("se_set") or 0.0)
 
 
+def pilot_spread(r: dict, where: str = "pilot") -> tuple[float, int]:
+    """(within-trunk final-window spread, its degrees of freedom) of a fork pilot's result
+    (``convergence.protocol.pilot``); ``BadInput`` for another file."""
+    fw = r.get("final_window") if isinstance(r, dict) else None
+    if not isinstance(fw, dict) or r.get("kind") != "fork pilot" or not is_number(r.get("fork_spread")) \
+            or not r["fork_spread"] > 0:
+        raise BadInput(f"{where}: not a fork pilot's result (python -m convergence protocol --design fork --pilot N "
+                       "writes it in OUT/results/*_pilot__*.json)")
+    return float(r["fork_spread"]), int(fw.get("dof") or 0)
+
+
 def pace_costs(path: Path) -> dict[str, float]:
     """Mean GPU-seconds of a finished run per recipe, from a protocol folder's ``pace.jsonl`` (``path``: the file
     or the folder): each run's pieces
     since its last start at step 0, their wall seconds divided by the runs that shared their GPU (``per_gpu``);
-    the runs that reached the file's last step count."""
+    the runs that reached the file's last step count (a fork's trunk and continuations, parts of a run, do not)."""
     entries = read_json_lines(path, what="pace", hint="a protocol folder's pace.jsonl lists its pieces",
                               need={"recipe": str}, inside="pace.jsonl")
     for e in entries:
@@ -162,7 +192,7 @@ def pace_costs(path: Path) -> dict[str, float]:
         if e["from_step"] == 0:
             chain.clear()
         chain.append(e)
-        if e["to_step"] == steps:
+        if e["to_step"] == steps and chain[0]["from_step"] == 0:
             cost = sum(x["wall_s"] / max(1, int(x.get("per_gpu") or 1)) for x in chain)
             done.setdefault(str(e.get("recipe")), []).append(cost)
     return {recipe: sum(v) / len(v) for recipe, v in done.items()}
@@ -171,15 +201,17 @@ def pace_costs(path: Path) -> dict[str, float]:
 def table(designs: list[Design], margin: float, *, deltas=(0.0,), tests=TEST_ROWS, alpha: float = 0.05,
           power: float = 0.8, confidence: float = 0.95, run_s: float | None = None,
           candidate_run_s: float | None = None, startup_s: float = 0.0) -> list[dict]:
-    """One row per design, test and true difference: runs per arm for ``power``, total runs, GPU-hours (with a
-    cost per run) and the favourable verdict's chance at +margin with those runs."""
+    """One row per design, test and true difference: runs per arm for ``power`` of the right verdict there
+    (``aim``: favourable or unfavourable, ``aim_of``), total runs, GPU-hours (with a cost per run) and the
+    favourable verdict's chance at +margin with those runs."""
     rows = []
     for d in designs:
         for test in tests:
             for delta in deltas:
                 n = runs_per_arm(d, test, delta, margin, alpha=alpha, power=power, confidence=confidence)
                 row = {"design": d.name, "spread": d.spread, "spread_source": d.source, "se_set": d.se_set,
-                       "test": test, "true_difference": delta, "runs_per_arm": n, "trunks": None,
+                       "test": test, "true_difference": delta, "aim": aim_of(delta, margin),
+                       "runs_per_arm": n, "trunks": None,
                        "total_runs": None, "gpu_hours": None, "favourable_at_margin": None}
                 if n is not None:
                     row["trunks"] = d.trunks(n) or None
@@ -196,20 +228,24 @@ def table(designs: list[Design], margin: float, *, deltas=(0.0,), tests=TEST_ROW
 def report_table(rows: list[dict], margin: float, power: float, alpha: float) -> str:
     """The rows as a table a user reads, with the designs' spreads and where they come from."""
     out = [f"runs per arm for {power:.0%} power at margin +-{margin:.3%}, alpha {alpha:g} (two-ranges: the rule "
-           "before, one range at its Bonferroni level); 'at +margin': the favourable verdict's chance when the "
-           "candidate is exactly a margin worse"]
+           "before, one range at its Bonferroni level), of the verdict that is right at the true difference "
+           "(inside the margin: equivalent or non_inferior; beyond it: not_equivalent or inferior, the worse "
+           "candidate detected); 'at +margin': the favourable verdict's chance when the candidate is exactly a "
+           "margin worse"]
     seen = {}
     for r in rows:
         seen.setdefault(r["design"], f"{r['design']}: spread {r['spread']:.3%}, held-out set s.e. {r['se_set']:.3%}"
                         + (f" ({r['spread_source']})" if r["spread_source"] else ""))
     out += list(seen.values())
-    out.append("| design | test | true difference | runs per arm | trunks | total runs | GPU-hours | at +margin |")
-    out.append("|---|---|---|---|---|---|---|---|")
+    out.append("| design | test | true difference | powered | runs per arm | trunks | total runs | GPU-hours | "
+               "at +margin |")
+    out.append("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         n = r["runs_per_arm"]
-        out.append(f"| {r['design']} | {r['test']} | {r['true_difference']:+.3%} | "
+        said = {"favourable": "favourable", "unfavourable": "detected"}[r.get("aim", "favourable")]
+        out.append(f"| {r['design']} | {r['test']} | {r['true_difference']:+.3%} | {said} | "
                    + (f"{n} | {r['trunks'] or '-'} | {r['total_runs']} | "
                       + ("-" if r["gpu_hours"] is None else f"{r['gpu_hours']:.1f}")
                       + f" | {r['favourable_at_margin']:.1%} |" if n is not None else
-                      f"more than {N_MAX:,} | - | - | - | - |"))
+                      f"none up to {N_MAX:,} | - | - | - | - |"))
     return "\n".join(out)

@@ -2,7 +2,7 @@
 0.18.0's emulated ops: ``mxfp8_linear._to_mxfp8_then_scaled_mm`` and ``_to_mxfp8_then_scaled_grouped_mm``
 with ``KernelPreference.EMULATED``, for every ``OpRecipe`` (``numerics.layer.op_recipe``) torchao has ops for,
 and the same ops for those it has not (E5M2 or E2M1 elements: the convergence protocol's worse-by-construction
-controls).
+controls; the identity cast: its null control).
 
 Only torchao's cast work (``to_mx``, the transposing copies before it, and the dequantize after it) is
 replaced, by one ``mx_dequantize`` per operand; the GEMMs are the same ops (``torch.mm``,
@@ -37,7 +37,11 @@ BLOCK = 32
 
 
 def _cast(t: torch.Tensor, dim: int, op: OpRecipe, out_dtype: torch.dtype) -> torch.Tensor:
-    """``t`` as the GEMM sees it: cast to ``op``'s MX elements along ``dim`` by its scale rule, dequantized."""
+    """``t`` as the GEMM sees it: cast to ``op``'s MX elements along ``dim`` by its scale rule, dequantized; with
+    ``op.cast == "identity"`` (the null control) ``t`` itself in ``out_dtype``, in its own layout, as a BF16 GEMM
+    takes it."""
+    if op.cast == "identity":
+        return t.to(out_dtype)
     # torchao's casts where torchao has the element (its ops take E4M3; E5M2 through its to_mx), else the spec's
     flavour = "torchao" if op.elements in TORCHAO_ELEMENTS else "spec"
     return mx_dequantize(t, elem=op.elements, mode=op.scale_calculation_mode.lower(), dim=dim, flavour=flavour,

@@ -64,7 +64,7 @@ def test_the_proxy_table_by_design_and_test():
     for r in rows:  # the type-I point: a candidate a margin worse is favourable at most alpha (two-ranges: 1.25 %)
         assert r["favourable_at_margin"] <= (0.0125 if r["test"] == "two-ranges" else 0.05) + 1e-4
     text = designs.report_table(rows, 0.0025, 0.8, 0.05)
-    assert "| fork | equivalence | +0.000% | 91 | 12 | 194 | 14.1 | 5.0% |" in text and "assumed" in text
+    assert "| fork | equivalence | +0.000% | favourable | 91 | 12 | 194 | 14.1 | 5.0% |" in text and "assumed" in text
 
 
 def test_a_fork_costs_its_trunks_once_and_its_continuations_from_the_fork_step():
@@ -119,3 +119,31 @@ def test_power_refuses_bad_numbers_in_one_line(tmp_path, capsys, argv, words):
     assert convergence_main(["power", *argv]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and words in err
+
+
+def test_power_takes_the_fork_spread_and_step_from_a_pilots_result(tmp_path, capsys):
+    """--fork-pilot: the pilot's within-trunk final-window spread in the fork row, its fork step and steps; a file
+    that is not a pilot's is refused in one line (the control: the k16 verdict)."""
+    pilot = {"kind": "fork pilot", "fork_step": 500, "steps": 1500, "fork_spread": 0.004,
+             "final_window": {"spread": 0.004, "dof": 7}, "continuations": [{}] * 8}
+    path = tmp_path / "pilot.json"
+    path.write_text(json.dumps(pilot))
+    out = tmp_path / "rows.json"
+    assert convergence_main(["power", "--spread", "0.0096", "--fork-pilot", str(path), "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["designs"]
+    fork = [r for r in rows if r["design"] == "fork"]
+    assert all(r["spread"] == 0.004 and "measured: the fork pilot" in r["spread_source"] for r in fork)
+    assert {r["true_difference"] for r in rows} == {0.0, 0.005}  # and twice the margin: a worse one detected
+    assert "step 500 of 1500" in capsys.readouterr().out
+    assert convergence_main(["power", "--spread", "0.0096", "--fork-pilot", str(GOLDEN / K16.format("verdict"))]) == 2
+    assert "not a fork pilot's result" in capsys.readouterr().err
+
+
+def test_runs_per_arm_detects_a_worse_candidate_beyond_the_margin():
+    """Beyond the margin the right verdict is the unfavourable one: the runs for 80 % power to call a candidate
+    twice the margin worse not_equivalent (inferior); at the margin itself no verdict is right and none suffice."""
+    d = designs.independent(0.0096, 0.0003)
+    n = designs.runs_per_arm(d, "equivalence", 0.005, 0.0025)
+    chance = designs.verdict_chance(d, "equivalence", 0.005, 0.0025, n, aim="unfavourable")
+    assert chance >= 0.8 > designs.verdict_chance(d, "equivalence", 0.005, 0.0025, n - 1, aim="unfavourable")
+    assert designs.runs_per_arm(d, "non-inferiority", 0.0025, 0.0025) is None

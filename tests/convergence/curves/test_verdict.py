@@ -32,11 +32,13 @@ def _runs(*, k: int = 5, spread: float = 2e-4, offset, seed: int = 0) -> tuple[l
 
 
 def _write(tmp_path: Path, bases: list[Curve], cand: Curve) -> list[str]:
+    """Each run's validation curve and a training loss of its own (runs with one training curve are copies to the
+    training-loss comparison, which refuses them)."""
     paths = []
-    for c in [*bases, cand]:
+    for i, c in enumerate([*bases, cand]):
         path = tmp_path / f"{c.name}.jsonl"
-        path.write_text("".join(json.dumps({"step": int(s), "loss": 2.0 + 1.0 / s, "val_loss": float(v)}) + "\n"
-                                for s, v in zip(c.steps, c.values)))
+        path.write_text("".join(json.dumps({"step": int(s), "loss": 2.0 + 1.0 / s + 1e-3 * i, "val_loss": float(v)})
+                                + "\n" for s, v in zip(c.steps, c.values)))
         paths.append(str(path))
     return paths
 

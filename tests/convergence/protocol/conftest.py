@@ -21,17 +21,20 @@ from convergence.protocol.plan import ProtocolPlan
 # probes every 2 steps. Design seed: the folder is judged, and judging refuses replicates that end as copies of
 # their paired run (check_design); a rounding replicate this small (the batch rows permuted) can end bit-identical
 # on a CPU whose fp32-accumulated sums round to the same bf16 (seen on AVX-512 BF16 at 6 steps), while a
-# replicate at another seed starts from other weights on any machine.
+# replicate at another seed starts from other weights on any machine. The recipe control (mxfp8-head), so that the
+# folder holds a control's runs and probes; the planted control is judged from the same runs (test_declared).
 FINISHED = ["--model", "tiny", "--steps", "6", "--replicates", "3", "--batch", "4", "--seq", "32", "--val-every", "2",
-            "--val-batches", "3", "--probe-every", "2", "--mxfp8-kernel", "emulated", "--design", "seed"]
+            "--val-batches", "3", "--probe-every", "2", "--mxfp8-kernel", "emulated", "--design", "seed",
+            "--control", "mxfp8-head"]
 
 
 def small(steps: int = 4, probe_every: int = 0, design: str = "rounding", **kw) -> ProtocolPlan:
-    """Six tiny runs (of 4 steps unless told) on a small batch: seconds each on 2 CPU cores."""
+    """Six tiny runs (of 4 steps unless told) on a small batch: seconds each on 2 CPU cores; the recipe control
+    ``mxfp8-head`` unless told (the planted one has no runs of its own)."""
     over = (("batch", 4.0), ("seq", 32.0), ("val_every", 2.0), ("val_batches", 3.0),
             ("probe_every", float(probe_every)))
     return ProtocolPlan(model="tiny", steps=steps, replicates=3, design=design, mxfp8_kernel="emulated",
-                        overrides=over, **kw).check()
+                        overrides=over, **({"control": "mxfp8-head"} | kw)).check()
 
 
 @pytest.fixture

@@ -13,6 +13,7 @@ from convergence.curves.compare import EXIT_CODES
 from convergence.protocol.cli import EXECUTORS
 from convergence.protocol.folder import compact_run, metrics_path, run_dir
 from convergence.protocol.plan import VERDICTS, ProtocolPlan
+from convergence.protocol.render import verdict_line
 from convergence.protocol.status import progress
 
 TINY = ["--model", "tiny", "--steps", "20"]
@@ -43,7 +44,7 @@ def test_protocol_cli_bad_input_is_one_line_and_touches_nothing(tmp_path, refuse
     assert "a tag such as h200" in refused(*TINY, "--out", str(out), "--hardware", "../../elsewhere")
     with pytest.raises(SystemExit) as exit_:
         convergence_main(["protocol", *TINY, "--out", str(out), "--executor", "elsewhere"])
-    assert exit_.value.code == 2 and list(EXECUTORS) == ["local"]
+    assert exit_.value.code == 2 and list(EXECUTORS) == ["local", "slurm"]
 
 
 def test_protocol_cli_refuses_bad_values_and_damaged_plans_in_one_line(tmp_path, refused):
@@ -172,8 +173,9 @@ def test_protocol_cli_status_shows_the_key_numbers_and_draws_on_request(finished
     assert f"{p.done} of {len(p.states)} runs done" in text
     assert all(f"{g.title}: {g.done} of {g.runs}" in text for g in p.groups)
     for name, r in p.level.verdicts.items():
-        assert f"{name:<17} {r['verdict'].upper()}" in text
-    assert f"about +-{p.level.projection.half_width:.3%}" in text
+        assert verdict_line(name, r) in text
+    assert p.level.resolves in text and "should resolve about +-" in p.level.resolves
+    assert "| independent | equivalence | +0.000% | favourable |" in text  # the table by design and test
     assert f"about {p.left.seconds / 3600:.1f} GPU-hours" in text or not p.left.recipes
     assert "spread at each evaluation" in text and "replicates drift" not in text  # the seed design: no drift
 

@@ -40,7 +40,7 @@ def test_folder_grows_its_replicates_and_keeps_the_runs_made(tmp_path):
     """More replicates (or candidate replicates), another control or result prefix continue a folder, each named
     in the line it returns; any other change is refused; a protocol.json without candidate_replicates reads as
     one candidate run."""
-    plan = ProtocolPlan(model="tiny", steps=20, replicates=3).check()
+    plan = ProtocolPlan(model="tiny", control="mxfp8-head", steps=20, replicates=3).check()
     assert open_protocol(plan, tmp_path) is None
     old = json.loads((tmp_path / "protocol.json").read_text())
     del old["candidate_replicates"]
@@ -61,7 +61,7 @@ def test_folder_grows_its_replicates_and_keeps_the_runs_made(tmp_path):
 def test_folder_plan_rewrite_killed_mid_write_keeps_the_old_plan(tmp_path, interrupt_writes_in, monkeypatch):
     """Growing a folder's plan rewrites protocol.json; a kill during that write leaves the plan the runs were made
     under, whole (a truncated protocol.json would strand every run in the folder)."""
-    plan = ProtocolPlan(model="tiny", steps=20, replicates=3).check()
+    plan = ProtocolPlan(model="tiny", control="mxfp8-head", steps=20, replicates=3).check()
     open_protocol(plan, tmp_path)
     before = (tmp_path / "protocol.json").read_bytes()
     interrupt_writes_in(tmp_path)
@@ -92,7 +92,7 @@ def test_folder_run_states_and_the_last_whole_level(tmp_path):
     """A run is "done" at its last step, else the steps it logged; a run stopped without its checkpoint here is
     at 0 for scheduling (``resumable_status``); the last whole level is the largest level whose runs are all
     done (None before the first)."""
-    plan = ProtocolPlan(model="tiny", steps=10, replicates=3, candidate_replicates=4).check()
+    plan = ProtocolPlan(model="tiny", control="mxfp8-head", steps=10, replicates=3, candidate_replicates=4).check()
     levels = plan.levels()
     for spec in levels[0].runs():
         _finished(tmp_path, plan, spec)
@@ -115,7 +115,7 @@ def test_folder_run_states_and_the_last_whole_level(tmp_path):
 def test_folder_refuses_a_compacted_log_that_ends_short_and_a_file_where_a_run_belongs(tmp_path):
     """A compacted log belongs to a finished run: one that ends short is damage, not a run to train again over
     it; a file where a run's folder belongs is not a run not started."""
-    plan = ProtocolPlan(model="tiny", steps=10).check()
+    plan = ProtocolPlan(model="tiny", control="mxfp8-head", steps=10).check()
     spec = plan.run("candidate")
     compact_run(_finished(tmp_path, plan, spec, steps=9).parent)
     with pytest.raises(BadInput, match="damaged"):
@@ -131,7 +131,7 @@ def test_folder_a_run_left_with_both_its_gzip_and_its_plain_log_is_read_from_the
     """A crash between writing a log's gzip (atomically: it is whole) and removing the plain file leaves both:
     the gzip wins. Here the plain files are a step short, so the one read shows; with the gzip gone, the plain
     file is read (the control)."""
-    plan = ProtocolPlan(model="tiny", steps=10).check()
+    plan = ProtocolPlan(model="tiny", control="mxfp8-head", steps=10).check()
     spec = plan.run("candidate")
     run = run_dir(tmp_path, spec)
     run.mkdir(parents=True)

@@ -14,7 +14,7 @@ from numerics.errors import BadInput
 
 def test_plan_pairs_the_candidate_and_the_control_and_varies_one_thing_per_replicate():
     for design, varied in (("init", "seed"), ("data", "data_seed"), ("rounding", "row_order")):
-        plan = ProtocolPlan(model="tiny", steps=20, seed=3, replicates=4, design=design).check()
+        plan = ProtocolPlan(model="tiny", steps=20, seed=3, replicates=4, design=design, control="mxfp8-head").check()
         runs = {r.role: [] for r in plan.runs()}
         for r in plan.runs():
             runs[r.role].append(r)
@@ -31,7 +31,8 @@ def test_plan_pairs_the_candidate_and_the_control_and_varies_one_thing_per_repli
 
 
 def test_plan_candidate_replicates_carry_the_replicates_changes_and_the_negative_control_gets_as_many_runs():
-    plan = ProtocolPlan(model="tiny", steps=20, replicates=3, candidate_replicates=4, design="rounding").check()
+    plan = ProtocolPlan(model="tiny", steps=20, replicates=3, candidate_replicates=4, design="rounding",
+                        control="mxfp8-head").check()
     names = [r.name for r in plan.runs()]
     assert names == ["bf16", "mxfp8", "mxfp8-head", "bf16_rounding1", "bf16_rounding2",  # k = 2, m = 1
                      "mxfp8_rounding1", "mxfp8-head_rounding1", "bf16_rounding3",  # k = 2, m = 2
@@ -49,7 +50,7 @@ def test_plan_candidate_replicates_carry_the_replicates_changes_and_the_negative
     assert [r.name for r in plan.judged("positive_control")] == ["mxfp8-head", "mxfp8-head_rounding1",
                                                                  "mxfp8-head_rounding2", "mxfp8-head_rounding3"]
     assert "--candidate-replicates 4" in plan.command("OUT")
-    one = ProtocolPlan(model="tiny", steps=20, replicates=3).check()
+    one = ProtocolPlan(model="tiny", steps=20, replicates=3, control="mxfp8-head").check()
     assert "--candidate-replicates" not in one.command("OUT") and len(one.judged("negative_control")) == 1
     assert [r.name for r in one.judged("positive_control")] == ["mxfp8-head"]
 

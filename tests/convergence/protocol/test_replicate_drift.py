@@ -41,7 +41,8 @@ def _write(out, plan, *, scale=SCALE, skip=()):
 
 
 def _plan(**kw) -> ProtocolPlan:
-    return ProtocolPlan(model="tiny", steps=STEPS, replicates=4, candidate_replicates=3, **kw).check()
+    return ProtocolPlan(model="tiny", control="mxfp8-head", steps=STEPS, replicates=4, candidate_replicates=3,
+                        **kw).check()
 
 
 def test_drift_bins_and_medians_are_the_closed_form(tmp_path):

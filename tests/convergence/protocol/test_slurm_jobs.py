@@ -46,6 +46,17 @@ def _until(what, test, timeout_s: float = WAIT_S):
     return got
 
 
+def _start_now(job: str) -> None:
+    """Start a requeued job now, not after the ~2 minutes Slurm makes it wait (its credentials' lifetime), which
+    is not what is under test. Not within the second of its requeue: slurmd refuses a credential issued in the
+    second it revoked the job's last one ("Killing non-startable batch job: Job credential revoked", seen here
+    under load), and the job then ends FAILED."""
+    # the requeue (its BeginTime is seen after it) is then two seconds back: one for the second it fell in, one for
+    # slurmd's revocation, which may trail the controller's requeue under load
+    time.sleep(2.0)
+    subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], check=True)
+
+
 def _records(folder: Path) -> list[dict]:
     return [json.loads(line) for line in (folder / sl.STATE_DIR / sl.JOBS_FILE).read_text().splitlines()]
 
@@ -138,8 +149,7 @@ def test_a_worker_stopped_before_its_end_is_requeued_and_continues(tmp_path):
             f"p.write_text(str(n))\nif n == 2:\n    Path({str(done)!r}).touch()\n")
     job = sl.submit(tmp_path, [_run("r", code, done=done)], OPTS).submitted["r"]
     _until("the job is requeued", lambda: sl.job_states(tmp_path)["r"].reason == "BeginTime")
-    # Slurm makes a requeued job wait ~2 minutes before it is eligible again: not what is under test here
-    subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], check=True)
+    _start_now(job)
     state = _wait(tmp_path, ["r"])["r"]
     assert state.state == "completed" and state.job_id == job  # the same job, come back
     assert count.read_text() == "2" and done.exists()
@@ -156,12 +166,12 @@ def test_a_two_process_run_under_srun_and_torchrun_equals_a_standalone_launch(tm
     args = ["--model", "tiny", "--steps", "4", "--val-every", "2", "--ckpt-every", "2", "--threads", "1",
             "--recipe", "bf16", "--data", str(corpus), "--ep", "2", "--deterministic"]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    run = sl.SlurmRun("ep2", (sys.executable, "-m", "convergence", "train", *args, "--out", str(tmp_path / "job")))
+    sl.submit(tmp_path, [run], sl.SlurmOptions(time_minutes=10, cpus=2), nproc_per_node=2)  # runs meanwhile
     local = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                             "-m", "convergence", "train", *args, "--out", str(tmp_path / "local")],
                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=WAIT_S)
     assert local.returncode == 0, local.stderr[-2000:]
-    run = sl.SlurmRun("ep2", (sys.executable, "-m", "convergence", "train", *args, "--out", str(tmp_path / "job")))
-    sl.submit(tmp_path, [run], sl.SlurmOptions(time_minutes=10, cpus=2), nproc_per_node=2)
     state = _wait(tmp_path, ["ep2"])["ep2"]
     log = state.log.read_text()
     assert state.state == "completed", log[-3000:]
@@ -212,7 +222,7 @@ def test_slurms_warning_signal_stops_the_worker_and_the_job_comes_back_to_finish
     _until("the worker's handler is installed", armed.exists)
     subprocess.run(["scancel", "--signal=USR2", job], check=True)
     _until("the job is requeued", lambda: sl.job_states(tmp_path)["r"].reason == "BeginTime")
-    subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], check=True)  # not Slurm's 2-minute wait
+    _start_now(job)
     state = _wait(tmp_path, ["r"])["r"]
     assert state.state == "completed" and state.job_id == job and done.exists()
     log = state.log.read_text()

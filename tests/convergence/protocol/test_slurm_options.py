@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import os
 import pickle
+import signal
 import sys
 import threading
 from pathlib import Path
@@ -148,6 +149,17 @@ def test_piece_requeues_its_job_when_the_worker_stopped_before_the_end(tmp_path,
     assert calls.read_text() == "requeue 41\n"  # neither the capped nor the finished piece requeued
     assert Piece(_writer(tmp_path / "ran"), done=done)() == "already done: " + str(done)  # a finished run: nothing
     assert (tmp_path / "ran").read_text().count("ran") == 3
+
+
+def test_piece_does_not_requeue_a_job_that_got_sigterm(tmp_path, monkeypatch):
+    """scancel and a preemption send SIGTERM to the job's processes: a worker that then stops cleanly is not
+    requeued by its piece (the user stopped it; a preempted job is Slurm's to requeue). The control is the test
+    above: the same worker without the signal is requeued."""
+    calls, before = _scontrol(tmp_path, monkeypatch), signal.getsignal(signal.SIGTERM)
+    term = "import os, signal; os.kill(os.getppid(), signal.SIGTERM)"  # the piece's process gets it, as in a job
+    got = Piece([sys.executable, "-c", term], done=tmp_path / "done", max_requeues=3)()
+    assert got.startswith("stopped by SIGTERM") and not calls.exists()
+    assert signal.getsignal(signal.SIGTERM) == before  # the handler before it is restored
 
 
 def test_piece_raises_when_its_worker_fails(tmp_path, monkeypatch):

@@ -120,7 +120,7 @@ def test_status_of_a_whole_plan_projects_its_own_spread(tmp_path, val_loss_proto
 
 
 def test_status_names_the_smaller_protocol_that_is_complete(tmp_path):
-    plan = ProtocolPlan(model="tiny", steps=10, replicates=3, candidate_replicates=4).check()
+    plan = ProtocolPlan(model="tiny", control="mxfp8-head", steps=10, replicates=3, candidate_replicates=4).check()
     open_protocol(plan, tmp_path)
     for r in {r.name: r for sub in plan.levels()[:2] for r in sub.runs()}.values():
         path = metrics_path(tmp_path, r)
@@ -154,7 +154,7 @@ def test_status_says_whether_the_pairs_end_alike(tmp_path, val_loss_protocol):
         part = {"replicate_levels": base, "candidate_levels": cand}
         return {"verdict": {"overall": part}, "positive_control": {}, "negative_control": {"overall": part}}
 
-    wide = ProtocolPlan(model="tiny", steps=10, replicates=3, candidate_replicates=4).check()
+    wide = ProtocolPlan(model="tiny", control="mxfp8-head", steps=10, replicates=3, candidate_replicates=4).check()
     (got,) = pairs(wide, verdicts([0.0, 0.01, 0.02], [0.0, 0.01, 0.02, -5.0]))
     assert isinstance(got, Pairs) and got.recipe == "mxfp8" and got.by_range["overall"]["n"] == 3
     assert got.by_range["overall"]["r"] == pytest.approx(1.0)
@@ -169,7 +169,7 @@ def test_the_projection_says_how_many_runs_the_margin_needs_and_how_sure_that_is
     with the candidate's spread (1.66x BF16's, F-test p = 0.24) taken apart, 73. A set error of 0.2 % puts the
     margin out of reach at any k (its floor, 2.24 x 0.2 %, is wider than 0.25 %: the control); one run per group
     measures no spread."""
-    plan = ProtocolPlan(model="proxy", steps=1500, replicates=16, candidate_replicates=16).check()
+    plan = ProtocolPlan(model="proxy", control="mxfp8-head", steps=1500, replicates=16, candidate_replicates=16).check()
 
     def verdicts(se_set, bases=(-0.00172, 0.00609, 0.00161, -0.00599), cand=(0.00061, 0.00765, 0.01469, 0.00137),
                  held=(0.00167, 0.00589, 0.00065, -0.00049)):
@@ -214,7 +214,7 @@ def test_the_projection_plans_with_the_range_that_binds_the_verdict():
     r = compare_curves(bases, cands[0], CompareOptions(metric="val_loss"), candidate_replicates=cands[1:])
     # the premise, not the property tested: the whole range binds, clearly (planned 2.6x; this draw 1.9x)
     assert r["overall"]["half_width"] > 1.5 * r["final_window"]["half_width"]
-    plan = ProtocolPlan(model="proxy", steps=1500, replicates=8, candidate_replicates=8).check()
+    plan = ProtocolPlan(model="proxy", control="mxfp8-head", steps=1500, replicates=8, candidate_replicates=8).check()
     p = projection(plan, {"verdict": r})
     assert p.range == "overall" and set(p.other_ranges) == {"final_window"}
     assert p.half_width == pytest.approx(r["sensitivity"]["half_width"], rel=0.10)

@@ -79,10 +79,10 @@ def test_op_recipe_takes_only_the_scale_modes_both_kernels_compute():
 
 def test_recipe_records_its_op_in_config_jsons_field_order():
     """config.json's recipe: the op's fields in the order config.json files have them (runs on disk are read by
-    name and compared as written)."""
+    name and compared as written); ``cast``, the null control's field, last of them."""
     assert list(get_recipe("mxfp8-e5m2").as_dict()) == ["name", "mxfp8", "linear_fqns", "grouped_experts",
                                                         "wgrad_with_hp", "scale_calculation_mode", "elements",
-                                                        "description", "control"]
+                                                        "cast", "description", "control"]
     assert {k: get_recipe("mxfp8-floor").as_dict()[k] for k in ("wgrad_with_hp", "scale_calculation_mode",
                                                                  "elements")} == {
         "wgrad_with_hp": False, "scale_calculation_mode": "FLOOR", "elements": "e4m3"}

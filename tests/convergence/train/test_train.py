@@ -533,14 +533,14 @@ def test_adamw_moments_in_host_memory_train_and_resume_the_same_bits_on_cuda(tmp
 
 
 def test_bench_smoke_prints_the_step_time_ratio(capsys):
-    from convergence.train.bench import step_flops
     from convergence.train.cli import bench_main
+    from convergence.train.perf.bench import step_flops
     from numerics.layer.configs import get_config, param_count
 
     # the emulated kernel only: the fast one runs in Triton's interpreter on a CPU (seconds a step), and timing it
     # here says nothing about a GPU; its bits are held to emulated's by test_fast_kernel_trains_bit_identically_...
     assert bench_main(["--model", "tiny", "--device", "cpu", "--batch", "2", "--seq", "64", "--steps", "1",
-                       "--warmup", "0", "--no-compile", "--kernel", "emulated"]) == 0
+                       "--warmup", "0", "--no-compile", "--kernel", "emulated", "--repeats", "1"]) == 0
     out = capsys.readouterr().out
     assert "step-time ratio mxfp8/emulated" in out
     c = get_config("16b")

@@ -8,6 +8,8 @@ cast and shows every comparison catches it.
 from __future__ import annotations
 
 import json
+import statistics
+from pathlib import Path
 
 import pytest
 import torch
@@ -196,19 +198,49 @@ def test_fast_bench_quick_run_prints_every_figure_and_keeps_an_existing_json(tmp
     from numerics.layer.fast import bench
 
     out = tmp_path / "bench.json"
-    argv = ["--device", "cpu", "--quick", "--iters", "1", "--warmup", "0", "--no-compile", "--sweep",
+    argv = ["--device", "cpu", "--quick", "--iters", "1", "--warmup", "0", "--no-compile", "--sweep", "--repeats", "2",
             "--json", str(out)]
     assert bench.main(argv) == 0
     result = json.loads(out.read_text())
+    assert result["kind"] == bench.KIND and result["version"] == 2 and result["repeats"] == 2
     assert {c["dim"] for c in result["casts"]} == {-1, -2} and [o["op"] for o in result["ops"]] == ["linear",
                                                                                                      "grouped_mm"]
     assert all(c["fast_ms"] > 0 and c["floor_ms"] > 0 for c in result["casts"])
-    assert "fast/bf16" in capsys.readouterr().out
+    for row, key in [(c, "fast_ms") for c in result["casts"]] + [(o, k) for o in result["ops"]
+                                                                 for k in ("fast_ms", "bf16_wall_ms")]:
+        each = row[f"{key}_each"]  # two separate measurements (timings of separate calls never agree to the bit)
+        assert len(each) == 2 and each[0] != each[1] and row[f"{key}_range"] == [min(each), max(each)]
+        assert row[key] == statistics.median(each)
+    for o in result["ops"]:
+        ratios = [a / b for a, b in zip(o["fast_ms_each"], o["bf16_ms_each"])]
+        assert o["fast_over_bf16"] == o["fast_ms"] / o["bf16_ms"]  # the ratio of the medians
+        assert o["fast_over_bf16_range"] == [min(ratios), max(ratios)]  # the range of the per-repeat ratios
+    assert bench.load_report(out) == result
+    assert "fast/bf16 (range)" in capsys.readouterr().out
     assert bench.main(argv) == 2  # the file exists: not overwritten without --force
     assert "exists" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("argv", (["--device", "cpu"], ["--iters", "0"], ["--device", "tpu", "--quick"]))
+def test_fast_bench_reads_the_recorded_first_format_as_one_repeat(tmp_path):
+    from numerics.layer.fast import bench
+
+    golden = Path(__file__).resolve().parents[3] / "golden" / "layers" / "fast_bench__h200.json"
+    raw = json.loads(golden.read_text())
+    doc = bench.load_report(golden)
+    assert doc["read_from_version"] == 1 and doc["repeats"] == 1
+    grouped = doc["ops"][1]
+    assert grouped["fast_ms_each"] == [raw["ops"][1]["fast_ms"]]
+    assert grouped["fast_ms_range"] == [grouped["fast_ms"]] * 2
+    assert grouped["fast_over_bf16_range"] == [raw["ops"][1]["fast_ms"] / raw["ops"][1]["bf16_ms"]] * 2
+    assert "1.72x (1.72-1.72)" in bench.format_report(doc)
+    del raw["ops"][0]["fast_ms"]  # a first-format file without a figure is refused
+    (tmp_path / "bad.json").write_text(json.dumps(raw))
+    with pytest.raises(BadInput, match="lacks figures"):
+        bench.load_report(tmp_path / "bad.json")
+
+
+@pytest.mark.parametrize("argv", (["--device", "cpu"], ["--iters", "0"], ["--device", "tpu", "--quick"],
+                                  ["--repeats", "0"]))
 def test_fast_bench_bad_input_is_one_line_and_exit_2(argv, capsys):
     from numerics.layer.fast import bench
 

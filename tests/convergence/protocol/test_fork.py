@@ -1,0 +1,249 @@
+"""The fork design in the protocol: its runs and their dependencies (``RunSpec.after``), the trunk's checkpoint
+kept while a continuation needs it and released after, a lost trunk made again bit-identically, the executor's
+workers waiting for a trunk, and the pilot (a trunk and its BF16 continuations, their spread) end to end on the
+tiny model."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import re
+import shlex
+import shutil
+import sys
+
+import numpy as np
+import pytest
+import torch
+from filelock import FileLock
+
+from convergence.__main__ import main as convergence_main
+from convergence.protocol import forks
+from convergence.protocol.folder import can_continue, metrics_path, open_protocol, run_dir, run_status
+from convergence.protocol.plan import ProtocolPlan
+from convergence.protocol.schedule import LocalExecutor, execute, run_piece
+from convergence.train.checkpoint import JsonlLog
+from convergence.train.cli import config_from_args, train_parser
+from convergence.train.loop import computed
+from convergence.train.placement import CHECKPOINT_FILE
+
+# The pilot's plan: one trunk to step 4 and three BF16 continuations to step 8 (batch 4 x seq 32, an evaluation
+# every 2 steps): seconds each on 2 CPU cores. The continuations differ by their data order (--fork-change data):
+# on a CPU whose sums of four rows round alike, rows permuted leave a run this small unchanged (judging refuses
+# continuations that end as copies).
+PILOT = ["--model", "tiny", "--steps", "8", "--design", "fork", "--pilot", "3", "--fork-step", "4", "--fork-change",
+         "data", "--batch", "4", "--seq", "32", "--val-every", "2", "--val-batches", "3"]
+
+
+def fork_plan(**kw) -> ProtocolPlan:
+    return ProtocolPlan(model="tiny", steps=8, design="fork", fork_step=4, replicates=2, candidate_replicates=2,
+                        overrides=(("batch", 4.0), ("seq", 32.0), ("val_every", 2.0), ("val_batches", 3.0)),
+                        **({"trunks": 2} | kw)).check()
+
+
+def test_fork_plan_continues_each_trunk_with_paired_runs_after_it():
+    plan = fork_plan(null_control=True)
+    runs = plan.runs()
+    names = [r.name for r in runs]
+    for t in (1, 2):  # a trunk before every run that continues it, and all of trunk 1's before trunk 2
+        after = [r for r in runs if r.after == f"trunk{t}"]
+        assert {re.search(r"_t\d+([rh])\d+$", r.name).group(1) for r in after} == {"r", "h"} and all(
+            names.index(f"trunk{t}") < names.index(r.name) for r in after)
+        trunk = runs[names.index(f"trunk{t}")]
+        assert (trunk.stop_at, trunk.deterministic, trunk.seed) == (4, True, t - 1)
+        assert all(r.seed == trunk.seed for r in after)
+    assert max(names.index(r.name) for r in runs if r.after == "trunk1") < names.index("trunk2")
+    by = {r.name: r for r in runs}
+    assert by["mxfp8-null_t1r1"].deterministic and by["bf16_t1r1"].deterministic
+    assert (by["bf16_t1r2"].row_order, by["mxfp8_t1r2"].row_order, by["bf16_t1h1"].row_order) == (2, 2, 3)
+    assert [r.name for r in plan.baselines()] == ["bf16_t1r1", "bf16_t1r2", "bf16_t2r1", "bf16_t2r2"]
+    assert plan.blocks(plan.judged("verdict")) == ["trunk1", "trunk1", "trunk2", "trunk2"]
+    first = {r.name for r in plan.levels()[0].runs()}  # the levels are whole trunks, a prefix of the schedule
+    assert set(names[:len(first)]) == first and plan.levels()[-1] == plan
+
+
+def test_fork_train_commands_reproduce_the_runs_with_their_trunk(tmp_path):
+    """The command in each run's sidecar, parsed by convergence train, is the configuration its piece ran: a
+    trunk stops at the fork step (deterministic), a continuation forks from its trunk's folder."""
+    plan, out = fork_plan(trunks=1), tmp_path.resolve()
+    trunk = run_dir(out, plan.runs()[0])
+    trunk.mkdir(parents=True)
+    (trunk / "config.json").write_text(json.dumps({"train": {"steps": 8, "data_seed": 0, "row_order": None}}))
+    for spec in plan.runs():
+        argv = shlex.split(plan.train_command(spec, str(out)))
+        args = train_parser().parse_args(argv[4:])
+        want = forks.train_config(plan, spec, out)
+        assert config_from_args(args) == want, spec.name
+        assert args.stop_at_step == spec.stop_at
+
+
+def _log(path, steps, start=1):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps({"step": s, "loss": 1.0}) + "\n" for s in range(start, steps + 1)))
+
+
+def test_a_trunks_checkpoint_stays_while_a_continuation_needs_it(tmp_path):
+    """A continuation may start once its trunk's checkpoint is here (or from its own); the trunk's checkpoint goes
+    once every run after it is finished or holds its own, and a finished trunk without it while one still needs it
+    is lost (made again)."""
+    plan = fork_plan(trunks=1)
+    open_protocol(plan, tmp_path)
+    trunk, *after = [r for r in plan.runs()]
+    assert not forks.ready(plan, tmp_path, after[0])
+    _log(run_dir(tmp_path, trunk) / "metrics.jsonl", 4)
+    (run_dir(tmp_path, trunk) / CHECKPOINT_FILE).write_bytes(b"the trunk at step 4")
+    assert all(forks.ready(plan, tmp_path, r) for r in after)
+    for r in after[:-1]:  # every run after it finished but the last
+        _log(run_dir(tmp_path, r) / "metrics.jsonl", 8)
+    assert forks.release(plan, tmp_path, run_status(plan, tmp_path)) == []
+    assert can_continue(tmp_path, trunk)
+    (run_dir(tmp_path, after[-1]) / CHECKPOINT_FILE).parent.mkdir(parents=True)
+    (run_dir(tmp_path, after[-1]) / CHECKPOINT_FILE).write_bytes(b"its own, at step 6")
+    assert forks.release(plan, tmp_path, run_status(plan, tmp_path)) == ["trunk1"]
+    assert not can_continue(tmp_path, trunk) and metrics_path(tmp_path, trunk).name == "metrics.jsonl.gz"
+    assert forks.lost_trunks(plan, tmp_path, run_status(plan, tmp_path)) == []
+    (run_dir(tmp_path, after[-1]) / CHECKPOINT_FILE).unlink()  # its disk ended: it needs the trunk again
+    assert forks.lost_trunks(plan, tmp_path, run_status(plan, tmp_path)) == [trunk]
+
+
+# a worker piece that makes a run in no time: a trunk its log to the fork step and a checkpoint, after a pause; a
+# continuation its whole log, failing (exit 3) if its trunk's checkpoint is not there when it starts
+FAKE_PIECE = r"""
+import json, pathlib, sys, time
+from convergence.protocol import folder, forks
+out, name = pathlib.Path(sys.argv[1]), sys.argv[2]
+plan = folder.load_plan(out)
+spec = next(r for r in plan.runs() if r.name == name)
+d = folder.run_dir(out, spec)
+d.mkdir(parents=True, exist_ok=True)
+if spec.after and not forks.ready(plan, out, spec):
+    sys.exit(3)
+if spec.stop_at:
+    time.sleep(1.0)
+end = spec.stop_at or plan.steps
+(d / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "loss": 1.0}) + "\n" for s in range(1, end + 1)))
+if spec.stop_at:
+    (d / "checkpoint.pt").write_bytes(b"the trunk")
+"""
+
+
+def test_worker_slots_start_a_continuation_only_once_its_trunk_is_there(tmp_path):
+    """Two worker slots and a plan of one trunk: the continuations wait for the trunk's piece (one started beside
+    it would find no checkpoint and fail), then run, and the trunk's checkpoint is released at the end."""
+    plan = fork_plan(trunks=1)
+    open_protocol(plan, tmp_path)
+    script = tmp_path / "piece.py"
+    script.write_text(FAKE_PIECE)
+    executor = LocalExecutor(slots=2, progress=False,
+                             worker_argv=lambda name, minutes: [sys.executable, str(script), str(tmp_path), name])
+    status = execute(plan, tmp_path, executor)
+    assert set(status.values()) == {"done"}
+    assert not (run_dir(tmp_path, plan.runs()[0]) / CHECKPOINT_FILE).exists()
+
+
+@pytest.fixture(scope="session")
+def pilot(tmp_path_factory) -> dict:
+    """``PILOT`` made once per session: its trunk stopped after its first step (a piece out of time), then the
+    command to its end (the trunk resumed from its checkpoint, the continuations forked from it)."""
+    import os
+
+    base = tmp_path_factory.getbasetemp()
+    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    out, record = root / "pilot-protocol", root / "pilot-protocol.json"
+    with FileLock(str(root / "pilot-protocol.lock")):
+        if not record.exists():
+            shutil.rmtree(out, ignore_errors=True)
+            threads = torch.get_num_threads()
+            torch.set_num_threads(1)
+            printed = io.StringIO()
+            try:
+                with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(io.StringIO()):
+                    plan = _pilot_plan()
+                    open_protocol(plan, out)
+                    assert run_piece(plan, plan.runs()[0], out, stop_after_s=0.0, progress=False) is False
+                    stopped = run_status(plan, out)["trunk1"]
+                    rc = convergence_main(["protocol", *PILOT, "--out", str(out)])
+            finally:
+                torch.set_num_threads(threads)
+            record.write_text(json.dumps({"rc": rc, "printed": printed.getvalue(), "stopped": stopped}))
+    return json.loads(record.read_text()) | {"out": out, "plan": _pilot_plan()}
+
+
+def _pilot_plan() -> ProtocolPlan:
+    from convergence.protocol import cli
+
+    return cli._plan_of(cli._protocol_parser().parse_args([*PILOT, "--out", "/nonexistent"]))
+
+
+def test_pilot_runs_a_trunk_and_its_continuations_and_reports_their_spread(pilot):
+    """The trunk stopped at step 1 and was continued; each continuation's log holds the trunk's records to the fork
+    step; the result's spread at each evaluation after it is the continuations' relative standard deviation there;
+    nothing of the trunk's checkpoint is left."""
+    out, plan = pilot["out"], pilot["plan"]
+    assert pilot["rc"] == 0 and pilot["stopped"] == 1
+    path = out / "results" / "tiny_long_pilot__cpu.json"
+    r = json.loads(path.read_text())
+    trunk = [computed(x) for x in JsonlLog(metrics_path(out, plan.runs()[0])).records()]
+    conts = [r_ for r_ in plan.runs() if r_.after]
+    assert len(trunk) == 4 and not list(out.rglob(CHECKPOINT_FILE))
+    vals = {}
+    for spec in conts:
+        recs = JsonlLog(metrics_path(out, spec)).records()
+        assert [computed(x) for x in recs[:4]] == trunk
+        vals[spec.name] = {x["step"]: x["val_loss"] for x in recs if "val_loss" in x}
+    assert r["horizons"] == [6, 8] and [c["name"] for c in r["continuations"]] == [s.name for s in conts]
+    for h in (6, 8):
+        v = np.array([vals[s.name][h] for s in conts])
+        assert r["spread_at_step"][str(h)]["spread"] == pytest.approx(np.std(v / v.mean() - 1, ddof=1), rel=1e-9)
+    assert r["fork_spread"] == r["final_window"]["spread"] > 0 and r["final_window"]["dof"] == 2
+    assert r["independent"] is None  # the k16 reference is the proxy's: not compared with the tiny model's
+    assert r["gpu_hours"]["total"] > 0 and "fork pilot: 3 BF16 continuations" in pilot["printed"]
+
+
+def test_a_lost_trunk_is_made_again_bit_identically_and_checked(pilot, tmp_path):
+    """A continuation whose run is gone needs its trunk again, whose checkpoint was released: the trunk is made
+    again from step 0 (straight through, where the first was stopped and resumed) and must log what it did and
+    what the continuations copied. The control: held to records one gradient norm apart, the check refuses."""
+    out = tmp_path / "p"
+    shutil.copytree(pilot["out"], out)
+    plan = pilot["plan"]
+    trunk, gone = plan.runs()[0], plan.runs()[-1]
+    before = JsonlLog(metrics_path(out, trunk)).records()
+    shutil.rmtree(run_dir(out, gone).parent)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        assert set(execute(plan, out, LocalExecutor(progress=False)).values()) == {"done"}
+    finally:
+        torch.set_num_threads(threads)
+    again = JsonlLog(metrics_path(out, trunk)).records()
+    assert [computed(x) for x in again] == [computed(x) for x in before]
+    assert [computed(x) for x in JsonlLog(metrics_path(out, gone)).records()] == [
+        computed(x) for x in JsonlLog(metrics_path(pilot["out"], gone)).records()]
+    tampered = [dict(x) for x in before]
+    tampered[2]["grad_norm"] *= 1 + 1e-7
+    with pytest.raises(forks.TrunkChanged, match="step 3"):
+        forks.check_remade(plan, out, trunk, tampered)
+
+
+def test_a_trunk_trains_with_deterministic_algorithms_and_a_plain_run_without(tmp_path, monkeypatch):
+    """``RunSpec.deterministic`` reaches torch while the piece trains (``deterministic_mode``) and is put back after
+    it; the trunk's config.json records it. The control: a continuation, not deterministic, trains without."""
+    from convergence.protocol import schedule
+
+    seen = {}
+
+    def train_recipe(cfg, recipe, folder, tokens, **kw):
+        seen[folder.parent.name] = (torch.are_deterministic_algorithms_enabled(), cfg.deterministic,
+                                    kw.get("stop_at_step"))
+        return False
+
+    monkeypatch.setattr(schedule, "train_recipe", train_recipe)
+    plan = fork_plan(trunks=1)
+    open_protocol(plan, tmp_path)
+    trunk, cont = plan.runs()[0], plan.runs()[1]
+    for spec in (trunk, cont):
+        run_piece(plan, spec, tmp_path, stop_after_s=None, tokens=object(), progress=False)
+    assert seen == {"trunk1": (True, True, 4), "bf16_t1r1": (False, False, None)}
+    assert not torch.are_deterministic_algorithms_enabled()

@@ -19,6 +19,7 @@ Hypothesis profiles, chosen with ``--hypothesis-profile NAME``:
 from __future__ import annotations
 
 import functools
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -302,3 +303,54 @@ def pytest_collection_modifyitems(config, items):
             reason = _subject_unavailable(_subject_of(item))
         if reason:
             item.add_marker(pytest.mark.skip(reason=reason))
+
+
+@pytest.fixture(scope="session")
+def shared_artifact(tmp_path_factory):
+    """``shared_artifact(name, make) -> Path``: ``make(path)`` run once per test session, not once per xdist worker:
+    the first worker to ask makes it under the session's base folder (a file lock keeps the others waiting), every
+    later caller gets the path. For deterministic artifacts that several tests only read (a test that changes one
+    copies it first)."""
+    import os
+    import shutil
+
+    from filelock import FileLock
+
+    base = tmp_path_factory.getbasetemp()
+    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+    def get(name: str, make) -> Path:
+        out = root / name
+        with FileLock(str(root / f"{name}.lock")):
+            if not (root / f"{name}.done").exists():
+                shutil.rmtree(out, ignore_errors=True)
+                make(out)
+                (root / f"{name}.done").write_text("")
+        return out
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def cpu_ep_bench(shared_artifact) -> tuple[Path, dict, str]:
+    """``(bench.json, its document, what the bench printed)``: ``python -m numerics.ep bench`` of the NCCL
+    reference's code path on 2 gloo ranks, CPU-sized (16b shapes, 32 tokens, 3 timed calls); read by the bench's
+    CLI test and notebook 04's."""
+    import contextlib
+    import io
+    import json
+
+    def make(out: Path) -> None:
+        from numerics.ep import bench
+
+        out.mkdir(parents=True)
+        printed = io.StringIO()
+        with contextlib.redirect_stdout(printed):
+            code = bench.main(["--world", "2", "--backends", "nccl,reference", "--shapes", "16b", "--payload", "bf16",
+                               "--tokens", "32", "--iters", "3", "--warmup", "1", "--timeout", "30",
+                               "--json", str(out / "bench.json")])
+        assert code == 0, printed.getvalue()
+        (out / "printed.txt").write_text(printed.getvalue())
+
+    out = shared_artifact("cpu-ep-bench", make)
+    return out / "bench.json", json.loads((out / "bench.json").read_text()), (out / "printed.txt").read_text()

@@ -1,8 +1,9 @@
-"""Issue #18's bad-input matrix for the command lines of the numerics, training and validate levels (the
+"""The bad-input matrix for the command lines of the numerics, training and validate levels (the
 curves and golden ones have theirs in tests/convergence/curves/test_bad_input.py and tests/golden/test_cli.py,
 the communication ones in tests/numerics/ep/): missing, empty, truncated and garbage files, a directory
 where a file belongs, an unwritable or existing output, a wrong type or range. Each gives one line on
-stderr, exit code 2, no traceback, and leaves every file that was there byte-identical.
+stderr that names what is at fault (the option, value, field or file; not its wording), exit code 2, no
+traceback, and leaves every file that was there byte-identical.
 
 Also: the two known-benign log lines every command printed first are gone, and only those.
 """
@@ -97,64 +98,65 @@ def _one_line_exit_2(capsys, main, argv: list[str], root: Path) -> str:
 
 
 CASES = [
-    # (id, package main, argv with {placeholders}, words the line must hold)
-    ("train-steps-type", "convergence", ["train", "--model", "tiny", "--steps", "abc", "--out", "{tmp}/r"], "steps"),
-    ("train-steps-range", "convergence", ["train", "--model", "tiny", "--steps", "0", "--out", "{tmp}/r"], "> 0"),
+    # (id, package main, argv with {placeholders}, what the line must name: the option, value, field or file at
+    # fault, or the file to pass instead; {placeholders} too)
+    ("train-steps-type", "convergence", ["train", "--model", "tiny", "--steps", "abc", "--out", "{tmp}/r"], "--steps"),
+    ("train-steps-range", "convergence", ["train", "--model", "tiny", "--steps", "0", "--out", "{tmp}/r"], "--steps"),
     ("train-data-missing", "convergence", ["train", "--model", "tiny", "--steps", "1", "--data", "{missing}",
-                                           "--out", "{tmp}/r"], "does not exist"),
+                                           "--out", "{tmp}/r"], "{missing}"),
     ("train-data-empty", "convergence", ["train", "--model", "tiny", "--steps", "1", "--data", "{empty}",
-                                         "--out", "{tmp}/r"], ""),
+                                         "--out", "{tmp}/r"], "{empty}"),
     ("train-data-directory", "convergence", ["train", "--model", "tiny", "--steps", "1", "--data", "{directory}",
-                                             "--out", "{tmp}/r"], ""),
+                                             "--out", "{tmp}/r"], "{directory}"),
     ("train-out-unwritable", "convergence", ["train", "--model", "tiny", "--steps", "1", "--out", "{tmp}/blocker/r"],
-     "cannot write"),
+     "{tmp}/blocker/r"),
     ("train-out-a-file", "convergence", ["train", "--model", "tiny", "--steps", "1", "--out", "{existing}"],
-     "is a file"),
+     "{existing}"),
     ("train-kernel", "convergence", ["train", "--model", "tiny", "--steps", "1", "--mxfp8-kernel", "real",
-                                     "--out", "{tmp}/r"], "SM100"),
+                                     "--out", "{tmp}/r"], "--mxfp8-kernel"),
     ("train-recipe-kernel", "convergence", ["train", "--model", "tiny", "--steps", "1", "--recipe", "mxfp8-e5m2",
-                                            "--mxfp8-kernel", "emulated", "--out", "{tmp}/r"], "kernel 'fast' only"),
+                                            "--mxfp8-kernel", "emulated", "--out", "{tmp}/r"], "mxfp8-e5m2"),
     ("train-val-percent", "convergence", ["train", "--model", "tiny", "--steps", "1", "--val-percent", "0",
-                                          "--out", "{tmp}/r"], "--val-percent must be from 1 to 50"),
+                                          "--out", "{tmp}/r"], "--val-percent"),
     ("train-optimizer-state-cpu", "convergence", ["train", "--model", "tiny", "--steps", "1", "--optimizer-state",
-                                                  "host", "--out", "{tmp}/r"], "needs --device cuda"),
+                                                  "host", "--out", "{tmp}/r"], "--optimizer-state host"),
     ("train-optimizer-state-choice", "convergence", ["train", "--model", "tiny", "--steps", "1", "--optimizer-state",
-                                                     "disk", "--out", "{tmp}/r"], "invalid choice"),
+                                                     "disk", "--out", "{tmp}/r"], "--optimizer-state"),
     ("bench-json-existing", "convergence", ["bench", "--model", "tiny", "--device", "cpu", "--json", "{existing}"],
-     "exists"),
+     "{existing}"),
     ("bench-json-unwritable", "convergence", ["bench", "--model", "tiny", "--device", "cpu", "--json",
-                                              "{unwritable}"], "cannot write"),
-    ("bench-range", "convergence", ["bench", "--model", "tiny", "--device", "cpu", "--steps", "0"], "> 0"),
+                                              "{unwritable}"], "{unwritable}"),
+    ("bench-range", "convergence", ["bench", "--model", "tiny", "--device", "cpu", "--steps", "0"], "--steps"),
     ("bench-repeats", "convergence", ["bench", "--model", "tiny", "--device", "cpu", "--repeats", "0"], "--repeats"),
     ("profile-step-json-existing", "convergence", ["profile-step", "--model", "tiny", "--device", "cpu", "--json",
-                                                   "{existing}"], "exists"),
+                                                   "{existing}"], "{existing}"),
     ("profile-step-trace-is-json", "convergence", ["profile-step", "--model", "tiny", "--device", "cpu", "--json",
-                                                   "{tmp}/a.json", "--trace", "{tmp}/a.json"], ""),
-    ("profile-step-from-trace-garbage", "convergence", ["profile-step", "--from-trace", "{garbage}"], ""),
-    ("profile-step-model", "convergence", ["profile-step", "--model", "huge"], "unknown model"),
-    ("ep-identity-missing", "convergence", ["ep-identity", "{good}", "{missing}"], ""),
-    ("ep-identity-empty", "convergence", ["ep-identity", "{good}", "{empty}"], ""),
-    ("ep-identity-truncated", "convergence", ["ep-identity", "{good}", "{garbage}"], ""),
-    ("ep-identity-directory", "convergence", ["ep-identity", "{good}", "{directory}"], ""),
+                                                   "{tmp}/a.json", "--trace", "{tmp}/a.json"], "--trace"),
+    ("profile-step-from-trace-garbage", "convergence", ["profile-step", "--from-trace", "{garbage}"], "{garbage}"),
+    ("profile-step-model", "convergence", ["profile-step", "--model", "huge"], "'huge'"),
+    ("ep-identity-missing", "convergence", ["ep-identity", "{good}", "{missing}"], "{missing}"),
+    ("ep-identity-empty", "convergence", ["ep-identity", "{good}", "{empty}"], "{empty}"),
+    ("ep-identity-truncated", "convergence", ["ep-identity", "{good}", "{garbage}"], "{garbage}"),
+    ("ep-identity-directory", "convergence", ["ep-identity", "{good}", "{directory}"], "{directory}"),
     ("ep-identity-json-existing", "convergence", ["ep-identity", "{good}", "{good}", "--json", "{existing}"],
-     "exists"),
-    ("protocol-model", "convergence", ["protocol", "--model", "huge", "--steps", "10", "--out", "{tmp}/p"], "huge"),
-    # --status reads the folder's plan: a plan flag beside it had been ignored silently
+     "{existing}"),
+    ("protocol-model", "convergence", ["protocol", "--model", "huge", "--steps", "10", "--out", "{tmp}/p"], "'huge'"),
+    # --status reads the folder's plan: a plan flag beside it would be ignored, so it is refused
     *[(f"protocol-status-{flag[2:]}", "convergence", ["protocol", "--status", "--out", "{protocol}", flag, value],
-       f"{flag} with --status: --status reads the plan from")
+       flag)
       for flag, value in (("--margin", "nan"), ("--steps", "-3"), ("--model", "huge"), ("--hardware", "bad tag!"),
                           ("--lr", "1e-3"))],
     # the plan's own command with --status is taken only when it is the folder's plan (tiny, 20 steps)
     ("protocol-status-other-plan", "convergence", ["protocol", "--status", "--out", "{protocol}", "--model", "tiny",
-                                                   "--steps", "20", "--margin", "0.01"], "margin=0.0025"),
+                                                   "--steps", "20", "--margin", "0.01"], "margin=0.01"),
     ("protocol-status-bad-margin", "convergence", ["protocol", "--status", "--out", "{protocol}", "--model", "tiny",
-                                                   "--steps", "20", "--margin", "nan"], "--margin must be in"),
-    # a field a run may change (replicates, control): --status had printed the runs left of the folder's plan
+                                                   "--steps", "20", "--margin", "nan"], "--margin"),
+    # a field a run may change (replicates, control): --status reports the folder's plan, so it is refused
     ("protocol-status-other-replicates", "convergence", ["protocol", "--status", "--out", "{protocol}", "--model",
                                                          "tiny", "--steps", "20", "--replicates", "6"],
-     "the command: 6): run the command without --status to change the plan"),
+     "replicates"),
     ("protocol-steps-type", "convergence", ["protocol", "--model", "tiny", "--steps", "x", "--out", "{tmp}/p"],
-     "steps"),
+     "--steps"),
     ("protocol-replicates", "convergence", ["protocol", "--model", "tiny", "--steps", "20", "--replicates", "1",
                                             "--out", "{tmp}/p"], "--replicates"),
     ("protocol-design", "convergence", ["protocol", "--model", "tiny", "--steps", "20", "--design", "luck",
@@ -163,123 +165,126 @@ CASES = [
                                          "--out", "{tmp}/p"], "--control"),
     ("protocol-control-kernel", "convergence", ["protocol", "--model", "tiny", "--steps", "20", "--val-every", "10",
                                                 "--control", "mxfp8-e5m2", "--mxfp8-kernel", "emulated",
-                                                "--out", "{tmp}/p"], "kernel 'fast' only"),
+                                                "--out", "{tmp}/p"], "mxfp8-e5m2"),
     ("protocol-out-not-a-protocol", "convergence", ["protocol", "--model", "tiny", "--steps", "20", "--out",
-                                                    "{directory}/.."], "holds no protocol"),
-    ("power-missing", "convergence", ["power", "{missing}"], ""),
+                                                    "{directory}/.."], "{directory}/.."),
+    ("power-missing", "convergence", ["power", "{missing}"], "{missing}"),
     # a file of another kind: what power reads, not "restore it from git" (it is the user's file, not the suite's)
     ("power-garbage", "convergence", ["power", "{garbage}"], "power reads the JSON that `python -m convergence"),
     ("power-not-a-verdict", "convergence", ["power", "{good}"], "power reads the JSON that `python -m convergence"),
-    ("power-directory", "convergence", ["power", "{directory}"], "protocol"),
-    ("power-protocol-running", "convergence", ["power", "{protocol}"], "protocol --status --out"),
-    ("power-json-existing", "convergence", ["power", "{verdict}", "--json", "{existing}"], "exists"),
+    ("power-directory", "convergence", ["power", "{directory}"], "{directory}"),
+    ("power-protocol-running", "convergence", ["power", "{protocol}"], "{protocol}"),
+    ("power-json-existing", "convergence", ["power", "{verdict}", "--json", "{existing}"], "{existing}"),
     ("power-margin", "convergence", ["power", "{verdict}", "--margin", "2"], "--margin"),
-    # found by the bad-input audit of 2026-12-02: tracebacks, an output written then refused, a file counted twice
-    ("power-a-list", "convergence", ["power", "{a_list}"], "not a compare --metric val_loss result"),
-    ("power-window-text", "convergence", ["power", "{window_text}"], "not a compare --metric val_loss result"),
-    ("power-twice", "convergence", ["power", "{verdict}", "{verdict}"], "given twice"),
-    # an output over an input: with --force it replaced the candidate's log with the verdict
+    # a result of the wrong shape, an output over its input, one file given twice
+    ("power-a-list", "convergence", ["power", "{a_list}"], "{a_list}"),
+    ("power-window-text", "convergence", ["power", "{window_text}"], "{window_text}"),
+    ("power-twice", "convergence", ["power", "{verdict}", "{verdict}"], "{verdict}"),
+    # an output over an input: even with --force, an input is never overwritten
     ("compare-same-keys", "convergence", ["compare", "{good}", "{good}", "--loss-key", "step", "--step-key",
-                                          "step"], "name the same field"),
+                                          "step"], "--loss-key"),
     ("compare-json-is-an-input", "convergence", ["compare", "{good}", "{truncated}", "--json", "{truncated}",
-                                                 "--force"], "is one of the inputs"),
+                                                 "--force"], "--json {truncated}"),
     ("profile-json-is-an-input", "convergence", ["profile", "{good}", "--json", "{good}", "--force"],
-     "is one of the inputs"),
+     "--json {good}"),
     ("profile-name-twice", "convergence", ["profile", "{good}", "{good}", "--name", "a", "--name", "a"],
-     "two runs named 'a'"),
+     "'a'"),
     ("probes-name-twice", "convergence", ["probes", "{probes}", "{probes}", "--name", "a", "--name", "a"],
-     "two runs named 'a'"),
-    ("profile-same-run-twice", "convergence", ["profile", "{good}", "{good}"], "two runs named"),
-    # a result's numbers, checked (each printed nonsense such as 'spread -1.000%' or raised a traceback)
+     "'a'"),
+    ("profile-same-run-twice", "convergence", ["profile", "{good}", "{good}"], "{good}"),
+    # a result's numbers, checked (a negative or NaN spread, text where a number belongs)
     *[(f"power-{name}", "convergence", ["power", "{" + name + "}", "--larger-set", "2"], words)
-      for name, words in (("spread_negative", "seed_spread must be a finite number >= 0"),
-                          ("spread_nan", "seed_spread must be a finite number"), ("se_negative", "se_set must be"),
-                          ("estimate_text", "estimate must be a finite number"),
-                          ("batches_text", "heldout_batches must be"), ("levels_one", "two replicates or more"))],
-    ("power-larger-set-inf", "convergence", ["power", "{verdict}", "--larger-set", "inf"], "--larger-set must be"),
-    ("power-larger-set-tiny", "convergence", ["power", "{verdict}", "--larger-set", "1e-320"], "--larger-set must"),
-    ("profile-probes", "convergence", ["profile", "{probes}"], "no record has a training loss"),
+      for name, words in (("spread_negative", "final_window.seed_spread"), ("spread_nan", "final_window.seed_spread"),
+                          ("se_negative", "final_window.se_set"), ("estimate_text", "final_window.estimate"),
+                          ("batches_text", "final_window.heldout_batches"),
+                          ("levels_one", "final_window.replicate_levels"))],
+    ("power-larger-set-inf", "convergence", ["power", "{verdict}", "--larger-set", "inf"], "--larger-set"),
+    ("power-larger-set-tiny", "convergence", ["power", "{verdict}", "--larger-set", "1e-320"], "--larger-set"),
+    ("profile-probes", "convergence", ["profile", "{probes}"], "{probes}"),
     ("profile-same-output", "convergence", ["profile", "{good}", "--json", "{tmp}/o", "--plot", "{tmp}/o"],
-     "name the same file"),
+     "{tmp}/o"),
     ("protocol-status-same-figure", "convergence", ["protocol", "--status", "--out", "{protocol}", "--plot",
                                                     "{tmp}/f.png", "--plot-parting", "{tmp}/f.png"],
-     "name the same file"),
-    ("compare-a-run-folder", "convergence", ["compare", "{tmp}/runs/bf16", "{good}"], "pass the file, e.g."),
-    # the audit's rest (stop 36): ignored flags, a file in a run folder's place, a garbled environment, empty data
+     "{tmp}/f.png"),
+    ("compare-a-run-folder", "convergence", ["compare", "{tmp}/runs/bf16", "{good}"],
+     "{tmp}/runs/bf16/bf16/metrics.jsonl"),  # the file to pass instead
+    # flags that would be ignored, a file in a run folder's place, a garbled environment, empty data
     ("protocol-gpus-cpu", "convergence", ["protocol", "--model", "tiny", "--steps", "20", "--gpus", "2",
-                                          "--out", "{tmp}/p"], "--gpus goes with --device cuda"),
+                                          "--out", "{tmp}/p"], "--gpus"),
     ("protocol-gpus-zero", "convergence", ["protocol", "--model", "tiny", "--steps", "20", "--device", "cuda",
-                                           "--gpus", "0", "--out", "{tmp}/p"], "--gpus must be >= 1"),
+                                           "--gpus", "0", "--out", "{tmp}/p"], "--gpus"),
     ("protocol-status-gpus", "convergence", ["protocol", "--status", "--out", "{protocol}", "--gpus", "2"],
-     "--gpus goes with a run"),
+     "--gpus"),
     ("protocol-data-empty", "convergence", ["protocol", "--model", "tiny", "--steps", "20", "--data", "{empty}",
-                                            "--out", "{tmp}/p"], "is empty"),
+                                            "--out", "{tmp}/p"], "{empty}"),
     ("protocol-runs-a-file", "convergence", ["protocol", "--status", "--out", "{runs_a_file}"],
-     "a file where the protocol keeps run"),
+     "{runs_a_file}/runs"),
     ("protocol-gpus-text", "convergence", ["protocol", "--status", "--out", "{gpus_text}"],
-     "not a list of GPU names"),
+     "{gpus_text}/runs/bf16/bf16/config.json"),
     ("ep-identity-recipe-file", "convergence", ["ep-identity", "{good}", "{good}", "--recipe", "mxfp8"],
-     "--recipe picks recipes inside run folders"),
+     "--recipe"),
     ("layers-same-output", "numerics", ["layers", "--device", "cpu", "--json", "{tmp}/o", "--markdown", "{tmp}/o"],
-     "name the same file"),
-    ("layers-json-existing", "numerics", ["layers", "--device", "cpu", "--json", "{existing}"], "--force"),
-    ("layers-json-unwritable", "numerics", ["layers", "--device", "cpu", "--json", "{unwritable}"], ""),
-    ("layers-config", "numerics", ["layers", "--config", "huge"], ""),
-    ("report-size", "numerics", ["report", "--size", "huge"], ""),
-    ("report-out-a-file", "numerics", ["report", "--out", "{existing}"], ""),
-    ("bench-elements", "numerics", ["bench", "cast", "--elements", "100"], ""),
-    ("bench-layers-iters", "numerics", ["bench", "layers", "--device", "cpu", "--iters", "-1"], "--iters must be >= 1"),
-    ("bench-layers-iters-0", "numerics", ["bench", "layers", "--device", "cpu", "--iters", "0"], "--iters must be"),
-    ("validate-out-unwritable", "mxval", ["validate", "--out", "{tmp}/blocker/r"], "cannot write"),
-    ("validate-out-a-file", "mxval", ["validate", "--out", "{existing}"], "is a file"),
+     "{tmp}/o"),
+    ("layers-json-existing", "numerics", ["layers", "--device", "cpu", "--json", "{existing}"], "{existing}"),
+    ("layers-json-unwritable", "numerics", ["layers", "--device", "cpu", "--json", "{unwritable}"], "{unwritable}"),
+    ("layers-config", "numerics", ["layers", "--config", "huge"], "--config"),
+    ("report-size", "numerics", ["report", "--size", "huge"], "--size"),
+    ("report-out-a-file", "numerics", ["report", "--out", "{existing}"], "{existing}"),
+    ("bench-elements", "numerics", ["bench", "cast", "--elements", "100"], "--elements"),
+    ("bench-layers-iters", "numerics", ["bench", "layers", "--device", "cpu", "--iters", "-1"], "--iters"),
+    ("bench-layers-iters-0", "numerics", ["bench", "layers", "--device", "cpu", "--iters", "0"], "--iters"),
+    ("validate-out-unwritable", "mxval", ["validate", "--out", "{tmp}/blocker/r"], "{tmp}/blocker/r"),
+    ("validate-out-a-file", "mxval", ["validate", "--out", "{existing}"], "{existing}"),
     ("validate-levels", "mxval", ["validate", "--levels", "everything", "--out", "{tmp}/v"], "--levels"),
     ("validate-steps", "mxval", ["validate", "--steps", "5", "--out", "{tmp}/v"], "--steps"),
-    # seeds: refused while parsing, before any folder is made (a seed past 2**64 crashed in torch after it)
+    # seeds: refused while parsing, before any folder is made (torch takes seeds below 2**64 only)
     ("validate-seed", "mxval", ["validate", "--seed", "-1", "--levels", "training", "--out", "{tmp}/v"],
-     "--seed: must be from 0 to 4294967295"),
+     "--seed"),
     ("train-seed-big", "convergence", ["train", "--model", "tiny", "--steps", "2", "--seed", "99999999999999999999999",
-                                       "--out", "{tmp}/r"], "--seed: must be from 0 to 4294967295"),
+                                       "--out", "{tmp}/r"], "--seed"),
     ("train-row-order", "convergence", ["train", "--model", "tiny", "--steps", "2", "--row-order", "-3",
-                                        "--out", "{tmp}/r"], "--row-order: must be from 0"),
+                                        "--out", "{tmp}/r"], "--row-order"),
     ("protocol-seed-big", "convergence", ["protocol", "--model", "tiny", "--steps", "4", "--val-every", "2",
                                           "--seed", "4294967290", "--replicates", "4", "--candidate-replicates", "2",
-                                          "--out", "{tmp}/p"], "--seed must be from 0 to 4294967289"),
-    ("calibrate-seed", "convergence", ["calibrate", "--pairs", "1", "--seed", "-1"], "--seed: must be from 0"),
-    ("ep-check-seed", "numerics", ["ep", "check", "--seed", "-1"], "--seed: must be from 0"),
+                                          "--out", "{tmp}/p"], "--seed"),
+    ("calibrate-seed", "convergence", ["calibrate", "--pairs", "1", "--seed", "-1"], "--seed"),
+    ("ep-check-seed", "numerics", ["ep", "check", "--seed", "-1"], "--seed"),
     ("ep-check-timeout-nan", "numerics", ["ep", "check", "--timeout", "nan"], "--timeout"),
     ("ep-bench-timeout-nan", "numerics", ["ep", "bench", "--timeout", "nan"], "--timeout"),
-    # a --json under a file: it raised FileExistsError after the whole check
-    ("ep-check-json-under-a-file", "numerics", ["ep", "check", "--json", "{tmp}/blocker/x.json"], "cannot write"),
-    ("ep-bench-json-under-a-file", "numerics", ["ep", "bench", "--json", "{tmp}/blocker/x.json"], "cannot write"),
-    # train's run flags: NaN, infinite and negative values (each was taken unchecked)
+    # a --json under a file: refused before the check runs, not after it
+    ("ep-check-json-under-a-file", "numerics", ["ep", "check", "--json", "{tmp}/blocker/x.json"],
+     "{tmp}/blocker/x.json"),
+    ("ep-bench-json-under-a-file", "numerics", ["ep", "bench", "--json", "{tmp}/blocker/x.json"],
+     "{tmp}/blocker/x.json"),
+    # train's run flags: NaN, infinite and negative values
     *[(f"train-{flag[2:]}-{value}", "convergence", ["train", "--model", "tiny", "--steps", "2", flag, value,
                                                      "--out", "{tmp}/r"], flag)
       for flag, value in (("--lr", "nan"), ("--lr", "inf"), ("--threads", "-1"), ("--threads", "0"),
                           ("--stop-after-minutes", "-1"), ("--stop-after-minutes", "nan"), ("--dist-timeout", "nan"),
                           ("--warmup", "-1"), ("--probe-every", "-2"), ("--ckpt-every", "-1"))],
-    # a run stopped by its deadline without a checkpoint: it said "continue with --resume", which then failed
+    # a deadline without checkpoints: such a run could not be continued with --resume
     ("train-stop-without-checkpoints", "convergence", ["train", "--model", "tiny", "--steps", "2", "--ckpt-every",
                                                        "0", "--stop-after-minutes", "1", "--out", "{tmp}/r"],
-     "--ckpt-every 0 writes none"),
-    # recorded in config.json though nothing used them (audit, 2026-12-02)
+     "--ckpt-every 0"),
+    # flags that would be recorded in config.json though nothing used them
     ("train-ep-backend-without-ep", "convergence", ["train", "--model", "tiny", "--steps", "2", "--ep-backend",
-                                                    "deepep", "--out", "{tmp}/r"], "goes with --ep"),
+                                                    "deepep", "--out", "{tmp}/r"], "--ep-backend"),
     ("train-ep-backend-unknown", "convergence", ["train", "--model", "tiny", "--steps", "2", "--ep", "2",
-                                                 "--ep-backend", "bogus", "--out", "{tmp}/r"], "must be one of"),
+                                                 "--ep-backend", "bogus", "--out", "{tmp}/r"], "--ep-backend"),
     ("validate-steps-without-training", "mxval", ["validate", "--out", "{tmp}/v", "--levels", "tensor", "--steps",
-                                                  "50"], "runs neither"),
+                                                  "50"], "--steps"),
     ("bench-compile-emulated-no-compile", "convergence", ["bench", "--model", "tiny", "--device", "cpu",
-                                                          "--no-compile", "--compile-emulated"], "--no-compile asks"),
+                                                          "--no-compile", "--compile-emulated"], "--compile-emulated"),
     ("train-tokenizer-with-bin", "convergence", ["train", "--model", "tiny", "--steps", "2", "--tokenizer", "bpe",
-                                                 "--data", "{tmp}/ids.bin", "--out", "{tmp}/r"], "is pre-tokenized"),
+                                                 "--data", "{tmp}/ids.bin", "--out", "{tmp}/r"], "--tokenizer"),
     ("protocol-status-parallel-on-cpu", "convergence", ["protocol", "--status", "--out", "{protocol}", "--parallel",
-                                                        "2"], "leave --parallel out"),
+                                                        "2"], "--parallel"),
     ("train-dist-timeout-without-ep", "convergence", ["train", "--model", "tiny", "--steps", "2", "--dist-timeout",
-                                                      "60", "--out", "{tmp}/r"], "goes with --ep"),
+                                                      "60", "--out", "{tmp}/r"], "--dist-timeout"),
     ("train-bin-other-dtype", "convergence", ["train", "--model", "tiny", "--steps", "2", "--data", "{ids_u32}",
-                                              "--out", "{tmp}/r"], "--data-dtype uint32"),
+                                              "--out", "{tmp}/r"], "--data-dtype"),
     ("train-data-dtype-without-bin", "convergence", ["train", "--model", "tiny", "--steps", "2", "--data-dtype",
-                                                     "uint32", "--out", "{tmp}/r"], "pre-tokenized .bin"),
+                                                     "uint32", "--out", "{tmp}/r"], "--data-dtype"),
 ]
 MAINS = {"convergence": convergence_main, "numerics": numerics_main, "mxval": mxval_main}
 
@@ -288,7 +293,7 @@ MAINS = {"convergence": convergence_main, "numerics": numerics_main, "mxval": mx
 def test_bad_input_is_one_line_exit_2_and_touches_nothing(capsys, tmp_path, files, case, package, argv, words):
     values = {k: str(v) for k, v in files.items()} | {"tmp": str(tmp_path)}
     err = _one_line_exit_2(capsys, MAINS[package], [a.format(**values) for a in argv], tmp_path)
-    assert words in err, err
+    assert words.format(**values) in err, err
 
 
 def test_known_benign_logs_are_dropped_and_nothing_else():
@@ -307,8 +312,8 @@ def test_known_benign_logs_are_dropped_and_nothing_else():
 
 
 def test_a_command_prints_none_of_the_known_benign_lines():
-    """Issue #18.11: torchao's 'Failed to load ..._C_mxfp8...so' and torch's '<enum 'KernelPreference'> is an
-    Enum subclass' preceded every command's output."""
+    """A command's output starts with its own lines: neither torchao's 'Failed to load ..._C_mxfp8...so' nor
+    torch's '<enum 'KernelPreference'> is an Enum subclass' (the filter's own test above is the control)."""
     r = subprocess.run([sys.executable, "-m", "numerics", "bench", "cast", "--elements", "4096", "--repeat", "1"],
                        cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]

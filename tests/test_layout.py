@@ -23,7 +23,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("numerics", "convergence", "golden", "mxval")
-MAX_MODULES_PER_FOLDER = 15  # DESIGN.md: "no folder holds more than about 15 modules"
+MAX_MODULES_PER_FOLDER = 15  # the layout rule docs/architecture.md states: no folder of more than about 15 modules
 
 # area -> the areas it may import (itself included implicitly)
 ALLOWED = {

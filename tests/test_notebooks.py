@@ -2,7 +2,10 @@
 clear message, not a traceback. ``tox -e notebooks`` runs this file; the normal pytest run does too.
 
 Parameters are injected the way papermill does it: a code cell placed right after the cell tagged
-``parameters``.
+``parameters``. A notebook runs in a Jupyter kernel where being a notebook is the property: at its default size,
+and where a bad parameter must show as one line (``NotebookInputError``'s rendering). Its other parameters are
+tested on its code cells run in this process (``run_here``): the same code on the same inputs, without a kernel
+start and a second import of torch for each.
 """
 
 from __future__ import annotations
@@ -15,6 +18,8 @@ import pytest
 
 nbclient = pytest.importorskip("nbclient", reason="needs nbclient: pip install -e '.[notebooks]'")
 nbformat = pytest.importorskip("nbformat", reason="needs nbformat: pip install -e '.[notebooks]'")
+
+from mxval.notebook import NotebookInputError  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
@@ -36,6 +41,32 @@ def execute(path: Path, params: dict | None = None):
                                      resources={"metadata": {"path": str(ROOT / "notebooks")}})
     client.execute(env=env)
     return nb
+
+
+def run_here(path: Path, params: dict, monkeypatch) -> str:
+    """The notebook's code cells, with ``params`` injected after its parameters cell, run in a fresh namespace in
+    this process, from notebooks/ as the kernel runs them; what they print. A cell's exception propagates (its kind
+    and message are the test's to check). Figures are closed where a kernel would show them."""
+    import contextlib
+    import io
+
+    from matplotlib import pyplot as plt
+
+    nb = nbformat.read(path, as_version=4)
+    at = next(i for i, c in enumerate(nb.cells) if "parameters" in c.metadata.get("tags", []))
+    sources = [c.source for c in nb.cells if c.cell_type == "code"]
+    code_at = sum(c.cell_type == "code" for c in nb.cells[: at + 1])
+    sources.insert(code_at, "\n".join(f"{k} = {v!r}" for k, v in params.items()))
+    monkeypatch.chdir(ROOT / "notebooks")
+    monkeypatch.setattr(plt, "show", lambda *a, **k: plt.close("all"))
+    printed, namespace = io.StringIO(), {"__name__": "__main__"}
+    try:
+        with contextlib.redirect_stdout(printed):
+            for i, src in enumerate(sources):
+                exec(compile(src, f"{path.name}, code cell {i}", "exec"), namespace)
+    finally:
+        plt.close("all")
+    return printed.getvalue()
 
 
 def outputs_text(nb) -> str:
@@ -77,13 +108,13 @@ def test_notebook_runs_at_default_size(path):
         assert "No DeepEP/NCCL bench results under golden/ep/ yet" in text
 
 
-def test_notebook_layer_errors_missing_file_is_one_clear_message():
-    msg = error_of(NOTEBOOKS[1], {"LAYERS_JSON": "no/such/layers.json", "FRESH_CONFIG": None})
-    assert "NotebookInputError: layer statistics (LAYERS_JSON) 'no/such/layers.json' does not exist" in msg
-    assert "Traceback" not in msg
+def test_notebook_layer_errors_missing_file_is_a_notebook_input_error_naming_it(monkeypatch):
+    with pytest.raises(NotebookInputError) as e:
+        run_here(NOTEBOOKS[1], {"LAYERS_JSON": "no/such/layers.json", "FRESH_CONFIG": None}, monkeypatch)
+    assert "LAYERS_JSON" in str(e.value) and "no/such/layers.json" in str(e.value)
 
 
-def test_notebook_layer_errors_reads_a_layers_json(tmp_path):
+def test_notebook_layer_errors_reads_a_layers_json(tmp_path, monkeypatch):
     from numerics.layer import harness
     from numerics.layer.configs import suite
     from numerics.layer.results import to_json
@@ -92,30 +123,29 @@ def test_notebook_layer_errors_reads_a_layers_json(tmp_path):
     results = harness.run_linear(s.linears[0], recipes=harness.RECIPES, seed=s.seed)
     path = tmp_path / "layers.json"
     path.write_text(to_json([results], harness.header("tiny", "cpu")))
-    text = outputs_text(execute(NOTEBOOKS[1], {"LAYERS_JSON": str(path), "FRESH_CONFIG": None}))
+    text = run_here(NOTEBOOKS[1], {"LAYERS_JSON": str(path), "FRESH_CONFIG": None}, monkeypatch)
     assert f"{len(results.stats)} fresh records (layers.json)" in text
     assert "in the golden file, not measured" in text  # one linear against the whole golden config
 
 
-def test_notebook_loss_curves_missing_run_is_one_clear_message():
-    msg = error_of(NOTEBOOKS[2], {"RESULTS_DIR": "results/not-a-run"})
-    assert "results folder (RESULTS_DIR) 'results/not-a-run' does not exist" in msg
-    assert "Traceback" not in msg
+def test_notebook_loss_curves_missing_run_is_a_notebook_input_error_naming_it(monkeypatch):
+    with pytest.raises(NotebookInputError) as e:
+        run_here(NOTEBOOKS[2], {"RESULTS_DIR": "results/not-a-run"}, monkeypatch)
+    assert "RESULTS_DIR" in str(e.value) and "results/not-a-run" in str(e.value)
 
 
-def test_notebook_loss_curves_reads_a_validate_results_folder(tmp_path, fake_validate_folder):
+def test_notebook_loss_curves_reads_a_validate_results_folder(tmp_path, fake_validate_folder, monkeypatch):
     """The candidate against the BF16 runs the curves level judges, each named by its run (the files are all
-    <run>/<recipe>/metrics.jsonl.gz). The notebook had looked for training/seed*/mxfp8/metrics.jsonl, a layout
-    validate no longer writes, and refused every validate folder."""
+    <run>/<recipe>/metrics.jsonl.gz), and the folder's own verdict beside the notebook's."""
     fake_validate_folder(tmp_path)
     (tmp_path / "curves").mkdir()  # validate's own verdict, on validation loss, printed beside the notebook's
     (tmp_path / "curves" / "verdict.json").write_text('{"verdict": "equivalent", "reason": "r", "metric": "val_loss"}')
-    text = outputs_text(execute(NOTEBOOKS[2], {"RESULTS_DIR": str(tmp_path)}))
+    text = run_here(NOTEBOOKS[2], {"RESULTS_DIR": str(tmp_path)}, monkeypatch)
     assert "baselines: bf16, bf16_rounding1, bf16_rounding2 | candidate: mxfp8" in text and "verdict: " in text
     assert "(training loss, the first candidate run)" in text and "the folder's own verdict" in text
 
 
-def test_notebook_loss_curves_reads_files(tmp_path):
+def test_notebook_loss_curves_reads_files(tmp_path, monkeypatch):
     from convergence.curves import synthetic
 
     bases, cand = synthetic.make_runs(synthetic.SyntheticSpec(steps=3000), seed=1, drift=0.02)
@@ -125,34 +155,34 @@ def test_notebook_loss_curves_reads_files(tmp_path):
         lines = (json.dumps({"step": int(s), "loss": float(v)}) + "\n" for s, v in zip(c.steps, c.values, strict=True))
         p.write_text("".join(lines))
         paths.append(str(p))
-    text = outputs_text(execute(NOTEBOOKS[2], {"BASELINES": [paths[0]], "CANDIDATE": paths[1]}))
+    text = run_here(NOTEBOOKS[2], {"BASELINES": [paths[0]], "CANDIDATE": paths[1]}, monkeypatch)
     assert "verdict: not_equivalent" in text  # 2 % against a 0.25 % margin
 
 
-def test_notebook_loss_curves_half_a_run_is_incomplete_and_a_damaged_one_is_one_message(tmp_path):
+def test_notebook_loss_curves_half_a_run_is_incomplete_and_a_damaged_one_is_a_notebook_input_error(tmp_path,
+                                                                                                    monkeypatch):
     lines = [json.dumps({"step": s, "loss": 3.0 / s ** 0.3}) + "\n" for s in range(1, 401)]
     (tmp_path / "base.jsonl").write_text("".join(lines))
     (tmp_path / "half.jsonl").write_text("".join(lines[:200]))
     (tmp_path / "bad.jsonl").write_bytes(b"\x00\xff garbage\n" * 3)
     base = str(tmp_path / "base.jsonl")
-    text = outputs_text(execute(NOTEBOOKS[2], {"BASELINES": [base], "CANDIDATE": str(tmp_path / "half.jsonl")}))
+    text = run_here(NOTEBOOKS[2], {"BASELINES": [base], "CANDIDATE": str(tmp_path / "half.jsonl")}, monkeypatch)
     assert "verdict: incomplete" in text and "baseline 200/400 points" in text
-    msg = error_of(NOTEBOOKS[2], {"BASELINES": [base], "CANDIDATE": str(tmp_path / "bad.jsonl")})
-    assert "NotebookInputError: " in msg and "bad.jsonl" in msg and "Traceback" not in msg
+    with pytest.raises(NotebookInputError, match="bad.jsonl"):
+        run_here(NOTEBOOKS[2], {"BASELINES": [base], "CANDIDATE": str(tmp_path / "bad.jsonl")}, monkeypatch)
 
 
 def test_notebook_ep_bandwidth_missing_file_is_one_clear_message():
+    """In a kernel: a bad parameter shows as the one line NotebookInputError renders, not a traceback (the other
+    notebooks' bad parameters raise the same error, tested in this process)."""
     msg = error_of(NOTEBOOKS[3], {"BENCH_JSON": "golden/ep/none.json"})
     assert "bench result (BENCH_JSON) 'golden/ep/none.json' does not exist" in msg
     assert "Traceback" not in msg
 
 
-def test_notebook_ep_bandwidth_plots_a_bench_result(tmp_path):
-    from numerics.ep import bench
-
-    path = tmp_path / "bench.json"  # a real bench on 2 gloo ranks: the NCCL reference's code path, CPU-sized
-    assert bench.main(["--backends", "nccl,reference", "--shapes", "16b", "--payload", "bf16", "--tokens", "64",
-                       "--iters", "2", "--warmup", "1", "--json", str(path)]) == 0
-    text = outputs_text(execute(NOTEBOOKS[3], {"BENCH_JSON": str(path)}))
-    assert "5 rows, 2 ranks over gloo" in text and "2 timed calls per op (< 50)" in text
+def test_notebook_ep_bandwidth_plots_a_bench_result(cpu_ep_bench, monkeypatch):
+    path, doc, _ = cpu_ep_bench
+    text = run_here(NOTEBOOKS[3], {"BENCH_JSON": str(path)}, monkeypatch)
+    assert f"{len(doc['rows'])} rows, 2 ranks over gloo" in text
+    assert f"{doc['args']['iters']} timed calls per op (< 50)" in text
     assert "no DeepEP rows in this result" in text

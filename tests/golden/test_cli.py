@@ -1,13 +1,13 @@
 """python -m golden check | regenerate: integrity first, content second; every bad input is one line and exit 2.
 
-The bad-input matrix runs on a copy of golden/ (``--root``) and checks that no file changed.
+The bad-input matrix runs on a small golden tree (``--root``; tests/golden/conftest.py) and checks that no file
+changed.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import shutil
 
 import pytest
 
@@ -18,9 +18,8 @@ MISSING, EMPTY, TRUNCATED, GARBAGE, DIRECTORY = "missing", "empty", "truncated",
 
 
 @pytest.fixture()
-def root(tmp_path):
-    shutil.copytree(integrity.ROOT, tmp_path / "golden", ignore=shutil.ignore_patterns("*.py", "__pycache__"))
-    return tmp_path / "golden"
+def root(small_golden):
+    return small_golden
 
 
 def _sums(root):
@@ -64,7 +63,7 @@ def test_golden_check_damaged_file_is_one_line_exit_2_and_changes_nothing(root, 
 
 
 def test_golden_check_reports_a_deleted_file_and_its_sidecar_and_an_extra_one(root, capsys):
-    # issue 18.5: deleting layer_stats_tiny__cpu.json and its sidecar used to pass
+    # a data file and its sidecar both gone: the manifest still names them
     (root / "layers/layer_stats_tiny__cpu.json").unlink()
     (root / "layers/layer_stats_tiny__cpu.meta.json").unlink()
     (root / "ep/stray__h200.json").write_text("{}")
@@ -86,8 +85,8 @@ def test_golden_check_invalid_json_with_a_matching_checksum_is_one_line(root, ca
 
 @pytest.mark.parametrize("manifest", ["[1]\n", "null\n", '"text"\n'])
 def test_golden_check_a_manifest_that_is_json_but_not_an_object_is_one_line(root, capsys, manifest):
-    """A manifest of valid JSON that is not an object was an AttributeError traceback (bad-input audit,
-    2026-12-02); one that is not JSON was already one line (the control, test above for data files)."""
+    """A manifest of valid JSON that is not an object is one line, as one that is not JSON is (the control: the
+    damaged-file test above)."""
     (root / "MANIFEST.json").write_text(manifest)
     code, out, err = _run(["check", "--root", str(root)], capsys)
     assert code == 2 and "MANIFEST.json: not a mxval-golden-manifest-v1 manifest" in err and err.count("\n") == 1
@@ -95,7 +94,8 @@ def test_golden_check_a_manifest_that_is_json_but_not_an_object_is_one_line(root
 
 
 def test_golden_check_a_lowered_statistic_is_caught_by_the_checksum_and_by_the_comparison(root, capsys):
-    # issue 18.5: 28.46 -> 20.0 in the golden file used to pass
+    # a statistic lowered in the golden file (28.46 -> 20.0): the checksum sees the edit, and with the checksum
+    # updated too, the comparison with this machine's measurement does
     p = root / "layers/layer_stats_tiny__cpu.json"
     doc = json.loads(p.read_text())
     doc["records"][3]["sqnr_vs_fp32"] = 20.0

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import shutil
 
 from golden import integrity
 
@@ -20,9 +19,8 @@ def test_every_sidecar_carries_the_checksum_of_its_file():
         assert meta["sha256"] == integrity.sha256(integrity.ROOT / e["data"]), e["data"]
 
 
-def test_record_lists_a_new_file_once(tmp_path):
-    root = tmp_path / "golden"
-    shutil.copytree(integrity.ROOT, root, ignore=shutil.ignore_patterns("*.py", "__pycache__"))
+def test_record_lists_a_new_file_once(small_golden):
+    root = small_golden
     data, side = root / "layers" / "layer_stats_x__b200.json", root / "layers" / "layer_stats_x__b200.meta.json"
     data.write_text("{}")
     side.write_text(json.dumps({"sha256": integrity.sha256(data)}))
@@ -33,13 +31,12 @@ def test_record_lists_a_new_file_once(tmp_path):
     assert sum(e["data"] == "layers/layer_stats_x__b200.json" for e in integrity.load_manifest(root)) == 1
 
 
-def test_a_gzip_jsonl_record_is_checked_as_the_lines_it_holds(tmp_path):
+def test_a_gzip_jsonl_record_is_checked_as_the_lines_it_holds(small_golden):
     """golden keeps long curves as .jsonl.gz: a good one passes; one whose lines are not JSON, or whose gzip is
     cut short, is reported (its sidecar's checksum updated each time, so only the content check can catch it)."""
     import gzip
 
-    root = tmp_path / "golden"
-    shutil.copytree(integrity.ROOT, root, ignore=shutil.ignore_patterns("*.py", "__pycache__"))
+    root = small_golden
     data, side = root / "training" / "run_x__h200.jsonl.gz", root / "training" / "run_x__h200.jsonl.gz.meta.json"
     good = gzip.compress(b'{"step": 1, "loss": 2.0}\n{"step": 2, "loss": 1.9}\n', mtime=0)
     for raw, problem in ((good, None), (gzip.compress(b'{"step": 1}\nnot json\n', mtime=0), ":2: "),

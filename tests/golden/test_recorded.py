@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import shutil
 
 import pytest
 
@@ -17,9 +16,8 @@ def test_recorded_files_all_have_complete_sidecars():
 
 
 @pytest.fixture()
-def scratch_root(tmp_path):
-    shutil.copytree(recorded.ROOT, tmp_path / "golden", ignore=shutil.ignore_patterns("*.py", "__pycache__"))
-    return tmp_path / "golden"
+def scratch_root(small_golden):
+    return small_golden
 
 
 def test_recorded_check_catches_missing_provenance_fields(scratch_root):

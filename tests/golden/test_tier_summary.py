@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import json
-import shutil
 
 import pytest
 
 from golden import integrity, recorded, tier_summary
 from numerics.errors import BadInput
 
-# The shape of a real tier log (one H200, 2026-12-01), shortened.
+# The shape of a real tier log (one H200), shortened.
 GREEN = """\
 .........................................................x........ss.... [ 70%]
 ..................ssssssssssxx                                           [100%]
@@ -55,9 +54,8 @@ def test_a_log_cut_short_is_refused():
 
 
 @pytest.fixture()
-def scratch_root(tmp_path):
-    shutil.copytree(recorded.ROOT, tmp_path / "golden", ignore=shutil.ignore_patterns("*.py", "__pycache__"))
-    return tmp_path / "golden"
+def scratch_root(small_golden):
+    return small_golden
 
 
 def test_record_writes_the_file_and_its_sidecar_and_replaces_only_when_asked(scratch_root, tmp_path):

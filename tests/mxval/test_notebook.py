@@ -11,8 +11,7 @@ from mxval.notebook import NotebookInputError, training_runs
 
 def test_validate_training_runs_reads_the_protocol_folder_validate_writes(tmp_path, fake_validate_folder):
     """The BF16 baseline and its replicates, then the candidate: the held-out run and the null control are not
-    among them (the curves level judges the same runs). Notebook 03 used to look for training/seed*/mxfp8/metrics.jsonl,
-    which validate stopped writing when it began running the protocol, and refused every validate folder."""
+    among them (the curves level judges the same runs)."""
     names = fake_validate_folder(tmp_path)
     runs, left_out = training_runs(tmp_path)
     assert left_out == []
@@ -44,9 +43,8 @@ def test_validate_training_runs_names_a_run_the_training_level_did_not_finish(tm
 def test_training_runs_reads_a_protocol_folder_and_leaves_out_its_unfinished_baselines(tmp_path,
                                                                                        fake_validate_folder):
     """A ``convergence protocol --out`` folder is read as validate's training level is (the same plan, the same
-    files); one still running (#15's fills over weeks of sessions) gives its finished baselines and names the rest,
-    while the baseline and the candidate it compares must be finished. The notebook had taken validate folders
-    only."""
+    files); one still running gives its finished baselines and names the rest, while the baseline and the
+    candidate it compares must be finished."""
     fake_validate_folder(tmp_path, steps=20)  # the quick plan's length: every run finished
     out = tmp_path / "training"
     runs, left_out = training_runs(out)
@@ -84,10 +82,9 @@ def test_own_verdict_line_names_the_folders_own_verdict_beside_the_notebooks(tmp
 
 def test_own_verdict_line_judges_a_running_protocols_last_whole_level_as_its_status_does(tmp_path,
                                                                                           val_loss_protocol):
-    """A protocol folder without results/ (#15's fills over weeks of sessions) had no verdict beside the
-    notebook's, though ``protocol --status`` judges its last whole level: the notebook now prints that one, marked
-    interim, with whether each control came out as it must (here a control 5 % worse: not_equivalent; the held-out
-    BF16 runs: equivalent); before a level is whole, None; a damaged log, one message."""
+    """A protocol folder without results/ (a plan still running) gets the verdict ``protocol --status`` judges on
+    its last whole level, marked interim, with whether each control came out as it must (here a control 5 % worse:
+    not_equivalent; the held-out BF16 runs: equivalent); before a level is whole, None; a damaged log, one message."""
     from convergence.protocol.folder import metrics_path
     from mxval.notebook import own_verdict_line
 

@@ -1,6 +1,6 @@
 """mxval validate's communication level reads numerics.ep check's verdict: known findings pass it as
 known (and say how many values they touched), --strict fails them, and the summary never contradicts
-the status (it said "every check bit-exact" while a KNOWN row failed the level, on 2 x H200)."""
+the status (no "every check bit-exact" while a KNOWN row fails the level)."""
 
 from __future__ import annotations
 

@@ -23,7 +23,7 @@ def test_a_hardware_tag_that_is_not_a_file_name_is_one_line():
 
 
 def test_the_host_cpu_model_is_recorded(tmp_path, monkeypatch):
-    """Every result records the host CPU's model, read from /proc/cpuinfo where there is one (the lent GPU
+    """Every result records the host CPU's model, read from /proc/cpuinfo where there is one (GPU
     machines' hosts differ, and emulated MX steps are host-bound enough to show it)."""
     from pathlib import Path
 

@@ -44,9 +44,9 @@ def test_refusals_are_bad_input_and_change_nothing(tmp_path, where, match):
 
 
 def test_json_lines_skip_a_torn_last_line_and_refuse_a_torn_one_inside(tmp_path):
-    """A killed run's metrics.jsonl ends in a line without its newline: resume read it as the kill's, but
-    profile, ep-identity and probes (this reader) refused the run ("not a JSON line"). The torn last line is
-    skipped now; the same bytes inside the file, or a whole last line that is not JSON, stay damage (controls)."""
+    """A killed run's metrics.jsonl ends in a line without its newline: this reader (profile, ep-identity, probes)
+    skips that torn last line, as resume does; the same bytes inside the file, or a whole last line that is not
+    JSON, stay damage (controls)."""
     from numerics.files import read_json_lines
 
     good = '{"step": 1, "loss": 2.0}\n{"step": 2, "loss": 1.5}\n'

@@ -49,11 +49,11 @@ CASES = [
     (None, ["--margin", "abc"]), (None, ["--margin", "2"]), (None, ["--confidence", "1.5"]),
     (None, ["--coverage-fraction", "0.7"]), (None, ["--format", "xml"]), (None, ["--json", "ROOT/v.json",
                                                                                   "--plot", "ROOT/v.json"]),
-    # bad-input audit, 2026-12-02: accepted before (a run counted twice; every point a spike or a divergence)
+    # a run counted twice; thresholds that would make every point a spike or a divergence
     (None, ["--baseline", "ROOT/b.jsonl"]), (None, ["--baseline", "ROOT/./c.jsonl"]),
     (None, ["--spike-sigma", "0"]), (None, ["--spike-sigma", "-3"]), (None, ["--final-rise", "-1"]),
     (None, ["--final-rise", "nan"]),
-    # 2026-12-02: a TensorBoard tag given for JSONL runs was ignored in silence
+    # a TensorBoard tag given for JSONL runs would be ignored in silence
     (None, ["--tag", "loss_metrics/global_avg_loss"]),
 ]
 
@@ -74,8 +74,8 @@ def test_compare_bad_input_is_one_line_exit_2_and_changes_nothing(runs, capsys, 
 
 
 def test_a_baseline_loss_of_zero_is_refused_a_candidates_is_judged(runs, capsys):
-    """The comparison is relative to the baselines' loss: a 0 there gave intervals of nan % (bad-input audit,
-    2026-12-02); the same zeros in the candidate are a difference of -100 %, judged (the control)."""
+    """The comparison is relative to the baselines' loss: a 0 there would give intervals of nan %, so it is refused;
+    the same zeros in the candidate are a difference of -100 %, judged (the control)."""
     zero = runs / "zero.jsonl"
     zero.write_text("".join(json.dumps({"step": s, "loss": 0.0}) + "\n" for s in range(1, 401)))
     assert main(["compare", str(zero), str(runs / "c.jsonl")]) == 2
@@ -89,7 +89,7 @@ def test_a_baseline_loss_of_zero_is_refused_a_candidates_is_judged(runs, capsys)
     ["--pairs", "abc"], ["--pairs", "0"], ["--bench", "--steps", "10"], ["--bench", "--steps", "2000", "--dir",
                                                                           "ROOT/afile"],
     ["--bench", "--steps", "2000", "--dir", "ROOT"],
-    # each mode's options in the other: --dir without --bench was ignored in silence
+    # each mode's options in the other (--dir without --bench would be ignored in silence)
     ["--dir", "ROOT/new"], ["--steps", "2000"], ["--bench", "--pairs", "3", "--steps", "2000"],
 ])
 def test_calibrate_bad_input_is_one_line_exit_2_and_changes_nothing(runs, capsys, argv):

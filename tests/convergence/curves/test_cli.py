@@ -106,8 +106,8 @@ def test_plot_comparison_redraws_from_json_alone(tmp_path):
 
 
 def test_plot_comparison_of_a_run_too_short_to_draw_raises_no_warning(tmp_path):
-    """A 5-step smoke run compares no series; the figure says so (matplotlib used to warn about an empty
-    legend, which the GPU tier's warnings-as-errors turned into a failure)."""
+    """A 5-step smoke run compares no series; the figure says so, without matplotlib's warning about an empty
+    legend (warnings are errors in every tier)."""
     from convergence.curves.plots import plot_comparison
 
     result = {"verdict": "inconclusive", "reason": "too few points", "margin": 0.0025, "series": None,
@@ -150,7 +150,7 @@ def _lines(path):
 
 
 def test_compare_cli_half_a_candidate_is_incomplete_not_equivalent(tmp_path, capsys):
-    # issue 18.1: `head -100 golden/... > half.jsonl` used to print EQUIVALENT and exit 0
+    # `head -100 golden/... > half.jsonl`: a run cut short is incomplete (exit 4), never EQUIVALENT
     half = tmp_path / "half.jsonl"
     half.write_text("".join(_lines(GOLDEN_BF16)[:100]))
     out = tmp_path / "v.json"

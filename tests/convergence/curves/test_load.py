@@ -212,7 +212,7 @@ def test_curve_error_is_a_library_error_not_a_cli_error():
 
 
 def test_jsonl_swapped_lines_are_sorted_not_restarts(tmp_path):
-    # issue 18.8: steps 51 and 121 swapped used to read as two restarts and drop 70 of 200 points
+    # steps 51 and 121 swapped: sorted, not read as two restarts (which would drop 70 of 200 points)
     lines = [json.dumps({"step": s, "loss": 5.0 / s}) for s in range(1, 201)]
     lines[50], lines[120] = lines[120], lines[50]
     c = load_curve(_jsonl_text(tmp_path / "swap.jsonl", "\n".join(lines) + "\n"))
@@ -467,9 +467,9 @@ def test_torchtitan_validation_lines_are_the_validation_loss_never_training_poin
 
 
 def test_a_tag_logged_in_two_split_folders_is_refused_one_split_or_restart_folders_are_read(tmp_path):
-    """One writer per split (train/, validation/, as Keras and Lightning lay them out) logging the same tag were
-    merged as one run whose validation points were restarts (audit, 2026-12-02); restart folders (torchtitan's
-    timestamped ones) and one split's folder given alone are read as before (the controls)."""
+    """One writer per split (train/, validation/, as Keras and Lightning lay them out) logging the same tag is
+    refused: merged, its validation points would read as restarts; restart folders (torchtitan's timestamped ones)
+    and one split's folder given alone are read (the controls)."""
     run = tmp_path / "run"
     for split, off in (("train", 0.0), ("validation", 0.5)):
         (run / split).mkdir(parents=True)

@@ -232,9 +232,9 @@ def test_per_batch_losses_follow_the_step_key_and_belong_to_val_loss_only(tmp_pa
 
 
 def test_the_validation_loss_is_compared_as_one_and_divergence_says_what_it_was_judged_on(tmp_path):
-    """--loss-key val_loss under the training-loss metric put evaluations every N steps through statistics made for
-    a point every step: refused, pointing at --metric val_loss. Runs without a training loss have divergence
-    judged on the validation curves, and the result now says so (it did not)."""
+    """--loss-key val_loss under the training-loss metric would put evaluations every N steps through statistics made
+    for a point every step: refused, pointing at --metric val_loss. Runs without a training loss have divergence
+    judged on the validation curves, and the result says so."""
     curves, per_batch = _runs(np.random.default_rng(5), k=3, spread=1e-4, offset=0.0, batch_sd=0.002)
     paths = _write_runs(tmp_path, curves, per_batch)
     with pytest.raises(BadInput, match="--loss-key names a validation loss: compare it with --metric val_loss"):

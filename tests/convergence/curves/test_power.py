@@ -151,7 +151,7 @@ def test_pair_correlation_says_whether_judging_the_pairs_would_narrow_the_verdic
 
 
 def test_a_gzip_compressed_result_reads_as_the_plain_one(tmp_path, capsys):
-    """Results travel compressed as the logs beside them do; a gzip one had been refused as "not JSON"."""
+    """Results travel compressed as the logs beside them do: a gzip one reads as the plain one."""
     import gzip
 
     from convergence.__main__ import main as convergence_main
@@ -170,8 +170,8 @@ def test_a_gzip_compressed_result_reads_as_the_plain_one(tmp_path, capsys):
 
 
 def test_a_result_without_a_measured_set_error_says_so_and_refuses_a_larger_set(tmp_path, capsys):
-    """Runs that logged no per-batch losses have no set error: it was read as 0 and --larger-set then divided
-    that 0, printing an unchanged plan as if a larger set had been planned (audit, 2026-12-02)."""
+    """Runs that logged no per-batch losses have no set error: it is said, not read as 0, and --larger-set (which
+    would divide that 0 and print an unchanged plan) is refused."""
     from convergence.__main__ import main as convergence_main
 
     result = json.loads((GOLDEN / "proxy_long_lr3e-4_positive_control_mxfp8-e2m1__h200.json").read_text())
@@ -192,8 +192,8 @@ def test_a_result_without_a_measured_set_error_says_so_and_refuses_a_larger_set(
 
 
 def test_power_plans_for_the_margin_the_results_were_judged_at_unless_told(tmp_path, capsys):
-    """--margin and --confidence had defaulted to 0.25 % and 95 % whatever the results were judged at (audit,
-    2026-12-02): they now default to the results' own; results judged at different ones need them given."""
+    """--margin and --confidence default to the results' own, not to fixed 0.25 % and 95 %; results judged at
+    different ones need them given."""
     from convergence.__main__ import main as convergence_main
 
     result = json.loads((GOLDEN / "proxy_long_lr3e-4_positive_control_mxfp8-e2m1__h200.json").read_text())

@@ -108,7 +108,7 @@ def test_bpe_is_trained_once_and_cached(tmp_path):
 
 
 def test_the_16b_tokenizes_with_bpe_by_default_and_says_how_to_do_without(monkeypatch, tmp_path, capsys):
-    """Issue #19: the 16b trains on a BPE tokenizer (as many ids as its 102,400 rows the corpus yields) unless
+    """The 16b trains on a BPE tokenizer (as many ids as its 102,400 rows the corpus yields) unless
     --tokenizer says otherwise; other models keep bytes. Without the tokenizers package the default is one line
     naming both ways out, exit 2, before any model is built."""
     import sys
@@ -131,9 +131,9 @@ def test_the_16b_tokenizes_with_bpe_by_default_and_says_how_to_do_without(monkey
 
 
 def test_a_single_text_file_holds_out_its_tail_not_its_training_text(tmp_path):
-    """A text file is one document, and documents are held out whole: a single file once validated on its
-    own training text (train and val the same tokens, --val-percent without effect). Its tail is held out now,
-    from a line start; a file of several documents is split by document as before (the control)."""
+    """A text file is one document, and documents are held out whole: a single file holds out its tail, from a
+    line start, rather than validate on its own training text; a file of several documents is split by document
+    (the control)."""
     lines = [f"line {i} of the only document\n" for i in range(1000)]
     (tmp_path / "one.txt").write_text("".join(lines))
     for percent, share in ((None, 2), (20, 20)):

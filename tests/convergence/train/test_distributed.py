@@ -8,18 +8,16 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from filelock import FileLock
 
 from convergence.__main__ import main as convergence_main
 from convergence.train.data import DataSpec
 from convergence.train.ep_identity import compare_runs
-from convergence.train.loop import TrainConfig, defaults_for, run
+from convergence.train.loop import TrainConfig, computed, defaults_for, run
 from numerics.tolerances import floor
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -40,30 +38,12 @@ def torchrun(nproc: int, args: list[str]) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, check=False, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=TIMEOUT_S)
 
 
-def train_single(args: list[str]) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "convergence", "train", *args]
-    return subprocess.run(cmd, check=False, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=TIMEOUT_S)
-
-
 def _records(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-def _shared(tmp_path_factory, name: str, make) -> Path:
-    """One artifact per test session, shared by the xdist workers (read-only)."""
-    base = tmp_path_factory.getbasetemp()
-    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
-    out = root / name
-    with FileLock(str(root / f"{name}.lock")):
-        if not (root / f"{name}.done").exists():
-            shutil.rmtree(out, ignore_errors=True)
-            make(out)
-            (root / f"{name}.done").write_text("")
-    return out
-
-
 @pytest.fixture(scope="session")
-def corpus(tmp_path_factory) -> Path:
+def corpus(shared_artifact) -> Path:
     """~0.3 MB of text: each rank tokenizes it in milliseconds (the default corpus takes seconds)."""
     def make(out):
         import sysconfig
@@ -71,7 +51,7 @@ def corpus(tmp_path_factory) -> Path:
         lib = Path(sysconfig.get_paths()["stdlib"])
         out.write_text("".join((lib / f).read_text(encoding="utf-8") for f in ("argparse.py", "typing.py",
                                                                              "inspect.py", "dataclasses.py")))
-    return _shared(tmp_path_factory, "corpus.txt", make)
+    return shared_artifact("corpus.txt", make)
 
 
 @pytest.fixture(scope="session")
@@ -80,39 +60,41 @@ def common(corpus) -> list[str]:
 
 
 @pytest.fixture(scope="session")
-def ep2_run(tmp_path_factory, common) -> Path:
+def ep2_run(shared_artifact, common) -> Path:
     def make(out):
         r = torchrun(2, [*common, "--out", str(out), "--ep", "2", "--deterministic"])
         assert r.returncode == 0, r.stderr[-3000:]
-    return _shared(tmp_path_factory, "ep2-tiny", make)
+    return shared_artifact("ep2-tiny", make)
 
 
 @pytest.fixture(scope="session")
-def single_run(tmp_path_factory, corpus) -> Path:
+def single_run(shared_artifact, corpus) -> Path:
     def make(out):
         cfg = TrainConfig(model="tiny", recipes=("bf16",), steps=STEPS, data=DataSpec(path=str(corpus)),
                           **(defaults_for("tiny") | {"val_every": 5, "ckpt_every": 5, "probe_every": 0}))
         run(cfg, out, progress=False)
-    return _shared(tmp_path_factory, "single-tiny", make)
+    return shared_artifact("single-tiny", make)
 
 
-def test_ep2_rerun_is_bit_identical(ep2_run, common, tmp_path):
-    r = torchrun(2, [*common, "--out", str(tmp_path), "--ep", "2", "--deterministic"])
-    assert r.returncode == 0, r.stderr[-3000:]
+def test_ep2_rerun_with_activation_checkpointing_stopped_and_resumed_is_bit_identical(ep2_run, common, tmp_path):
+    """A second FSDP2 + EP run of the same command, in fresh processes, with every block recomputed in backward (the
+    16B's default), stopped after its first step and resumed from its checkpoint: the same bits as the first run in
+    every metric, expert load included (the recompute's dispatch must not count tokens twice). The step before the
+    stop is compared on its own first, so a difference there (a rerun that is not deterministic, or a recompute
+    that changes bits) is told apart from one the resume brings (steps after it)."""
+    args = [*common, "--out", str(tmp_path), "--ep", "2", "--deterministic", "--activation-checkpointing",
+            "--phase-times"]
+    first = torchrun(2, [*args, "--stop-after-minutes", "0"])  # checkpoints after step 1 and stops
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert json.loads((tmp_path / "bf16" / "config.json").read_text())["train"]["activation_checkpointing"]
+    (step1,) = _records(tmp_path / "bf16" / "metrics.jsonl")
+    assert computed(step1) == computed(_records(ep2_run / "bf16" / "metrics.jsonl")[0]), "rerun or recompute"
+    assert (tmp_path / "bf16" / "checkpoint" / "meta.json").exists()
+    second = torchrun(2, [*args, "--resume"])
+    assert second.returncode == 0, second.stderr[-3000:]
     result = compare_runs(ep2_run, tmp_path)
     assert result["identical"], result["recipes"]["bf16"]["first_difference"]
     assert {"loss", "grad_norm", "val_loss", "expert_load_max_share"} <= set(result["compared_fields"])
-
-
-def test_ep2_with_activation_checkpointing_is_bit_identical(ep2_run, common, tmp_path):
-    """FSDP2 + EP with every block recomputed in backward (the 16B's default, issue #19): the same bits in
-    every metric, expert load included (the recompute's dispatch must not count tokens twice)."""
-    r = torchrun(2, [*common, "--out", str(tmp_path), "--ep", "2", "--deterministic", "--activation-checkpointing",
-                     "--phase-times"])
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert json.loads((tmp_path / "bf16" / "config.json").read_text())["train"]["activation_checkpointing"]
-    result = compare_runs(ep2_run, tmp_path)
-    assert result["identical"], result["recipes"]["bf16"]["first_difference"]
     # the measurements (the slowest rank's phases, the largest rank's peak) are logged, outside the comparison
     rec = _records(tmp_path / "bf16" / "metrics.jsonl")[-1]
     assert set(rec["phase_s"]) == {"forward", "backward", "optimizer"} and rec["host_peak_gib"] > 0
@@ -131,24 +113,19 @@ def test_ep2_matches_single_process_within_tolerance(ep2_run, single_run):
     assert all("dispatch_combine_share" in r and 0 <= r["dispatch_combine_share"] <= 1 for r in b)
 
 
-def test_ep1_under_fsdp_is_bit_identical_to_single_process(single_run, common, tmp_path):
+def test_ep1_under_fsdp_is_bit_identical_to_single_process(single_run, common, tmp_path, monkeypatch):
     """One rank, FSDP2-wrapped, experts through EPDispatch + AllToAllReference: exactly the
-    single-process arithmetic (same sort order, same slot fold, clip_grad_norm_'s operations)."""
-    r = train_single([*common, "--out", str(tmp_path), "--ep", "1"])
-    assert r.returncode == 0, r.stderr[-3000:]
+    single-process arithmetic (same sort order, same slot fold, clip_grad_norm_'s operations). In this process
+    (a one-rank group, torn down after the run): the arithmetic, not a process boundary, is under test."""
+    import torch
+
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    threads = torch.get_num_threads()
+    try:
+        assert convergence_main(["train", *common, "--out", str(tmp_path), "--ep", "1"]) == 0
+    finally:
+        torch.set_num_threads(threads)  # --threads 1 set it for this process
     result = compare_runs(single_run, tmp_path)
-    assert result["identical"], result["recipes"]["bf16"]["first_difference"]
-
-
-def test_ep2_resume_is_bit_identical(ep2_run, common, tmp_path):
-    args = [*common, "--out", str(tmp_path), "--ep", "2", "--deterministic"]
-    first = torchrun(2, [*args, "--stop-after-minutes", "0"])  # checkpoints after step 1 and stops
-    assert first.returncode == 0, first.stderr[-3000:]
-    assert len(_records(tmp_path / "bf16" / "metrics.jsonl")) == 1
-    assert (tmp_path / "bf16" / "checkpoint" / "meta.json").exists()
-    second = torchrun(2, [*args, "--resume"])
-    assert second.returncode == 0, second.stderr[-3000:]
-    result = compare_runs(ep2_run, tmp_path)
     assert result["identical"], result["recipes"]["bf16"]["first_difference"]
 
 
@@ -203,7 +180,7 @@ def test_mxfp8_ep2_trains(corpus, tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     recs = _records(tmp_path / "mxfp8" / "metrics.jsonl")
     assert len(recs) == 2 and all(5.0 < x["loss"] < 6.0 for x in recs)  # ln 256 = 5.55 at the start
-    # probes under FSDP2 + EP (issue #19): every rank probes, rank 0 writes once, sharded dense weights gathered
+    # probes under FSDP2 + EP: every rank probes, rank 0 writes once, sharded dense weights gathered
     (probe,) = _records(tmp_path / "mxfp8" / "probes.jsonl")
     assert probe["step"] == 2 and (probe["rank"], probe["ranks"]) == (0, 2)
     layers = probe["layers"]
@@ -213,56 +190,75 @@ def test_mxfp8_ep2_trains(corpus, tmp_path):
     assert all(15 < v < 60 for rec in layers.values() for v in rec.values()), layers
 
 
-def _tokens_rank(rank: int, init: str, specs: list, metas: list, out: str) -> None:
-    """One rank of the token-agreement tests: load its spec's tokens (their meta replaced by its entry of
-    ``metas``, as another host's corpus would make it), write what happened."""
+TOKEN_CASES = ("same", "other python", "missing file")
+
+
+def _tokens_rank(rank: int, corpus: str, out: str) -> None:
+    """One rank of the token-agreement cases, one process group per case: load its spec's tokens (their meta
+    replaced by this rank's entry, as another host's corpus would make it), write what happened and what it
+    printed to ``out/<case>-rank<rank>.json``."""
+    import contextlib
+    import io
+
     import torch.distributed as dist
 
     from convergence.train import data as data_mod
+    from convergence.train.data import DataSpec
     from convergence.train.distributed import PeerFailed, load_tokens_everywhere
 
     real = data_mod.load_tokens
+    for n, case in enumerate(TOKEN_CASES):
+        good = DataSpec(path=corpus)
+        specs = [good, DataSpec(path=str(Path(out, "absent.txt"))) if case == "missing file" else good]
+        meta = {"python": "3.12.3"}
+        metas = [meta, {"python": "3.11.7", "digest": {"train": "c" * 16, "val": "d" * 16}}
+                 if case == "other python" else meta]
 
-    def load(spec):
-        tokens = real(spec)
-        tokens.meta.update(metas[rank])
-        return tokens
+        def load(spec, meta=metas[rank]):
+            tokens = real(spec)
+            tokens.meta.update(meta)
+            return tokens
 
-    data_mod.load_tokens = load
-    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=len(specs))
-    try:
-        load_tokens_everywhere(specs[rank])
-        result = "agreed"
-    except PeerFailed as exc:
-        result = f"PeerFailed: {exc}"
-    finally:
-        dist.destroy_process_group()
-    Path(out, f"rank{rank}.txt").write_text(result)
+        data_mod.load_tokens = load
+        dist.init_process_group("gloo", init_method=f"file://{Path(out, f'store{n}')}", rank=rank,
+                                world_size=len(specs))
+        printed = io.StringIO()
+        try:
+            with contextlib.redirect_stderr(printed):
+                load_tokens_everywhere(specs[rank])
+            result = "agreed"
+        except PeerFailed as exc:
+            result = f"PeerFailed: {exc}"
+        finally:
+            dist.destroy_process_group()
+        Path(out, f"{case}-rank{rank}.json").write_text(json.dumps({"result": result, "stderr": printed.getvalue()}))
+
+
+@pytest.fixture(scope="module")
+def token_agreement(tmp_path_factory, corpus) -> dict[str, list[dict]]:
+    """Each case of the tests below on two spawned ranks, all cases in one spawn (each rank imports torch once)."""
+    import torch.multiprocessing as mp
+
+    out = tmp_path_factory.mktemp("tokens")
+    mp.spawn(_tokens_rank, args=(str(corpus), str(out)), nprocs=2, join=True)
+    return {case: [json.loads((out / f"{case}-rank{r}.json").read_text()) for r in range(2)] for case in TOKEN_CASES}
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("case", ["same", "other python", "missing file"])
-def test_ranks_that_read_other_tokens_or_none_stop_together(tmp_path, capfd, corpus, case):
+@pytest.mark.parametrize("case", TOKEN_CASES)
+def test_ranks_that_read_other_tokens_or_none_stop_together(token_agreement, corpus, case):
     """Every rank reads its own host's data: a rank on another Python's standard library (its digest differs), or
     one whose data file is missing, stops every rank with one line from rank 0, instead of one model trained on
     two texts or a rank left waiting; ranks on the same tokens go on (the control)."""
-    import torch.multiprocessing as mp
-
-    from convergence.train.data import DataSpec
-
-    good = DataSpec(path=str(corpus))
-    specs = [good, DataSpec(path=str(tmp_path / "absent.txt")) if case == "missing file" else good]
-    meta = {"python": "3.12.3"}
-    metas = [meta, {"python": "3.11.7", "digest": {"train": "c" * 16, "val": "d" * 16}} if case == "other python"
-             else meta]
-    mp.spawn(_tokens_rank, args=(f"file://{tmp_path / 'store'}", specs, metas, str(tmp_path)), nprocs=2, join=True)
-    results = [(tmp_path / f"rank{r}.txt").read_text() for r in range(2)]
+    ranks = token_agreement[case]
+    results = [r["result"] for r in ranks]
     if case == "same":
         assert results == ["agreed", "agreed"]
         return
     assert all(r.startswith("PeerFailed") for r in results)
-    lines = [line for line in capfd.readouterr().err.splitlines() if line.startswith("error:")]
-    assert len(lines) == 1, lines
+    lines = [[line for line in r["stderr"].splitlines() if line.startswith("error:")] for r in ranks]
+    assert len(lines[0]) == 1 and lines[1] == [], lines
+    # the line names the rank that differs and what it read
     want = (f"rank 1 {corpus} of Python 3.11.7 (train cccccccccccccccc, val dddddddddddddddd)" if case == "other python"
             else "rank 1: data path")
-    assert want in lines[0], lines[0]
+    assert want in lines[0][0], lines[0][0]

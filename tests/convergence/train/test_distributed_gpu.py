@@ -52,7 +52,7 @@ def test_ep2_deepep_training_is_bit_identical_to_reference(tmp_path):
 
 @pytest.mark.multigpu
 def test_ep2_with_adamw_moments_in_host_memory_is_bit_identical(tmp_path):
-    """--optimizer-state host (issue #19's placement for the 16b) under FSDP2 + EP: each rank's moments, the
+    """--optimizer-state host (the 16b's placement) under FSDP2 + EP: each rank's moments, the
     FSDP2-sharded and the expert-parallel ones, wait in pinned host memory; every metric is the same bits."""
     import json
 

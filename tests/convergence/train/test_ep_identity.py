@@ -82,7 +82,7 @@ def test_ep_identity_refuses_a_config_whose_parts_are_not_objects(tmp_path, caps
     cfg.write_text(json.dumps({"distributed": "ep2"}))
     assert convergence_main(["ep-identity", str(a), str(b)]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "'distributed' must be a JSON object, got str" in err and str(cfg) in err
+    assert err.count("\n") == 1 and "'distributed'" in err and str(cfg) in err  # the field and its file
 
 
 def test_ep_identity_bad_input_one_line(tmp_path, capsys):
@@ -97,9 +97,8 @@ def test_ep_identity_bad_input_one_line(tmp_path, capsys):
 def test_ep_identity_reads_a_finished_protocol_runs_compacted_log_and_refuses_a_file_without_losses(tmp_path,
                                                                                                    capsys):
     """A protocol run keeps its logs gzip once finished (convergence.protocol.folder.compact_run): such a run folder
-    was refused as holding no metrics (bad-input audit, 2026-12-02). The control: the compacted runs compare as
-    their plain logs do, identical and not; a probes file (steps, no loss) or a text loss is one line, exit 2
-    (it had been called DIFFERENT, exit 1, or a traceback)."""
+    is read, and the compacted runs compare as their plain logs do, identical and not; a probes file (steps, no
+    loss) or a text loss is one line, exit 2, not DIFFERENT (exit 1)."""
     import gzip
 
     a = _run(tmp_path, "reference", [5.5, 5.25, 5.0], tps=1.0)
@@ -122,7 +121,7 @@ def test_ep_identity_reads_a_finished_protocol_runs_compacted_log_and_refuses_a_
 
 def test_recipe_picks_inside_a_folder_and_is_refused_for_two_files(tmp_path, capsys):
     """--recipe with a run folder on one side and a metrics file on the other picks the folder's recipe; with
-    two files there is nothing to pick (it had been ignored, and the files compared as they were)."""
+    two files there is nothing to pick, so it is refused rather than ignored."""
     a = _run(tmp_path, "reference", [5.5, 5.25, 5.0], tps=1.0)
     b = _run(tmp_path, "deepep", [5.5, 5.25, 5.0], tps=1.0)
     file_b = str(b / "bf16" / "metrics.jsonl")
@@ -130,26 +129,26 @@ def test_recipe_picks_inside_a_folder_and_is_refused_for_two_files(tmp_path, cap
     assert "IDENTICAL" in capsys.readouterr().out
     assert convergence_main(["ep-identity", str(a / "bf16" / "metrics.jsonl"), file_b, "--recipe", "bf16"]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "--recipe picks recipes inside run folders" in err
+    assert err.count("\n") == 1 and "--recipe" in err
 
 
 def test_two_folders_of_different_recipes_are_refused_a_file_against_a_folder_is_compared(tmp_path, capsys):
-    """Two folders holding one recipe each, bf16 and mxfp8, were compared as one recipe under the first's name and
-    came out IDENTICAL (audit, 2026-12-02); a metrics file against a folder of one recipe still is (the control)."""
+    """Two folders holding one recipe each, bf16 and mxfp8, are refused (compared as one recipe under the first's
+    name they would come out IDENTICAL); a metrics file against a folder of one recipe is compared (the control)."""
     a = _run(tmp_path, "reference", [5.5, 5.25, 5.0], tps=1.0)
     b = _run(tmp_path, "deepep", [5.5, 5.25, 5.0], tps=1.0)
     (b / "bf16").rename(b / "mxfp8")
     assert convergence_main(["ep-identity", str(a), str(b)]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "the runs hold different recipes: bf16 vs mxfp8" in err
+    assert err.count("\n") == 1 and "bf16" in err and "mxfp8" in err  # the two recipes
     assert convergence_main(["ep-identity", str(a), str(b / "mxfp8" / "metrics.jsonl")]) == 0
     assert "IDENTICAL" in capsys.readouterr().out
 
 
 def test_a_recipe_folder_is_a_run_as_its_help_says(tmp_path, capsys):
-    """--help says "run directory", and a run's recipe folder (OUT/<recipe>, where its metrics.jsonl lies) was
-    refused as holding no <recipe>/metrics.jsonl (audit, 2026-12-02). It is read as that recipe's run now, against
-    another recipe folder or an OUT folder; --recipe naming another recipe is refused (the control)."""
+    """--help says "run directory": a run's recipe folder (OUT/<recipe>, where its metrics.jsonl lies) is read as
+    that recipe's run, against another recipe folder or an OUT folder; --recipe naming another recipe is refused
+    (the control)."""
     a = _run(tmp_path, "reference", [5.5, 5.25, 5.0], tps=1.0)
     b = _run(tmp_path, "deepep", [5.5, 5.25, 5.0], tps=1.0)
     assert convergence_main(["ep-identity", str(a / "bf16"), str(b / "bf16")]) == 0

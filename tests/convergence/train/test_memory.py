@@ -90,7 +90,7 @@ def test_a_run_whose_activations_do_not_fit_is_told_about_checkpointing():
 
 
 def test_a_cpu_run_is_checked_against_its_share_of_host_memory_and_fails_in_seconds(monkeypatch):
-    """Issue #19's bad input on a CPU: --model 16b on a 64 GiB host stops before building anything, from the
+    """Bad input on a CPU: --model 16b on a 64 GiB host stops before building anything, from the
     exact model states alone (no half-minute activation measurement), and says to use GPUs."""
     import time
 
@@ -107,8 +107,8 @@ def test_a_cpu_run_is_checked_against_its_share_of_host_memory_and_fails_in_seco
 
 
 def test_a_gpu_run_on_cuda_without_an_index_is_checked_against_its_share_of_the_current_gpu(monkeypatch):
-    """The GPU tier found ``--device cuda`` (no index) refused by torch's memory-fraction query, which wants
-    an index: the check asks for the current device's."""
+    """``--device cuda`` (no index) is checked against the current device's share: torch's memory-fraction query
+    wants an index, so the check asks for the current device's."""
     import types
 
     import torch
@@ -150,7 +150,7 @@ def test_the_host_peak_is_what_the_16b_measured_on_two_h200s():
     """The 16b, EP=2, moments in host memory (golden/training/16b_ep2_*__h200x2.jsonl): each rank's resident
     peak was 90.1 GiB. The moments are 58.5 GiB; pinned, each rounded up to a power of two, 84.5 GiB; the
     whole FP32 model each rank builds first, 58.5 GiB. The estimate's peak must account for all but the
-    process's own few GiB (under the headroom), which the exact moments alone (the former estimate) did not."""
+    process's own few GiB (under the headroom), which the exact moments alone would not."""
     need = memory.estimate(get_config("16b"), batch=4, seq=2048, ranks=2, ep=2, activations=False,
                            optimizer_state="host")
     measured = 90.1 * GIB

@@ -126,7 +126,7 @@ def test_rope_is_plain_without_yarn_and_interpolated_with_it():
 
 @pytest.mark.parametrize("recipe", ["bf16", "mxfp8"])
 def test_activation_checkpointing_changes_no_bit_and_counts_each_token_once(recipe):
-    """Issue #19: the 16B fits two GPUs only with activation checkpointing, so it must be free of numerics:
+    """The 16B fits two GPUs only with activation checkpointing, so it must be free of numerics:
     one forward and backward of the tiny model with and without it give the same loss and gradients bit for
     bit, and the MoE's token counts (the expert-load metric and the bias update) are not doubled by the
     recompute. A control: a forward run twice without the guard does double them."""
@@ -158,7 +158,7 @@ def test_activation_checkpointing_changes_no_bit_and_counts_each_token_once(reci
 
 
 def test_the_16b_keeps_its_real_vocabulary_with_a_small_tokenizer():
-    """Issue #19: the 16B's embedding and output head at their real 102,400 rows (0.4B parameters) even with
+    """The 16B's embedding and output head at their real 102,400 rows (0.4B parameters) even with
     the byte tokenizer; the smaller models take the tokenizer's vocabulary."""
     from convergence.train.loop import TrainConfig, model_config
 
@@ -196,9 +196,10 @@ def test_floor_control_is_torchaos_floor_ops_on_either_kernel():
     assert not torch.equal(out_e, out_r)
 
 
-def test_init_draws_in_place_the_numbers_it_always_drew():
-    """init_weights fills each parameter in place (the 16b's 63 GB without a copy); the weights are those of the
-    former ``randn(shape) * scale`` in parameter order, written here independently as the reference."""
+def test_init_draws_in_place_the_numbers_of_randn_times_scale():
+    """init_weights fills each parameter in place (the 16b's 63 GB without a copy) with the numbers
+    ``randn(shape) * scale`` draws in parameter order from the same generator (golden runs and checkpoints depend on
+    them), written here independently as the reference."""
     import math
 
     model = Transformer(tiny())
@@ -214,7 +215,7 @@ def test_init_draws_in_place_the_numbers_it_always_drew():
 
 def test_fingerprint_is_the_bits_whatever_the_thread_count():
     """The same weights fingerprint the same on one thread (a torchrun rank) and on several (one process),
-    which the former float64 sums did not above torch's parallel grain (shown below: the control); and a
+    which float64 sums of the weights do not above torch's parallel grain (shown below: the control); and a
     one-ulp change in one weight changes it."""
     from convergence.train.loop import fingerprint
 
@@ -231,7 +232,7 @@ def test_fingerprint_is_the_bits_whatever_the_thread_count():
     finally:
         torch.set_num_threads(threads)
     assert prints[0] == prints[1] and prints[0].startswith("sha256:")
-    assert squares[0] != squares[1]  # the control: the former fingerprint's sum depends on the thread count
+    assert squares[0] != squares[1]  # the control: a float64 sum of the weights depends on the thread count
     with torch.no_grad():
         big.weight[5, 7] = torch.nextafter(big.weight[5, 7], torch.tensor(1.0))
     assert fingerprint(big) != prints[0]

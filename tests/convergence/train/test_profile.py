@@ -67,9 +67,9 @@ def test_a_planted_slow_optimizer_shows_in_its_phase_and_the_ratio():
 
 
 def test_a_slowdown_for_part_of_a_run_shows_in_its_spans_not_its_median():
-    """A run whose steps take 2 s but 3 s for one sixth of them (a machine busy for minutes, as one H200 was on
-    2026-12-02): the median stays 2 s, the spans say 2-3 s; the control, the same run without the slow part, shows
-    2-2 s. Evaluations are given as their fastest and slowest."""
+    """A run whose steps take 2 s but 3 s for one sixth of them (a machine busy for minutes): the median stays 2 s,
+    the spans say 2-3 s; the control, the same run without the slow part, shows 2-2 s.
+    Evaluations are given as their fastest and slowest."""
     n = pf.WARMUP + pf.SPANS * pf.SPAN_MIN
     steady = _records(steps=n)
     slow = [dict(r) for r in steady]
@@ -95,7 +95,7 @@ def test_a_run_without_phase_times_says_so():
 
 
 def test_a_file_without_training_losses_is_not_profiled(tmp_path, capsys):
-    """A run's probes.jsonl (steps, no loss) had been profiled as n/a everywhere, exit 0 (bad-input audit)."""
+    """A run's probes.jsonl (steps, no loss) is refused in one line, exit 2, not profiled as n/a everywhere."""
     from convergence.__main__ import main as convergence_main
 
     probes = tmp_path / "probes.jsonl"

@@ -77,9 +77,9 @@ def test_op_recipe_takes_only_the_scale_modes_both_kernels_compute():
     assert info["torchao_config"]["scale_calculation_mode"] == "FLOOR"
 
 
-def test_recipe_records_its_op_as_config_json_always_has():
-    """config.json's recipe: the op's fields where the recipe's own had been, in the same order (``cast``, the
-    null control's field, last of them)."""
+def test_recipe_records_its_op_in_config_jsons_field_order():
+    """config.json's recipe: the op's fields in the order config.json files have them (runs on disk are read by
+    name and compared as written); ``cast``, the null control's field, last of them."""
     assert list(get_recipe("mxfp8-e5m2").as_dict()) == ["name", "mxfp8", "linear_fqns", "grouped_experts",
                                                         "wgrad_with_hp", "scale_calculation_mode", "elements",
                                                         "cast", "description", "control"]

@@ -2,7 +2,7 @@
 
 Each test states what the wrapper should do (what BF16 does); the minimal failing case is
 xfail(strict=True) and recorded in FINDINGS.md, so a torchao fix turns it into an XPASS.
-mxval's recipes no longer use the wrapper (``quantize_`` is refused on torch 2.11; FINDINGS.md C1)
+mxval's recipes do not use the wrapper (``quantize_`` is refused on torch 2.11; FINDINGS.md C1)
 but users of ``quantize_`` do, so the findings stay under test where torchao takes it.
 """
 

@@ -37,8 +37,8 @@ def test_check_cli_passes_reference_against_simulate_and_writes_json(tmp_path, c
 
 
 def test_check_json_interrupted_while_written_leaves_the_old_report_whole(tmp_path, interrupt_writes_in, capsys):
-    """--json was written in place (Path.write_text): a kill or Ctrl-C during the write left a torn check.json, which
-    mxval validate then read back as its communication level (audit, 2026-12-03)."""
+    """--json is written to a temporary and renamed: a kill or Ctrl-C during the write leaves the old report whole
+    (mxval validate reads check.json back as its communication level), and no temporary behind."""
     out = tmp_path / "check.json"
     out.write_text('{"old": true}\n')
     interrupt_writes_in(tmp_path)
@@ -50,28 +50,28 @@ def test_check_json_interrupted_while_written_leaves_the_old_report_whole(tmp_pa
 
 
 @pytest.mark.parametrize("argv, words", [
-    (["check", "--payload", "fp16"], "choose from bf16, fp8"),
-    (["check", "--backend", "deepep"], "deep_ep is not importable"),
-    (["check", "--backend", "deepep-v2"], "deep_ep is not importable"),
-    (["check", "--backend", "nccl"], "choose from reference, deepep, deepep-v2 or pkg.module:Class"),
-    (["check", "--backend", "no_such_module:Backend"], "cannot import Backend from no_such_module"),
-    (["check", "--world", "1"], "needs at least 2 ranks"),
-    (["check", "--world", "3"], "--world 3 does not divide the case space's expert counts (64, 256); use one of 2, 4"),
-    (["check", "--world", "6"], "--world 6 does not divide"),
-    (["check", "--num-sms", "7"], "even"),
-    (["check", "--max-tokens", "9000"], "--max-tokens 9000: must be in [0, 8192]"),
-    (["check", "--max-elements", "0"], "--max-elements 0: must be >= 1"),
-    (["check", "--cases", "-1"], "--cases must be >= 0"),
-    (["check", "--hidden", "100"], "choose from 2048, 7168"),
-    (["check", "--spec", "{not json"], "--spec is not a case"),
+    (["check", "--payload", "fp16"], "'fp16'"),
+    (["check", "--backend", "deepep"], "deep_ep"),
+    (["check", "--backend", "deepep-v2"], "deep_ep"),
+    (["check", "--backend", "nccl"], "'nccl'"),
+    (["check", "--backend", "no_such_module:Backend"], "no_such_module:Backend"),
+    (["check", "--world", "1"], "--world 1"),
+    (["check", "--world", "3"], "--world 3"),
+    (["check", "--world", "6"], "--world 6"),
+    (["check", "--num-sms", "7"], "--num-sms 7"),
+    (["check", "--max-tokens", "9000"], "--max-tokens 9000"),
+    (["check", "--max-elements", "0"], "--max-elements 0"),
+    (["check", "--cases", "-1"], "--cases"),
+    (["check", "--hidden", "100"], "'100'"),
+    (["check", "--spec", "{not json"], "--spec"),
     (["check", "--spec", '{"world":2,"seed":1,"tokens":[4,4],"hidden":100,"topk":2,"num_experts":8}'],
      "hidden 100 must be a positive multiple of 8"),
     (["check", "--spec", '{"world":3,"seed":1,"tokens":[4,4,4],"hidden":128,"topk":2,"num_experts":8}'],
      "num_experts 8 is not a positive multiple of the world size 3"),
     (["check", "--world", "4", "--spec", '{"world":2,"seed":1,"tokens":[4,4],"hidden":128,"topk":2,"num_experts":8}'],
-     "--spec was recorded for 2 ranks, not 4"),
-    # a --spec missing a field, or with a value of the wrong type or outside its range, had raised a traceback
-    # (KeyError, TypeError: exit 1, read as a FAIL) instead of this one line (found by an audit)
+     "--spec"),
+    # a --spec missing a field, or with a value of the wrong type or outside its range: one line, exit 2, not a
+    # traceback (exit 1, which reads as a FAIL)
     (["check", "--spec", "{}"], "missing 6 required positional arguments"),
     (["check", "--spec", '{"world":2,"seed":0,"tokens":[4,4],"hidden":1073741824,"topk":2,"num_experts":64}'],
      "hidden 1073741824 is more than the 7168 the check's buffers are sized for"),  # it tried the allocation
@@ -94,20 +94,21 @@ def test_check_json_interrupted_while_written_leaves_the_old_report_whole(tmp_pa
                          '"num_experts":64}'], "seed 100000000000000000000 must be from 0 to 4294967295"),
     (["check", "--spec", '{"world":2,"seed":0,"tokens":[4,4],"hidden":2048,"topk":2,"num_experts":64,'
                          '"routing":"starve_rank","starved":null}'], "starved must be an integer, got None"),
-    # the sampled case space's options beside a --spec (the case given whole) had been ignored: a bf16 case ran
+    # the sampled case space's options beside a --spec (the case given whole) would be ignored: refused
     (["check", "--payload", "fp8", "--cases", "5", "--spec",
       '{"world":2,"seed":1,"tokens":[4,4],"hidden":128,"topk":2,"num_experts":8}'],
-     "--cases, --payload: --spec replays the cases as given"),
-    (["bench", "--shapes", "v4"], "choose from v3, 16b"),
-    (["bench", "--backends", "deepep"], "deep_ep is not importable"),
-    (["bench", "--backends", "nccl,deepep-v2"], "deep_ep is not importable"),
-    (["bench", "--world", "3"], "--world 3 does not divide the experts of shape v3 (256)"),
-    (["bench", "--tokens", "0"], "--tokens must be in [1, 8192]"),
-    (["bench", "--num-sms", "20,7"], "positive even SM counts"),
-    (["frobnicate"], "unknown subcommand"),
+     "--cases, --payload"),
+    (["bench", "--shapes", "v4"], "--shapes 'v4'"),
+    (["bench", "--backends", "deepep"], "deep_ep"),
+    (["bench", "--backends", "nccl,deepep-v2"], "deep_ep"),
+    (["bench", "--world", "3"], "--world 3"),
+    (["bench", "--tokens", "0"], "--tokens"),
+    (["bench", "--num-sms", "20,7"], "--num-sms '20,7'"),
+    (["frobnicate"], "'frobnicate'"),
 ])
 def test_ep_cli_bad_input_is_one_line_and_exit_2(argv, words, capsys, monkeypatch):
-    """Refused before any process starts: a Session would fail the test."""
+    """Refused before any process starts (a Session would fail the test), in one line that names what is at fault:
+    the option and value, the missing package, or for a --spec the field and the rule it breaks."""
     def no_session(*a, **k):
         raise AssertionError("bad input reached the process launch")
 
@@ -211,14 +212,11 @@ def test_verdict_line_never_contradicts_its_status():
     assert "KNOWN" in format_table({"combine": known}) and "FAIL" in format_table({"combine": known}, strict=True)
 
 
-def test_bench_cli_times_the_floor_and_the_reference_on_cpu(tmp_path, capsys):
-    out = tmp_path / "bench.json"
-    rc = ep_main(["bench", "--world", "2", "--backends", "nccl,reference", "--shapes", "16b", "--payload", "bf16",
-                  "--tokens", "32", "--iters", "3", "--warmup", "1", "--timeout", "30", "--json", str(out)])
-    assert rc == 0
-    text = capsys.readouterr().out
-    assert "NVLink limit: not measured" in text and "3 timed calls per op (< 50): a smoke run" in text
-    doc = json.loads(out.read_text())
+def test_bench_cli_times_the_floor_and_the_reference_on_cpu(cpu_ep_bench):
+    """The bench of tests/conftest.py's cpu_ep_bench (2 gloo ranks, 3 timed calls): it says what it did not measure
+    and that 3 calls are a smoke run; every row times an op against its floor."""
+    _, doc, text = cpu_ep_bench
+    assert "NVLink limit: not measured" in text and "3 timed calls per op (< 50)" in text
     assert doc["kind"] == "ep-bench" and doc["version"] == 2 and doc["peer_copy"] is None
     ops = {(r["backend"], r["op"]) for r in doc["rows"]}
     assert ops == {("nccl", "dispatch_cached"), ("nccl", "combine"), ("reference", "dispatch"),
@@ -232,9 +230,9 @@ def test_bench_cli_times_the_floor_and_the_reference_on_cpu(tmp_path, capsys):
 
 
 def test_ctrl_c_in_a_session_stays_ctrl_c_when_its_ranks_are_gone():
-    """Ctrl-C reaches every rank of the process group; the session's exit then told the dead ranks to stop, that
-    failed ('connection closed by peer'), and the error replaced the KeyboardInterrupt: mxval validate recorded a
-    failed communication level and went on instead of stopping as interrupted (audit, 2026-12-02)."""
+    """Ctrl-C reaches every rank of the process group; the session's exit, telling ranks that are already gone to
+    stop, must not replace the KeyboardInterrupt with its own error ('connection closed by peer'), or mxval
+    validate would record a failed communication level and go on instead of stopping as interrupted."""
     with pytest.raises(KeyboardInterrupt):
         with Session(2, "numerics.ep.check:CaseRunner", {"backend": "reference", "timeout_s": 10.0},
                      timeout_s=10.0) as session:
@@ -249,9 +247,8 @@ def test_ctrl_c_in_a_session_stays_ctrl_c_when_its_ranks_are_gone():
     ("SetUpFailsBackend", "error: set-up failed on rank 1: RuntimeError: no buffer on rank 1"),
 ])
 def test_a_rank_that_fails_is_one_line_naming_it_and_exit_1(backend, line, monkeypatch, capsys):
-    """Rank 1 ending in the middle of the all-to-all: rank 0 printed a 30-line traceback ending in gloo's
-    'Connection reset by peer [127.0.0.1]:PORT', which names no rank; a set-up error on rank 1 was a traceback
-    on both ranks (audit, 2026-12-03)."""
+    """Rank 1 ending in the middle of the all-to-all, or failing its set-up: one line naming rank 1, exit 1, no
+    traceback (gloo's own error, 'Connection reset by peer [127.0.0.1]:PORT', names no rank)."""
     monkeypatch.syspath_prepend(str(HERE))  # spawned ranks inherit sys.path, so they can import ep_faulty
     rc = ep_main(["check", "--world", "2", "--backend", f"ep_faulty:{backend}", "--cases", "0", "--no-edge",
                   "--timeout", "30"])

@@ -2,7 +2,7 @@
 all-to-all reference, bit for bit.
 
 Needs deep_ep and two NVLink-connected GPUs. Rank 0 is this pytest process on cuda:0 and draws the
-routings; rank 1 is a spawned child on cuda:1. On the lent 2 x H200 machine:
+routings; rank 1 is a spawned child on cuda:1. On a machine with two GPUs:
     python3 -m pytest -m multigpu tests/numerics/ep/test_deepep.py -p no:xdist
 The V2 tests run where ``deep_ep.ElasticBuffer`` exists (DeepEP main); on a host without RDMA NICs
 DeepEP main needs ``EP_DISABLE_GIN=1`` for them (DeepEP issue #629).

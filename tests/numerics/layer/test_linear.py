@@ -61,11 +61,23 @@ def test_linear_quantize_api_keeps_bias():
     assert torch.equal(y, torch.ones_like(y))
 
 
-def test_linear_non_contiguous_upstream_gradient_is_accepted():
-    x = torch.randn(32, 64, dtype=torch.bfloat16, requires_grad=True)
-    w = torch.randn(96, 64, dtype=torch.bfloat16, requires_grad=True)
-    torchao_linear(x, w).sum().backward()  # expanded ones: stride 0
-    assert x.grad is not None and torch.isfinite(x.grad.float()).all()
+def test_linear_non_contiguous_upstream_gradient_gives_the_contiguous_ones_bits():
+    """An expanded upstream gradient (``.sum()``'s, stride 0) gives the same dx and dw bits as the same values laid
+    out contiguously: the backward reads the gradient's values, not its strides."""
+    g = torch.Generator().manual_seed(0)
+    x0 = torch.randn(32, 64, generator=g).to(torch.bfloat16)
+    w0 = torch.randn(96, 64, generator=g).to(torch.bfloat16)
+    grads = {}
+    for layout in ("expanded", "contiguous"):
+        x, w = x0.clone().requires_grad_(True), w0.clone().requires_grad_(True)
+        y = torchao_linear(x, w)
+        if layout == "expanded":
+            y.sum().backward()
+        else:
+            y.backward(torch.ones_like(y).contiguous())
+        grads[layout] = (x.grad, w.grad)
+    for a, b in zip(grads["expanded"], grads["contiguous"]):
+        assert torch.equal(a.view(torch.int16), b.view(torch.int16))
 
 
 @pytest.mark.parametrize(

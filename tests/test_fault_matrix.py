@@ -213,7 +213,11 @@ def test_validate_interrupted_in_its_curves_level_writes_a_partial_report_and_sa
                                                                              (Check("runs", "pass"),)))
     monkeypatch.setattr("convergence.protocol.judge.judge", judged)
     out = tmp_path / "v"
-    assert mxval_main(["validate", "--quick", "--levels", "training,curves", "--out", str(out)]) == 130
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)  # as at a terminal (_sigint_as_at_a_terminal)
+    try:
+        assert mxval_main(["validate", "--quick", "--levels", "training,curves", "--out", str(out)]) == 130
+    finally:
+        signal.signal(signal.SIGINT, before)
     err = capsys.readouterr().err
     assert err.endswith("\ninterrupted\n") and "Traceback" not in err, err
     assert f"[2/2 curves] INTERRUPTED (Ctrl-C); wrote a partial report of the levels that finished: {out}" in err
@@ -228,12 +232,19 @@ def _env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k not in drop} | {"PYTHONPATH": str(ROOT)}
 
 
+def _sigint_as_at_a_terminal() -> None:
+    """SIGINT's default action, as a command started from a terminal has it: a shell ignores SIGINT in what it
+    starts in the background, the ignoring is inherited, and Python then installs no KeyboardInterrupt."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _interrupt(argv: list[str], marker: str, timeout_s: float = 240.0) -> tuple[int, str]:
     """``python -m ARGV`` in a process group of its own, and SIGINT to the whole group once its stderr shows
     ``marker`` (a terminal's Ctrl-C reaches every process of the foreground group); its exit code and stderr,
     after checking that no process of the group outlives it."""
     proc = subprocess.Popen([sys.executable, "-m", *argv], cwd=ROOT, env=_env(), stdin=subprocess.DEVNULL,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
+                            preexec_fn=_sigint_as_at_a_terminal)
     err, deadline = b"", time.monotonic() + timeout_s
     with selectors.DefaultSelector() as sel:
         sel.register(proc.stderr, selectors.EVENT_READ)

@@ -3,7 +3,7 @@
 verdicts, ``status`` and ``render`` what --status says).
 
 Executors (``--executor``, ``EXECUTORS``): ``local``, this machine's GPUs or CPU workers; ``slurm``, each run a
-Slurm job (``convergence.protocol.slurm_executor``, docs/slurm.md). Bad input is one line on stderr and exit code 2;
+Slurm job (``convergence.protocol.slurm.executor``, docs/slurm.md). Bad input is one line on stderr and exit code 2;
 the exit codes of a run are in ``main``.
 """
 
@@ -20,11 +20,13 @@ from pathlib import Path
 import torch
 
 from convergence.curves.decision.equivalence import ENDPOINTS, TESTS
-from convergence.protocol import folder, render, schedule, slurm, slurm_executor
+from convergence.protocol import folder, render, schedule
 from convergence.protocol.judge import judge, write_results
 from convergence.protocol.plan import DESIGNS, PLANTED, TRAIN_OVERRIDES, ProtocolPlan
 from convergence.protocol.provenance import environment_change, hardware_tag, runs_hardware_tag
-from convergence.protocol.slurm_job import worker_minutes
+from convergence.protocol.slurm import executor as slurm_executor
+from convergence.protocol.slurm import jobs as slurm_jobs
+from convergence.protocol.slurm.node import worker_minutes
 from convergence.protocol.status import pairs, progress
 from convergence.train import data as data_mod
 from convergence.train.cli import check_recipe_kernels
@@ -47,7 +49,7 @@ def slurm_executor_of(args, *, slots: int, per_gpu: int, threads: int | None) ->
     """Each run a Slurm job with the ``--slurm-*`` options, each worker with ``threads`` (default: its CPUs)."""
     options = slurm_executor.options_of(args, args.device)
     if not args.status:  # before the folder changes: a submitter, and a time limit that leaves time to train
-        slurm.check_submitter()
+        slurm_jobs.check_submitter()
         worker_minutes(options.time_minutes, schedule.STARTUP_S.get(args.model, 60.0))
     return slurm_executor.SlurmExecutor(options, threads=threads or options.cpus,
                                         mixed_environment=args.mixed_environment,
@@ -299,7 +301,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                            "whatever its workers: leave --parallel out")
         per_gpu = args.parallel if plan.device == "cuda" else 1
         # a folder whose runs went to Slurm reads as the Slurm executor sees it, where Slurm's commands are
-        name = args.executor or ("slurm" if slurm.has_jobs(args.out) and shutil.which("squeue") else "local")
+        name = args.executor or ("slurm" if slurm_jobs.has_jobs(args.out) and shutil.which("squeue") else "local")
         executor = EXECUTORS[name](args, slots=per_gpu, per_gpu=per_gpu, threads=args.threads)
         now = progress(plan, args.out, per_gpu=per_gpu, states=executor.states(plan, args.out))
         render.draw_figures(now, args.plot, args.plot_parting, force=args.force)

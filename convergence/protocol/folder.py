@@ -67,7 +67,7 @@ def open_protocol(plan: ProtocolPlan, out: Path, *, force: bool = False) -> str 
     state = out / "protocol.json"
     forced = force and state.exists()
     if forced:
-        for sub in ("runs", "logs", "results", "results.partial", "slurm"):  # slurm: convergence.protocol.slurm
+        for sub in ("runs", "logs", "results", "results.partial", "slurm"):  # slurm: convergence.protocol.slurm.jobs
             shutil.rmtree(out / sub, ignore_errors=True)
         (out / PACE_FILE).unlink(missing_ok=True)  # the paces of runs no longer there
         state.unlink()

@@ -11,12 +11,13 @@ import pytest
 from golden import integrity
 
 # One committed file of each artifact kind and each layout the checks read (a JSON table, a JSONL curve, a gzip
-# JSONL curve, a GPU tier summary), with their sidecars. The whole tree's check decompresses and parses its 115
-# gzip curves line by line (about a second a call); on these six every check runs the same code in a tenth of
-# that. The committed tree itself is checked whole by test_integrity.py and, installed, by tests/test_wheel.py.
+# JSONL curve, a GPU tier summary, the two benches their readers check), with their sidecars. The whole tree's check
+# decompresses and parses its 115 gzip curves line by line (about a second a call); on these eight every check runs
+# the same code in a tenth of that. The committed tree itself is checked whole by test_integrity.py and,
+# installed, by tests/test_wheel.py.
 SMALL_TREE = ("ep/check__v1.2.1__h200x2.json", "layers/layer_stats_tiny__cpu.json", "tensor/mx_vectors__any.json",
               "training/proxy_bf16_seed0__h200.jsonl", "training/proxy_long_bf16_rounding1__h200x2.jsonl.gz",
-              "suite/gpu_tier__h200.json")
+              "suite/gpu_tier__h200.json", "training/bench_proxy__h200.json", "layers/fast_bench__h200.json")
 
 
 @pytest.fixture

@@ -15,11 +15,11 @@ import pytest
 import torch
 
 from convergence.__main__ import main as convergence_main
-from convergence.protocol import slurm as sl
 from convergence.protocol.folder import CHECKPOINT_FILE, metrics_path, probes_path, run_dir
 from convergence.protocol.schedule import RunState
-from convergence.protocol.slurm_executor import run_states
-from convergence.protocol.slurm_options import SlurmOptions
+from convergence.protocol.slurm import jobs as sl
+from convergence.protocol.slurm.executor import run_states
+from convergence.protocol.slurm.options import SlurmOptions
 from convergence.train.loop import computed
 from numerics.files import file_bytes
 
@@ -107,7 +107,7 @@ def test_a_forks_continuations_are_submitted_only_once_their_trunks_checkpoint_i
     a later call. Slurm's submission is stood in for: what is submitted is the property, not how."""
     from convergence.protocol.folder import open_protocol
     from convergence.protocol.plan import ProtocolPlan
-    from convergence.protocol.slurm_executor import SlurmExecutor
+    from convergence.protocol.slurm.executor import SlurmExecutor
 
     plan = ProtocolPlan(model="tiny", steps=20, design="fork", fork_step=10, replicates=2, trunks=2).check()
     out = tmp_path / "p"

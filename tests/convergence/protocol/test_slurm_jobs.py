@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from convergence.protocol import slurm as sl
-from convergence.protocol.slurm_options import SlurmOptions
+from convergence.protocol.slurm import jobs as sl
+from convergence.protocol.slurm.options import SlurmOptions
 from numerics.errors import BadInput
 
 pytestmark = pytest.mark.slurm

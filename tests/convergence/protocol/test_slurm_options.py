@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from convergence.protocol import slurm as sl
-from convergence.protocol.slurm_job import (
+from convergence.protocol.slurm import jobs as sl
+from convergence.protocol.slurm.node import (
     SIGNAL_DELAY_S,
     Piece,
     PieceFailed,
@@ -22,7 +22,7 @@ from convergence.protocol.slurm_job import (
     torchrun_argv,
     worker_minutes,
 )
-from convergence.protocol.slurm_options import SlurmOptions
+from convergence.protocol.slurm.options import SlurmOptions
 from numerics.errors import BadInput
 
 

@@ -1,4 +1,4 @@
-"""What a Slurm job of the protocol runs on its node (``convergence.protocol.slurm`` submits it).
+"""What a Slurm job of the protocol runs on its node (``convergence.protocol.slurm.jobs`` submits it).
 
 Public: ``Piece`` (the job's callable, pickled by submitit), ``worker_minutes(time_minutes, startup_s)``,
 ``torchrun_argv(argv, ...)``, ``rendezvous_port(job_id)``, ``first_host()``, ``PieceFailed``, and the timing

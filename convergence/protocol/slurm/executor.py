@@ -1,5 +1,5 @@
-"""The ``slurm`` executor of the protocol: each run still to make is a Slurm job (``convergence.protocol.slurm``
-submits it, ``convergence.protocol.slurm_job`` runs it), and each run's state reads as its job's.
+"""The ``slurm`` executor of the protocol: each run still to make is a Slurm job (``convergence.protocol.slurm.jobs``
+submits it, ``convergence.protocol.slurm.node`` runs it), and each run's state reads as its job's.
 
 Public: ``SlurmExecutor``, ``run_states(folder_states, jobs)``, ``add_arguments(parser)``, ``flags_given(args,
 parser)``, ``options_of(args, device)``, ``refuse_active_jobs(out, doing, required)``.
@@ -7,7 +7,7 @@ parser)``, ``options_of(args, device)``, ``refuse_active_jobs(out, doing, requir
 * What a job runs: the run's worker piece (``schedule.protocol_worker``) with ``--batch-job``: on its node it checks
   that the node computes runs as the runs made so far (``provenance.environment_change``; the login node need not
   have the plan's GPUs or libraries), records its own pace with its job id and node in ``OUT/pace.jsonl``, and stops
-  at a checkpoint by ``slurm_job.worker_minutes`` of the time limit or at Slurm's warning or a preemption's SIGTERM
+  at a checkpoint by ``node.worker_minutes`` of the time limit or at Slurm's warning or a preemption's SIGTERM
   (``convergence.train.stopping``). A job on a finished run starts nothing.
 * The runs of one call share their options, so they go as one job array; a run whose latest job is pending or
   running is not submitted again, nor a finished one; the rest (never submitted, failed, cancelled, timed out,
@@ -28,12 +28,13 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from convergence.protocol import forks, slurm
+from convergence.protocol import forks
 from convergence.protocol.folder import run_dir
 from convergence.protocol.plan import ProtocolPlan, RunSpec
 from convergence.protocol.schedule import STARTUP_S, LocalExecutor, RunFailed, RunState, protocol_worker
-from convergence.protocol.slurm_job import worker_minutes
-from convergence.protocol.slurm_options import SlurmOptions
+from convergence.protocol.slurm import jobs as slurm
+from convergence.protocol.slurm.node import worker_minutes
+from convergence.protocol.slurm.options import SlurmOptions
 from numerics.errors import BadInput
 
 ENDED = ("cancelled", "timeout", "preempted")  # a job that ended before its run: the run is submitted again

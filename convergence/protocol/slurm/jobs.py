@@ -3,8 +3,8 @@
 Public: ``SlurmRun``, ``submit(folder, runs, options) -> Submission``, ``job_states(folder)``,
 ``wait(folder, names)``, ``has_jobs(folder)``, ``check_submitter()``, ``JobState``, ``STATES``, ``ACTIVE``,
 ``check_shared_folder(folder, options)``, ``JOBS_FILE``; what a job runs on its node, and when its worker stops,
-is ``convergence.protocol.slurm_job`` (``Piece``, ``worker_minutes``, ``torchrun_argv``); what each job asks
-Slurm for, ``convergence.protocol.slurm_options.SlurmOptions``.
+is ``convergence.protocol.slurm.node`` (``Piece``, ``worker_minutes``, ``torchrun_argv``); what each job asks
+Slurm for, ``convergence.protocol.slurm.options.SlurmOptions``.
 
 * What is submitted: each run is one job running its worker command (``SlurmRun.argv``) through ``Piece``; the runs
   of one ``submit`` share their options, so they go as one job array (``executor.batch()``; one run: one job).
@@ -51,8 +51,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from convergence.protocol.slurm_job import CHECKPOINT_WAIT_S, MAX_REQUEUES, Piece
-from convergence.protocol.slurm_options import SlurmOptions
+from convergence.protocol.slurm.node import CHECKPOINT_WAIT_S, MAX_REQUEUES, Piece
+from convergence.protocol.slurm.options import SlurmOptions
 from numerics.errors import BadInput
 
 STATE_DIR = "slurm"

@@ -10,7 +10,7 @@ import math
 import re
 from dataclasses import dataclass
 
-from convergence.protocol.slurm_job import SIGNAL_DELAY_S
+from convergence.protocol.slurm.node import SIGNAL_DELAY_S
 from numerics.errors import BadInput
 
 # flags an option of SlurmOptions sets, or that the executor relies on (logs, array, signal, requeue, one task a node)

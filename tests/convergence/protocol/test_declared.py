@@ -180,6 +180,16 @@ def test_projection_gives_the_tests_and_the_controls_chances_by_the_exact_formul
     assert f["verdict"]["chance_equivalent_at_0"] > f["levels"][0]["verdict"]["chance_equivalent_at_0"]
 
 
+def test_a_pilots_projection_gives_its_runs_and_their_cost_and_no_chances():
+    """A fork pilot decides nothing: its projection counts its trunk and continuations and what they cost (the trunk
+    to the fork step, each continuation from it, a start-up each), and names no chance."""
+    pilot = ProtocolPlan(model="proxy", steps=1500, design="fork", fork_step=500, replicates=8, pilot=True).check()
+    p = projection(pilot)
+    run_s, up = 371.25, 60.0
+    assert p["runs"] == 9 and "verdict" not in p
+    assert p["gpu_hours"] == pytest.approx((up + (run_s - up) / 3 + 8 * (up + 2 * (run_s - up) / 3)) / 3600)
+
+
 def test_declare_only_writes_the_plan_and_its_projection_and_trains_nothing(tmp_path, capsys):
     out = tmp_path / "plan"
     argv = ["protocol", "--model", "proxy", "--steps", "1500", "--replicates", "8", "--candidate-replicates", "8",

@@ -204,6 +204,17 @@ def _since_start_s() -> float | None:
         return None
 
 
+def _check_kernels(plan: ProtocolPlan, device: str | None) -> None:
+    """One line when the plan's MXFP8 kernel cannot run its recipes, and (``device``: not None) when it cannot run
+    on this machine's ``device``; None where no run trains here (a folder only judged, a Slurm submitter)."""
+    problem = None if device is None or plan.mxfp8_kernel == "auto" else mxfp8_problem(plan.mxfp8_kernel, device)
+    if problem:
+        raise CLIError(f"--mxfp8-kernel: {problem}")
+    recipes = {r.recipe for r in plan.runs()} - {"bf16"}
+    check_recipe_kernels(sorted(recipes - set(NULL_CONTROLS)), plan.mxfp8_kernel, device)
+    check_recipe_kernels(sorted(recipes & set(NULL_CONTROLS)), "auto", device)
+
+
 def _worker(args) -> int:
     """``--piece NAME``: one piece of one run of the plan in --out; nothing on a finished run. A scheduler's
     SIGTERM (preemption, scancel) or SIGUSR2 (Slurm's warning) stops it at its next step, with its checkpoint.
@@ -236,6 +247,7 @@ def _worker(args) -> int:
             if plan.device == "cuda" and not torch.cuda.is_available():
                 raise CLIError(f"{spec.name}: no CUDA device visible on {where['node']} (the jobs asked "
                                f"--slurm-gpus 1; CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')})")
+            _check_kernels(plan, plan.device)
             if not args.mixed_environment:
                 _check_environment(plan, args.out)
         if args.gpu_share > 1 and plan.device == "cuda":  # the memory check then sees this run's share
@@ -343,12 +355,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         check_hardware_tag(args.hardware)
     if args.whole_runs and args.stop_after_minutes is None:
         raise CLIError("--whole-runs needs --stop-after-minutes (without a deadline every run is whole)")
-    problem = None if judge_only or plan.mxfp8_kernel == "auto" else mxfp8_problem(plan.mxfp8_kernel, args.device)
-    if problem:
-        raise CLIError(f"--mxfp8-kernel: {problem}")
-    recipes = {r.recipe for r in plan.runs()} - {"bf16"}
-    check_recipe_kernels(sorted(recipes - set(NULL_CONTROLS)), plan.mxfp8_kernel, None if judge_only else args.device)
-    check_recipe_kernels(sorted(recipes & set(NULL_CONTROLS)), "auto", None if judge_only else args.device)
+    # whether a kernel runs on the device is the training machine's question: a Slurm job's node asks it (_worker)
+    _check_kernels(plan, None if judge_only or on_slurm else args.device)
     if plan.data is not None and not judge_only:  # before protocol.json records it: a mistyped path then leaves
         data_mod.check_data_path(plan.data)        # no plan that the corrected command would have to --force
     slots = gpus * args.parallel if args.device == "cuda" else args.parallel

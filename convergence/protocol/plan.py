@@ -384,8 +384,10 @@ class ProtocolPlan:
     def command(self, out: str, *, gpus: int = 0, per_gpu: int = 1, stop_after_minutes: float | None = None,
                 declare_only: bool = False) -> str:
         """The ``python -m convergence protocol`` command of this plan (repeat it until it says complete)."""
+        # a pilot's continuations per trunk are its --pilot N (the command line refuses --replicates beside it)
+        runs = ["--pilot", str(self.replicates)] if self.pilot else ["--replicates", str(self.replicates)]
         argv = ["python", "-m", "convergence", "protocol", "--model", self.model, "--steps", str(self.steps),
-                "--out", out, "--seed", str(self.seed), "--replicates", str(self.replicates),
+                "--out", out, "--seed", str(self.seed), *runs,
                 *(["--candidate-replicates", str(self.candidate_replicates)] if self.candidate_replicates > 1 else []),
                 "--design", self.design,
                 *([] if self.pilot else ["--candidate", self.candidate, "--control", self.control]),
@@ -396,7 +398,7 @@ class ProtocolPlan:
             if getattr(self, key) != getattr(d, key) and not (self.legacy and key != "alpha"):
                 argv += [flag, str(getattr(self, key))]
         if self.design == "fork":
-            argv += ["--trunks", str(self.trunks), "--fork-step", str(self.fork_step)] + (["--pilot"] * self.pilot)
+            argv += ["--trunks", str(self.trunks), "--fork-step", str(self.fork_step)]
         if self.null_control:
             argv += ["--null-control"]
         for key, value in self.overrides:

@@ -112,9 +112,11 @@ def projection(plan: ProtocolPlan, costs: dict | None = None) -> dict:
            "design": plan.design, "spread": spread, "se_set": se_set, "spread_source": source,
            "costs": costs, "early_stopping": "none on the data: judged once, at the last whole level the compute "
                                              "reached (a level chosen by the compute time is unbiased)"}
-    if plan.pilot or plan.legacy:
-        return out | {"note": "a pilot measures a spread; no verdict to plan" if plan.pilot else
-                      "a plan under the rule before declared tests: no projection"}
+    if plan.pilot:  # its runs and their cost, no chances
+        return out | {"runs": len(plan.runs()), "gpu_hours": None if costs is None else plan_cost_s(plan, costs) / 3600,
+                      "note": "a pilot measures a spread; no verdict to plan"}
+    if plan.legacy:
+        return out | {"note": "a plan under the rule before declared tests: no projection"}
     levels = []
     for sub in plan.levels():
         row = {"replicates": sub.replicates, "candidate_replicates": sub.candidate_replicates,

@@ -67,6 +67,33 @@ def test_the_proxy_table_by_design_and_test():
     assert "| fork | equivalence | +0.000% | favourable | 91 | 12 | 194 | 14.1 | 5.0% |" in text and "assumed" in text
 
 
+def test_the_readme_power_table_is_the_one_the_golden_curves_give():
+    """README.md's table of runs per arm and H200-hours, row by row, is ``designs.table`` at the spread the golden
+    k16 verdicts measure (0.963 %), so the README cannot drift from the code or the curves: the independent rows
+    measured, the fork rows at the assumed within-trunk spread and said to be assumed. The control: a row with
+    another number is told apart."""
+    import re
+
+    readme = (Path(__file__).resolve().parents[3] / "README.md").read_text()
+    ind = k16_design()
+    fk = designs.fork(None, ind.se_set, independent_spread=ind.spread, fork_fraction=500 / 1500)
+    rows = designs.table([ind, fk], 0.0025, run_s=K16_RUN_S, startup_s=PROXY_STARTUP_S)
+    want = {(r["design"], r["test"]): (r["runs_per_arm"], f"{r['gpu_hours']:.1f}") for r in rows}
+    row = re.compile(r"^\| (independent runs|fork at step 500) \| (equivalence|non-inferiority|two-ranges)\b[^|]*"
+                     r"\| (\d+) \| ([\d.]+) \| ([^|]*)\|$", re.M)
+
+    def found(text: str) -> dict:
+        return {("independent" if d.startswith("independent") else "fork", t): (int(n), h)
+                for d, t, n, h, _ in row.findall(text)}
+
+    got = found(readme)
+    assert len(got) == 5 and all(got[key] == want[key] for key in got), (got, want)
+    assert all(("assumed, pilot pending" in src) == d.startswith("fork") for d, _, _, _, src in row.findall(readme))
+    assert f"{ind.spread:.3%}".replace("%", " %") in readme  # the spread the table names
+    assert found(readme.replace("| 206 | 42.5 |", "| 205 | 42.5 |"))[("independent", "non-inferiority")] != want[
+        ("independent", "non-inferiority")]
+
+
 def test_a_fork_costs_its_trunks_once_and_its_continuations_from_the_fork_step():
     """By hand: 20 pairs, 8 per trunk -> 3 trunks of a third of a BF16 run, and 20 BF16 and 20 candidate runs of
     two thirds each; each part pays the start-up again. Independent runs cost whole runs."""

@@ -190,3 +190,21 @@ def test_protocol_cli_status_shows_the_key_numbers_and_draws_on_request(finished
     assert "--plot-parting goes with --status" in refused(*TINY, "--out", str(tmp_path / "p"),
                                                           "--plot-parting", str(drift))
     assert "--status" in refused("--status", "--out", str(tmp_path / "none"))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a visible CUDA GPU, as a login node")
+def test_a_slurm_submitter_leaves_the_kernels_device_to_the_jobs_node(tmp_path, refused, monkeypatch):
+    """A login node has no GPU: a --device cuda plan with --mxfp8-kernel fast is submitted from it (the job's node
+    checks the kernel, _worker), where the local executor refuses it on this machine. The submitter is stopped at
+    its executor (a stub: no sbatch is called), past every check before it, with nothing recorded yet
+    (protocol.json is written after the executor's options pass)."""
+    from numerics.cli import CLIError
+
+    def stub(*_args, **_kw):
+        raise CLIError("stub executor reached")
+
+    monkeypatch.setitem(EXECUTORS, "slurm", stub)
+    argv = [*TINY, "--device", "cuda", "--mxfp8-kernel", "fast", "--out", str(tmp_path / "p")]
+    assert "no CUDA device" in refused(*argv)  # the local executor: this machine would train
+    assert "stub executor reached" in refused(*argv, "--executor", "slurm")
+    assert not (tmp_path / "p" / "protocol.json").exists()

@@ -180,6 +180,50 @@ def test_projection_gives_the_tests_and_the_controls_chances_by_the_exact_formul
     assert f["verdict"]["chance_equivalent_at_0"] > f["levels"][0]["verdict"]["chance_equivalent_at_0"]
 
 
+def test_a_pilots_projection_gives_its_runs_and_their_cost_and_no_chances():
+    """A fork pilot decides nothing: its projection counts its trunk and continuations and what they cost (the trunk
+    to the fork step, each continuation from it, a start-up each), and names no chance."""
+    pilot = ProtocolPlan(model="proxy", steps=1500, design="fork", fork_step=500, replicates=8, pilot=True).check()
+    p = projection(pilot)
+    run_s, up = 371.25, 60.0
+    assert p["runs"] == 9 and "verdict" not in p
+    assert p["gpu_hours"] == pytest.approx((up + (run_s - up) / 3 + 8 * (up + 2 * (run_s - up) / 3)) / 3600)
+
+
+def test_the_confirmatory_plan_in_docs_is_what_its_command_declares_and_projects():
+    """docs/studies/confirmatory/: its protocol.json is the plan the Slurm command in confirmatory.md declares (that
+    command parsed by the protocol's own parser, less where and how it runs), and its projection.json's whole-plan
+    numbers (runs, GPU-hours, the test's and the controls' chances) are what the code projects for that plan now.
+    Only the whole plan is projected again here (its 206 levels take ~20 s)."""
+    import re
+    import shlex
+
+    from convergence.protocol import cli
+    from convergence.protocol.projection import COSTS, _chances, plan_cost_s, planning_spread
+
+    docs = Path(__file__).resolve().parents[3] / "docs" / "studies"
+    plan = plan_from_dict(json.loads((docs / "confirmatory" / "protocol.json").read_text())).check()
+    block = re.search(r"```bash\n(python -m convergence protocol .*?--executor slurm.*?)\n[^ ]",
+                      (docs / "confirmatory.md").read_text(), re.S).group(1)
+    argv = shlex.split(block.replace("\\\n", " "))[4:]
+    assert argv[argv.index("--executor") + 1] == "slurm"
+    out = argv.index("--out")
+    argv[out + 1] = "/nonexistent/confirmatory"  # not a folder that holds a plan
+    assert cli._plan_of(cli._protocol_parser().parse_args(argv)) == plan
+    committed = json.loads((docs / "confirmatory" / "projection.json").read_text())
+    spread, se_set, _ = planning_spread(plan)
+    now = _chances(plan, spread, se_set)
+    assert (committed["runs"], committed["spread"], committed["test"]) == (len(plan.runs()), spread, plan.test)
+    assert committed["gpu_hours"] == pytest.approx(plan_cost_s(plan, COSTS["proxy"]) / 3600, rel=1e-12)
+    for key in ("verdict", "positive_control", "negative_control"):
+        assert committed[key].keys() == now[key].keys(), key
+        for name, value in now[key].items():
+            assert committed[key][name] == (value if isinstance(value, str) else pytest.approx(value, rel=1e-9))
+    assert committed["levels"][-1]["runs"] == committed["runs"] == 619
+    assert committed["verdict"]["chance_non_inferior_at_0"] >= 0.8 > committed["levels"][-2]["verdict"][
+        "chance_non_inferior_at_0"]  # the fewest runs for 80 % power, as `convergence power` says (206 an arm)
+
+
 def test_declare_only_writes_the_plan_and_its_projection_and_trains_nothing(tmp_path, capsys):
     out = tmp_path / "plan"
     argv = ["protocol", "--model", "proxy", "--steps", "1500", "--replicates", "8", "--candidate-replicates", "8",

@@ -98,6 +98,25 @@ def test_plan_train_commands_reproduce_the_runs_it_makes():
         assert got == plan.train_config(spec), spec.name
 
 
+@pytest.mark.parametrize("kw", [
+    dict(),
+    dict(replicates=5, candidate_replicates=3, test="non-inferiority", endpoint="whole", null_control=True,
+         overrides=(("lr", 0.0003), ("val_every", 250.0))),
+    dict(design="fork", trunks=2, fork_step=500, candidate_replicates=2, fork_change="data"),
+    dict(design="fork", fork_step=500, replicates=8, pilot=True),
+])
+def test_plan_command_is_accepted_by_the_command_line_as_the_same_plan(kw):
+    """The command a plan prints ("run it with", and every result's sidecar) declares that plan again: parsed by
+    ``python -m convergence protocol``'s own parser it gives an equal plan (a pilot's continuations as --pilot N,
+    which the command line refuses beside --replicates)."""
+    from convergence.protocol import cli
+
+    plan = ProtocolPlan(model="proxy", steps=1500, device="cuda", val_percent=20, **kw).check()
+    argv = shlex.split(plan.command("/nonexistent/plan"))
+    assert argv[:4] == ["python", "-m", "convergence", "protocol"]
+    assert cli._plan_of(cli._protocol_parser().parse_args(argv[4:])) == plan
+
+
 def test_plan_command_names_the_gpus_and_the_runs_per_gpu(small_plan):
     plan = small_plan(device="cuda")
     assert plan.command("OUT", gpus=1, per_gpu=3).endswith("--gpus 1 --parallel 3")

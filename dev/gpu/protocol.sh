@@ -31,8 +31,9 @@ set -o pipefail
 python3 -m convergence protocol $(cat "dev/gpu/$NAME.args") --device cuda --out "$W" \
     --stop-after-minutes "$minutes" $([ "$WHOLE" = 1 ] && echo --whole-runs) 2>&1 | tee -a "$OUT/protocol.log"
 echo "protocol exit: $?"
-# runs stopped part-way keep their checkpoint in $W only; say which, and send back the rest
-(cd "$W" && find runs -name checkpoint.pt -printf '%h\n') > "$W/unfinished.txt"
+# runs stopped part-way keep their checkpoint in $W only; say which, and send back the rest (a fork's finished
+# trunk keeps its checkpoint too, but is finished: dev/gpu/unfinished.py)
+python3 dev/gpu/unfinished.py "$W" > "$W/unfinished.txt"
 # results/ stays behind: the plan is judged again on the developer's machine, on the CPU, and a whole plan's
 # judged files (99 for a 64-run plan) take the tarball over the 16 MiB a file from $OUT may be
 tar czf "$OUT/results.tgz" --exclude=checkpoint.pt --exclude="$NAME/results" -C /tmp "$NAME"

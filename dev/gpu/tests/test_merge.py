@@ -158,3 +158,24 @@ def test_a_fresh_machine_starts_from_the_tracked_copy(tmp_path):
     assert chose.returncode == 0 and chose.stdout.startswith("fresh machine"), chose.stdout + chose.stderr
     assert (work / "runs" / "bf16" / "bf16" / "metrics.jsonl.gz").read_bytes() == b"first run"
     assert (work / "protocol.json").exists() and not (work / "proto").exists()
+
+
+def test_unfinished_lists_runs_stopped_part_way_and_not_a_finished_trunk(tmp_path, monkeypatch):
+    """A fork's finished trunk keeps its checkpoint for its continuations: its logs are sent back and merged (a
+    fresh machine makes it again, held to them); a run stopped part-way with its checkpoint is listed (control)."""
+    monkeypatch.syspath_prepend(str(ROOT / GPU))
+    from unfinished import stopped_part_way
+
+    from convergence.protocol.folder import open_protocol, run_dir
+    from convergence.protocol.plan import ProtocolPlan
+
+    plan = ProtocolPlan(model="tiny", steps=20, design="fork", fork_step=10, replicates=2).check()
+    open_protocol(plan, tmp_path)
+    trunk, first, *_ = plan.runs()
+    for spec, steps in ((trunk, 10), (first, 14)):  # the trunk at its stop, the first continuation part-way
+        d = run_dir(tmp_path, spec)
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "loss": 1.0}) + "\n"
+                                                 for s in range(1, steps + 1)))
+        (d / "checkpoint.pt").write_bytes(b"")
+    assert stopped_part_way(tmp_path) == [f"runs/{first.name}/{first.recipe}"]

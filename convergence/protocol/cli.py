@@ -23,20 +23,18 @@ from convergence.curves.decision.equivalence import ENDPOINTS, TESTS
 from convergence.protocol import folder, render, schedule
 from convergence.protocol.judge import judge, write_results
 from convergence.protocol.plan import DESIGNS, PLANTED, TRAIN_OVERRIDES, ProtocolPlan
-from convergence.protocol.provenance import environment_change, hardware_tag, runs_hardware_tag
+from convergence.protocol.provenance import hardware_tag, runs_hardware_tag
 from convergence.protocol.slurm import executor as slurm_executor
 from convergence.protocol.slurm import jobs as slurm_jobs
 from convergence.protocol.slurm.node import worker_minutes
 from convergence.protocol.status import pairs, progress
+from convergence.protocol.worker import check_environment, check_kernels, run_worker
 from convergence.train import data as data_mod
-from convergence.train.cli import check_recipe_kernels
 from numerics.cli import ArgumentParser, CLIError, seed_arg
 from numerics.environment import check_hardware_tag
 from numerics.files import check_distinct, check_writable
 from numerics.layer.configs import CONFIGS
 from numerics.layer.mxfp8 import KERNELS as MXFP8_KERNELS
-from numerics.layer.mxfp8 import kernel_problem as mxfp8_problem
-from numerics.layer.recipes import NULL_CONTROLS
 
 
 def local_executor(args, *, slots: int, per_gpu: int, threads: int | None) -> schedule.Executor:
@@ -183,83 +181,6 @@ def parser_default(key: str):
     return _protocol_parser().get_default(key)
 
 
-def _check_environment(plan: ProtocolPlan, out: Path) -> None:
-    """CLIError when this machine computes runs differently from the plan's runs made so far."""
-    from numerics.environment import describe
-
-    changed = render.environment_change_line(environment_change(plan, out, describe()))
-    if changed:
-        raise CLIError(f"{out}: this machine computes runs differently from the plan's runs made so far "
-                       f"({changed}); its runs are compared with each other: continue where they match, or "
-                       "pass --mixed-environment to go on with both")
-
-
-def _since_start_s() -> float | None:
-    """Seconds since this process started (Linux's /proc), its interpreter's start-up included, as a local
-    worker's parent times it; None where unknown."""
-    try:
-        started = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])  # field 22: starttime
-        return float(Path("/proc/uptime").read_text().split()[0]) - started / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def _check_kernels(plan: ProtocolPlan, device: str | None) -> None:
-    """One line when the plan's MXFP8 kernel cannot run its recipes, and (``device``: not None) when it cannot run
-    on this machine's ``device``; None where no run trains here (a folder only judged, a Slurm submitter)."""
-    problem = None if device is None or plan.mxfp8_kernel == "auto" else mxfp8_problem(plan.mxfp8_kernel, device)
-    if problem:
-        raise CLIError(f"--mxfp8-kernel: {problem}")
-    recipes = {r.recipe for r in plan.runs()} - {"bf16"}
-    check_recipe_kernels(sorted(recipes - set(NULL_CONTROLS)), plan.mxfp8_kernel, device)
-    check_recipe_kernels(sorted(recipes & set(NULL_CONTROLS)), "auto", device)
-
-
-def _worker(args) -> int:
-    """``--piece NAME``: one piece of one run of the plan in --out; nothing on a finished run. A scheduler's
-    SIGTERM (preemption, scancel) or SIGUSR2 (Slurm's warning) stops it at its next step, with its checkpoint.
-    With ``--batch-job`` (a Slurm job, whose submitter neither sees its node nor times it) it checks its node's
-    GPU and environment and records its own pace, with its job id and node."""
-    import signal
-    import socket
-    import time
-
-    from convergence.train.stopping import stop_on_signals
-
-    t0 = time.monotonic() - (_since_start_s() or 0.0)
-    plan = folder.load_plan(args.out)
-    spec = next((s for s in plan.runs() if s.name == args.piece), None)
-    if spec is None:
-        raise CLIError(f"--piece {args.piece}: no run of that name in {args.out}'s plan")
-    with stop_on_signals(signal.SIGTERM, signal.SIGUSR2):
-        before = folder.run_state(plan, args.out, spec)
-        if before == "done":  # a job requeued after its run finished, or a run made elsewhere meanwhile
-            print(f"{spec.name}: finished already; nothing to do", file=sys.stderr, flush=True)
-            return 0
-        before = before if folder.can_continue(args.out, spec) else 0
-        where = None
-        if args.batch_job:
-            task = os.environ.get("SLURM_ARRAY_TASK_ID")
-            job = f"{os.environ['SLURM_ARRAY_JOB_ID']}_{task}" if task else os.environ.get("SLURM_JOB_ID")
-            where = {"slurm_job": job, "node": socket.gethostname()}
-            print(f"{spec.name}: piece in Slurm job {job} on {where['node']}, from step {before}", file=sys.stderr,
-                  flush=True)
-            if plan.device == "cuda" and not torch.cuda.is_available():
-                raise CLIError(f"{spec.name}: no CUDA device visible on {where['node']} (the jobs asked "
-                               f"--slurm-gpus 1; CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')})")
-            _check_kernels(plan, plan.device)
-            if not args.mixed_environment:
-                _check_environment(plan, args.out)
-        if args.gpu_share > 1 and plan.device == "cuda":  # the memory check then sees this run's share
-            torch.cuda.set_per_process_memory_fraction(1 / args.gpu_share)
-        stop = None if args.stop_after_minutes is None else 60 * args.stop_after_minutes
-        schedule.run_piece(plan, spec, args.out, stop_after_s=stop)
-        if where is not None:
-            schedule.record_pace(args.out, spec, before, folder.run_state(plan, args.out, spec),
-                                 time.monotonic() - t0, 1, *schedule.run_ends(plan, spec), where=where)
-    return 0
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """python -m convergence protocol: see convergence.protocol.plan (the runs) and docs/protocol.md.
 
@@ -277,7 +198,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.piece is not None:  # a worker: one piece of one run of the plan in --out
-        return _worker(args)
+        return run_worker(args)
     slurm_flags = slurm_executor.flags_given(args, parser)
     if args.status:
         for flag, given in (("--whole-runs", args.whole_runs), ("--stop-after-minutes", args.stop_after_minutes),
@@ -355,8 +276,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         check_hardware_tag(args.hardware)
     if args.whole_runs and args.stop_after_minutes is None:
         raise CLIError("--whole-runs needs --stop-after-minutes (without a deadline every run is whole)")
-    # whether a kernel runs on the device is the training machine's question: a Slurm job's node asks it (_worker)
-    _check_kernels(plan, None if judge_only or on_slurm else args.device)
+    # whether a kernel runs on the device is the training machine's question: a Slurm job's node asks it (run_worker)
+    check_kernels(plan, None if judge_only or on_slurm else args.device)
     if plan.data is not None and not judge_only:  # before protocol.json records it: a mistyped path then leaves
         data_mod.check_data_path(plan.data)        # no plan that the corrected command would have to --force
     slots = gpus * args.parallel if args.device == "cuda" else args.parallel
@@ -375,7 +296,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.force:  # its runs were deleted: read once more
         before = folder.run_status(plan, args.out)
     if not judge_only and not args.mixed_environment and not on_slurm:  # a Slurm job checks its own node
-        _check_environment(plan, args.out)
+        check_environment(plan, args.out)
     at_once = f"{slots or 1} at a time" + (f" ({per_gpu} per GPU)" if per_gpu > 1 else "")
     print(f"protocol {plan.prefix}: {len(before)} runs of {plan.steps} steps, "
           f"{'as Slurm jobs' if on_slurm else at_once}; done: "

@@ -31,30 +31,9 @@ from numerics.files import atomic_write, check_writable
 from numerics.layer.configs import CONFIGS
 from numerics.layer.mxfp8 import KERNELS as MXFP8_KERNELS
 from numerics.layer.mxfp8 import kernel_problem as mxfp8_problem
-from numerics.layer.recipes import RECIPES
+from numerics.layer.recipes import RECIPES, check_recipe_kernels
 
 DIST_TIMEOUT_S = 300.0  # a collective's wait before a rank gives up: far above a step's (16b: ~4.5 s), below a hang
-
-
-def check_recipe_kernels(recipes: Sequence[str], kernel: str, device: str | None = None) -> None:
-    """One line when a recipe cannot run on the chosen kernel. ``auto`` picks the fast kernel for a recipe only it
-    computes (``OpRecipe.kernels``): whether that runs on ``device`` is checked here too, before any run starts (not
-    as a traceback at the recipe's first step, after the other recipes have trained); None: not checked (a folder
-    only judged)."""
-    for name in recipes:
-        recipe = RECIPES[name]()
-        if not recipe.mxfp8:
-            continue
-        if kernel != "auto":
-            problem = recipe.op.kernel_problem(kernel)
-            problem = problem and f"{name} {problem}"
-        elif recipe.op.kernels == ("fast",) and device is not None:
-            problem = mxfp8_problem("fast", device)  # its advice after ';' names the other kernels: not for this one
-            problem = problem and f"{name} runs on kernel 'fast' only, and {problem.partition(';')[0]}"
-        else:
-            problem = None
-        if problem:
-            raise CLIError(f"--mxfp8-kernel {kernel}: {problem}")
 
 
 def config_from_args(args) -> TrainConfig:

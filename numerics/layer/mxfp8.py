@@ -1,6 +1,6 @@
 """The one MXFP8 seam: the op a converted ``Linear`` / ``GroupedLinear`` runs, with a kernel choice.
 
-Public: ``KERNELS``, ``default_kernel(device, op)``, ``kernel_problem(kernel, device)``, ``linear_op(op, kernel)`` /
+Public: ``KERNELS``, ``default_kernel(device, op)``, ``kernel_problem(kernel, device, op)``, ``linear_op(op, kernel)`` /
 ``grouped_mm_op(op, kernel)`` (the callables ``numerics.layer.recipes.apply_recipe`` puts into a module's
 ``mxfp8_op``), ``torchao_linear`` / ``torchao_grouped_mm`` (the subject, called as the model calls it),
 ``op_config(op, kernel)``, ``check_mx_gemm``, ``quantize_api_refusal``, ``BLOCK``. What an op computes is an
@@ -57,14 +57,17 @@ def default_kernel(device: torch.device | str, op: OpRecipe = MXFP8) -> str:
     return "real" if _is_sm100(device) else "emulated"
 
 
-def kernel_problem(kernel: str, device: torch.device | str) -> str | None:
-    """None if ``kernel`` runs on ``device``, else one line saying why and which choices do run there."""
+def kernel_problem(kernel: str, device: torch.device | str, op: OpRecipe | None = None) -> str | None:
+    """None if ``kernel`` runs on ``device`` (``op``'s ops, where given), else one line saying why and which choices
+    do run there."""
     if kernel not in KERNELS:
         return f"unknown MXFP8 kernel {kernel!r}; choose from {', '.join(KERNELS)}"
     works = [k for k in KERNELS if k == "emulated" or (k == "real" and _is_sm100(device))]
     if kernel == "real" and not _is_sm100(device):
         return f"MXFP8 kernel 'real' needs an SM100 GPU (B200/GB200); on {device} use {' or '.join(works)}"
     if kernel == "fast":
+        if op is not None and op.cast == "identity":  # the null control runs none of the cast kernels: torch's GEMMs
+            return None
         try:
             from numerics.layer import fast
         except ImportError:

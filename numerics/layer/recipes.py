@@ -37,11 +37,13 @@ stay as they are (plain tensors, FP32 masters in training), each op seeing them 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 import torch
 from torch import nn
 
+from numerics.errors import BadInput
 from numerics.layer import mxfp8
 from numerics.layer.deepseek_v3 import GroupedLinear, Linear
 from numerics.layer.op_recipe import MXFP8, OpRecipe
@@ -166,6 +168,28 @@ def get_recipe(name: str) -> Recipe:
     return RECIPES[name]()
 
 
+def check_recipe_kernels(recipes: Sequence[str], kernel: str, device: str | None = None) -> None:
+    """One line when a recipe cannot run on the chosen kernel. ``auto`` picks the fast kernel for a recipe only it
+    computes (``OpRecipe.kernels``): whether that runs on ``device`` is checked here too, before any run starts (not
+    as a traceback at the recipe's first step, after the other recipes have trained); None: not checked (a folder
+    only judged)."""
+    for name in recipes:
+        recipe = RECIPES[name]()
+        if not recipe.mxfp8:
+            continue
+        if kernel != "auto":
+            problem = recipe.op.kernel_problem(kernel)
+            problem = problem and f"{name} {problem}"
+        elif recipe.op.kernels == ("fast",) and device is not None:
+            # the problem's advice after ';' names the other kernels, which this recipe cannot take
+            problem = mxfp8.kernel_problem("fast", device, recipe.op)
+            problem = problem and f"{name} runs on kernel 'fast' only, and {problem.partition(';')[0]}"
+        else:
+            problem = None
+        if problem:
+            raise BadInput(f"--mxfp8-kernel {kernel}: {problem}")
+
+
 def _selected(recipe: Recipe, module: nn.Module, fqn: str) -> bool:
     if recipe.grouped_experts and isinstance(module, GroupedLinear):
         return True
@@ -210,7 +234,7 @@ def apply_recipe(model: nn.Module, recipe: Recipe, device: torch.device | str = 
         return {"quantized": [], "kernel": None, "torchao_config": None}
     kernel = kernel or mxfp8.default_kernel(device, recipe.op)
     problem = recipe.op.kernel_problem(kernel)
-    problem = f"{recipe.name} {problem}" if problem else mxfp8.kernel_problem(kernel, device)
+    problem = f"{recipe.name} {problem}" if problem else mxfp8.kernel_problem(kernel, device, recipe.op)
     if problem:
         raise ValueError(problem)
     fqns = quantized_fqns(model, recipe)

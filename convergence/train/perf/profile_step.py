@@ -177,7 +177,7 @@ def _main(argv: Sequence[str] | None) -> int:
         if recipe.mxfp8:
             kernel = default_kernel(device, recipe.op) if args.mxfp8_kernel == "auto" else args.mxfp8_kernel
             problem = recipe.op.kernel_problem(kernel)
-            problem = f"{args.recipe} {problem}" if problem else kernel_problem(kernel, device)
+            problem = f"{args.recipe} {problem}" if problem else kernel_problem(kernel, device, recipe.op)
             if problem:
                 raise CLIError(f"--mxfp8-kernel {kernel}: {problem}")
         result, kept = profile_step(args.model, args.recipe, kernel, compile_=args.compile, batch=args.batch,

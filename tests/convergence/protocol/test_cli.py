@@ -195,7 +195,7 @@ def test_protocol_cli_status_shows_the_key_numbers_and_draws_on_request(finished
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a visible CUDA GPU, as a login node")
 def test_a_slurm_submitter_leaves_the_kernels_device_to_the_jobs_node(tmp_path, refused, monkeypatch):
     """A login node has no GPU: a --device cuda plan with --mxfp8-kernel fast is submitted from it (the job's node
-    checks the kernel, _worker), where the local executor refuses it on this machine. The submitter is stopped at
+    checks the kernel, run_worker), where the local executor refuses it on this machine. The submitter is stopped at
     its executor (a stub: no sbatch is called), past every check before it, with nothing recorded yet
     (protocol.json is written after the executor's options pass)."""
     from numerics.cli import CLIError

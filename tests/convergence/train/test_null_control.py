@@ -49,3 +49,21 @@ def test_null_control_trains_bit_identically_to_bf16_on_the_proxy(tmp_path):
     probes: about 2 x 300 proxy steps on an H200."""
     _train(tmp_path, "proxy", ("bf16", "mxfp8-null"), 300, "cuda", val_every=300)
     assert _first_difference(tmp_path, "mxfp8-null") is None
+
+
+def test_null_control_needs_no_triton(monkeypatch):
+    """Its ops run none of the fast cast kernels, so a machine without Triton (``pip install -e .[test]``, no
+    ``fast`` extra) still trains it, as ``mxval validate`` does on a CPU; a real cast on kernel fast needs Triton
+    there (the control)."""
+    import sys
+
+    from numerics.layer import mxfp8
+    from numerics.layer.fast import cast
+
+    monkeypatch.setitem(sys.modules, "triton", None)  # an import of triton fails, as where it is not installed
+    cast._available.cache_clear()
+    try:
+        assert mxfp8.kernel_problem("fast", "cpu", get_recipe("mxfp8-null").op) is None
+        assert "needs Triton" in mxfp8.kernel_problem("fast", "cpu", get_recipe("mxfp8-e5m2").op)
+    finally:
+        cast._available.cache_clear()

@@ -365,8 +365,8 @@ def test_a_fast_only_recipe_without_the_fast_kernel_is_refused_before_any_run(ca
     """E5M2/E2M1 run on the fast kernel only, which --mxfp8-kernel auto picks for them; without Triton, train and
     protocol refuse them before any run: one line, exit 2, nothing trained; recipes the emulated kernel computes
     pass (the control)."""
-    from convergence.train.cli import check_recipe_kernels
     from numerics.layer.fast import cast
+    from numerics.layer.recipes import check_recipe_kernels
 
     monkeypatch.setitem(sys.modules, "triton", None)  # import fails as if it were not installed
     monkeypatch.setattr(cast, "_available", functools.cache(cast._available.__wrapped__))  # a cache of its own

@@ -46,9 +46,9 @@ def local_executor(args, *, slots: int, per_gpu: int, threads: int | None) -> sc
 def slurm_executor_of(args, *, slots: int, per_gpu: int, threads: int | None) -> schedule.Executor:
     """Each run a Slurm job with the ``--slurm-*`` options, each worker with ``threads`` (default: its CPUs)."""
     options = slurm_executor.options_of(args, args.device)
-    if not args.status:  # before the folder changes: a submitter, and a time limit that leaves time to train
-        slurm_jobs.check_submitter()
+    if not args.status:  # before the folder changes: a time limit that leaves time to train, and a submitter
         worker_minutes(options.time_minutes, schedule.STARTUP_S.get(args.model, 60.0))
+        slurm_jobs.check_submitter()
     return slurm_executor.SlurmExecutor(options, threads=threads or options.cpus,
                                         mixed_environment=args.mixed_environment,
                                         shared=args.slurm_shared_folder, wait=args.slurm_wait)

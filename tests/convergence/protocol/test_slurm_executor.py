@@ -9,6 +9,7 @@ import io
 import json
 import shutil
 import subprocess
+import sys
 import time
 
 import pytest
@@ -142,7 +143,15 @@ def test_slurm_executor_bad_flags_are_one_line_and_leave_no_folder(tmp_path, ref
     assert not (tmp_path / "p").exists()
 
 
+def test_slurm_executor_without_submitit_is_one_line_and_leaves_no_folder(tmp_path, refused, monkeypatch):
+    monkeypatch.setitem(sys.modules, "submitit", None)  # its import fails, as where the slurm extra is not installed
+    assert "pip install 'mxval[slurm]'" in refused("--model", "tiny", "--steps", "20", "--out", str(tmp_path / "p"),
+                                                   *SLURM)
+    assert not (tmp_path / "p").exists()
+
+
 def test_slurm_executor_without_sbatch_on_path_is_one_line_and_leaves_no_folder(tmp_path, refused, monkeypatch):
+    pytest.importorskip("submitit", reason="the slurm extra: pip install -e '.[slurm]'")
     monkeypatch.setenv("PATH", str(tmp_path / "bin"))  # no Slurm command
     assert "sbatch is not on PATH" in refused("--model", "tiny", "--steps", "20", "--out", str(tmp_path / "p"), *SLURM)
     assert not (tmp_path / "p").exists()

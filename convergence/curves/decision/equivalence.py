@@ -48,7 +48,6 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from scipy import stats
 
 LEGACY = "two-ranges"
 TESTS = ("equivalence", "non-inferiority", LEGACY)
@@ -73,6 +72,8 @@ def describe(test: str, alpha: float) -> str:
 def _sf(num: float, se: float, dof: float) -> float:
     """P(T > num / se) for T ~ t(dof), with se = 0 read as an infinitely precise estimate."""
     if se > 0:
+        from scipy import stats  # here, not at import: a plan or a training worker reads this module's names only
+
         return float(stats.t.sf(num / se, dof))
     return 0.0 if num > 0 else 1.0 if num < 0 else 0.5
 
@@ -80,6 +81,8 @@ def _sf(num: float, se: float, dof: float) -> float:
 def decisions(estimate, se, dof, *, test: str, alpha: float, margin: float):
     """The decision of each (estimate, se, dof) (numpy arrays or scalars): 1 favourable (equivalent,
     non_inferior), -1 unfavourable (not_equivalent, inferior), 0 inconclusive; and the interval's ends."""
+    from scipy import stats
+
     half = stats.t.ppf(1 - alpha, dof) * np.asarray(se, dtype=float)
     lo, hi = estimate - half, estimate + half
     if test == "equivalence":
@@ -125,6 +128,8 @@ def chance(test: str, delta: float, margin: float, *, alpha: float, sigma: float
     difference ``delta``, for runs of spread ``sigma`` (``c``: the estimate's variance in units of sigma^2),
     the spread estimated on ``dof`` degrees of freedom, and a held-out set error ``se_set`` taken as known (the
     module docstring)."""
+    from scipy import stats
+
     if test not in WORDS:
         raise ValueError(f"test must be one of {', '.join(WORDS)}, got {test!r}")
     sd = math.sqrt(sigma ** 2 * c + se_set ** 2)  # the estimate's true standard deviation

@@ -45,6 +45,7 @@ formula to simulated protocols judged by the verdict's code (within their simula
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -122,6 +123,18 @@ def judge(estimate: float, se: float, dof: float, *, test: str, alpha: float, ma
             "p_above_margin": p_above, "smallest_margin": smallest, "why": why}
 
 
+@functools.lru_cache(maxsize=1024)
+def _spread_nodes(dof: float) -> np.ndarray:
+    """s^2 / sigma^2 at the midpoints of ``_NODES`` equal-probability slices of chi^2 / dof, read-only: kept per dof,
+    as a power table asks ``chance`` for the same few dof hundreds of times (4,000 chi^2 quantiles each)."""
+    from scipy import stats
+
+    u = (np.arange(_NODES) + 0.5) / _NODES
+    w = stats.chi2.ppf(u, dof) / dof
+    w.flags.writeable = False
+    return w
+
+
 def chance(test: str, delta: float, margin: float, *, alpha: float, sigma: float, c: float, dof: float,
            se_set: float = 0.0) -> dict:
     """The exact probabilities of the favourable, unfavourable and inconclusive verdicts at a true relative
@@ -133,8 +146,7 @@ def chance(test: str, delta: float, margin: float, *, alpha: float, sigma: float
     if test not in WORDS:
         raise ValueError(f"test must be one of {', '.join(WORDS)}, got {test!r}")
     sd = math.sqrt(sigma ** 2 * c + se_set ** 2)  # the estimate's true standard deviation
-    u = (np.arange(_NODES) + 0.5) / _NODES
-    w = stats.chi2.ppf(u, dof) / dof  # s^2 / sigma^2 at equal-probability slices
+    w = _spread_nodes(float(dof))  # s^2 / sigma^2 at equal-probability slices
     half = float(stats.t.ppf(1 - alpha, dof)) * np.sqrt(sigma ** 2 * c * w + se_set ** 2)
     if sd == 0:
         raise ValueError("no spread and no set error: every verdict is certain")

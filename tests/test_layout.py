@@ -177,6 +177,63 @@ def test_layout_folders_hold_at_most_about_15_modules():
     assert {str(d): n for d, n in counts.items() if n > MAX_MODULES_PER_FOLDER} == {}
 
 
+# a worker (``python -m convergence train``, ``protocol --piece``, a Slurm job, a torchrun rank) is started once a run
+# or a piece, often a dozen times a protocol: what it imports before it trains it pays each time. scipy (~1 CPU-s)
+# is for judging, which a worker never does: imported inside the functions that judge
+WORKER_ENTRIES = ("convergence.train.cli", "convergence.protocol.cli")
+NOT_AT_WORKER_START = {"scipy"}
+
+
+def _import_time_imports(path: Path, known: set[str]) -> tuple[set[str], set[str]]:
+    """(project modules, other top-level packages) ``path`` imports when it is imported: outside functions."""
+    project, other = set(), set()
+    todo = list(ast.parse(path.read_text()).body)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            continue
+        todo.extend(ast.iter_child_nodes(node))
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in known else node.module
+                     for a in node.names]
+        else:
+            continue
+        for n in names:
+            if n.partition(".")[0] not in PACKAGES:
+                other.add(n.partition(".")[0])
+                continue
+            while n and n not in known:
+                n = n.rpartition(".")[0]
+            if n:
+                project.add(n)
+    return project, other
+
+
+def _imported_at_start(entries, mods: dict[str, Path]) -> dict[str, set[str]]:
+    """Each other top-level package the ``entries`` import when imported -> the project modules that import it."""
+    seen, todo, by = set(), list(entries), defaultdict(set)
+    while todo:
+        m = todo.pop()
+        if m in seen:
+            continue
+        seen.add(m)
+        parts = m.split(".")
+        todo.extend(".".join(parts[:i]) for i in range(1, len(parts)))  # a module's packages are imported first
+        project, other = _import_time_imports(mods[m], set(mods))
+        todo.extend(project)
+        for o in other:
+            by[o].add(m)
+    return by
+
+
+def test_layout_a_worker_starts_without_what_only_judging_needs():
+    by = _imported_at_start(WORKER_ENTRIES, _modules())
+    assert {o: sorted(by[o]) for o in NOT_AT_WORKER_START & set(by)} == {}
+    assert {"torch", "numpy"} <= set(by)  # the walk does reach the modules a worker imports
+
+
 # ---- the checks above must be able to fail
 
 def test_layout_cycle_finder_finds_a_planted_cycle():

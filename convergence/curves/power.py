@@ -72,10 +72,9 @@ def replicates_needed(spread: float, target: float, se_set: float = 0.0, confide
     runs as baselines, of spread ``cand_spread``, default ``spread``); None if ``k_max`` do not suffice (default
     ``BALANCED_MAX`` balanced, else ``K_MAX``)."""
     k_max = k_max or (BALANCED_MAX if balanced else K_MAX)
-    for k in range(2, k_max + 1):
-        if half_width(k, spread, se_set, confidence, m=k if balanced else 1, cand_spread=cand_spread) <= target:
-            return k
-    return None
+    ks = range(2, k_max + 1)
+    se, dof = _each_k(ks, spread, se_set, balanced, spread if cand_spread is None else cand_spread)
+    return _first(ks, stats.t.ppf(_level(confidence), dof) * se <= target)
 
 
 def replicates_for_equivalence(spread: float, margin: float, se_set: float = 0.0, confidence: float = 0.95, *,
@@ -93,12 +92,25 @@ def replicates_for_equivalence(spread: float, margin: float, se_set: float = 0.0
     proxy their levels move together, and the final window's spread is the one planned with)."""
     k_max = k_max or BALANCED_MAX
     z = float(stats.norm.ppf((1 + chance) / 2))
-    for k in range(2, k_max + 1):
-        se, dof = between_runs(k, spread, k, spread if cand_spread is None else cand_spread)
-        se = math.sqrt(se ** 2 + se_set ** 2)
-        if (float(stats.t.ppf(_level(confidence), dof)) + z) * se <= margin:
-            return k
-    return None
+    ks = range(2, k_max + 1)
+    se, dof = _each_k(ks, spread, se_set, True, spread if cand_spread is None else cand_spread)
+    return _first(ks, (stats.t.ppf(_level(confidence), dof) + z) * se <= margin)
+
+
+def _each_k(ks: range, spread: float, se_set: float, balanced: bool, cand_spread: float):
+    """For every k of ``ks``: the standard error with the set's, and the degrees of freedom, of ``k`` baselines
+    and ``k`` (``balanced``) or one candidate run, as ``half_width`` computes them one k at a time (the same
+    Python operations, so the same bits); numpy arrays, for one scipy quantile call over all of them instead of
+    one call per k (a --status asked scipy ~100,000 times)."""
+    per_k = [between_runs(k, spread, k if balanced else 1, cand_spread) for k in ks]
+    return (np.array([math.sqrt(se ** 2 + se_set ** 2) for se, _ in per_k]),
+            np.array([dof for _, dof in per_k], dtype=float))
+
+
+def _first(ks: range, enough: np.ndarray) -> int | None:
+    """The first k for which ``enough`` holds; None if none does."""
+    hit = np.flatnonzero(enough)
+    return ks[int(hit[0])] if hit.size else None
 
 
 def pooled_spread(groups: list[list[float]]) -> tuple[float, int] | None:

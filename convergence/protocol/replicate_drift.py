@@ -25,7 +25,6 @@ from pathlib import Path
 
 import numpy as np
 
-from convergence.curves import power
 from convergence.curves.jsonl import load_jsonl
 from convergence.protocol.folder import metrics_path
 from convergence.protocol.plan import ProtocolPlan
@@ -84,6 +83,8 @@ def spread_by_evaluation(plan: ProtocolPlan, out: Path, status: dict) -> dict | 
     ``dof``; and ``at_last``: at the last of those steps, each recipe's runs (the control's too) as their relative
     standard deviation and count, ``{recipe: (rsd, runs)}`` for recipes with two runs there or more (does one
     recipe's runs end wider apart than another's?). None without a degree of freedom or a step they share."""
+    from convergence.curves.power import pooled_spread  # here, not at import: scipy, which --piece never needs
+
     every: dict[str, list[dict[int, float]]] = {"bf16": [], plan.candidate: [], plan.control: []}
     for r in plan.runs():
         if r.recipe in every and status.get(r.name) == "done":
@@ -97,7 +98,7 @@ def spread_by_evaluation(plan: ProtocolPlan, out: Path, status: dict) -> dict | 
     spreads = []
     for step in steps:
         mean = float(np.mean([v[step] for v in groups["bf16"]]))
-        spreads.append(power.pooled_spread([[v[step] / mean - 1 for v in g] for g in groups.values()])[0])
+        spreads.append(pooled_spread([[v[step] / mean - 1 for v in g] for g in groups.values()])[0])
     at_last = {}
     for recipe, runs in every.items():
         ends = [v[steps[-1]] for v in runs if steps[-1] in v]

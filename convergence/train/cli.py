@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from convergence.curves.compare import EXIT_CODES
+from convergence.curves.decision.verdict import EXIT_CODES  # compare's, without compare's scipy
 from convergence.train import checkpoint as ckpt_mod
 from convergence.train import data as data_mod
 from convergence.train.loop import REAL_VOCAB_MODELS, TrainConfig, defaults_for, run

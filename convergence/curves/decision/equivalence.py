@@ -45,10 +45,10 @@ formula to simulated protocols judged by the verdict's code (within their simula
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
-from scipy import stats
 
 LEGACY = "two-ranges"
 TESTS = ("equivalence", "non-inferiority", LEGACY)
@@ -73,6 +73,8 @@ def describe(test: str, alpha: float) -> str:
 def _sf(num: float, se: float, dof: float) -> float:
     """P(T > num / se) for T ~ t(dof), with se = 0 read as an infinitely precise estimate."""
     if se > 0:
+        from scipy import stats  # here, not at import: a plan or a training worker reads this module's names only
+
         return float(stats.t.sf(num / se, dof))
     return 0.0 if num > 0 else 1.0 if num < 0 else 0.5
 
@@ -80,6 +82,8 @@ def _sf(num: float, se: float, dof: float) -> float:
 def decisions(estimate, se, dof, *, test: str, alpha: float, margin: float):
     """The decision of each (estimate, se, dof) (numpy arrays or scalars): 1 favourable (equivalent,
     non_inferior), -1 unfavourable (not_equivalent, inferior), 0 inconclusive; and the interval's ends."""
+    from scipy import stats
+
     half = stats.t.ppf(1 - alpha, dof) * np.asarray(se, dtype=float)
     lo, hi = estimate - half, estimate + half
     if test == "equivalence":
@@ -119,17 +123,30 @@ def judge(estimate: float, se: float, dof: float, *, test: str, alpha: float, ma
             "p_above_margin": p_above, "smallest_margin": smallest, "why": why}
 
 
+@functools.lru_cache(maxsize=1024)
+def _spread_nodes(dof: float) -> np.ndarray:
+    """s^2 / sigma^2 at the midpoints of ``_NODES`` equal-probability slices of chi^2 / dof, read-only: kept per dof,
+    as a power table asks ``chance`` for the same few dof hundreds of times (4,000 chi^2 quantiles each)."""
+    from scipy import stats
+
+    u = (np.arange(_NODES) + 0.5) / _NODES
+    w = stats.chi2.ppf(u, dof) / dof
+    w.flags.writeable = False
+    return w
+
+
 def chance(test: str, delta: float, margin: float, *, alpha: float, sigma: float, c: float, dof: float,
            se_set: float = 0.0) -> dict:
     """The exact probabilities of the favourable, unfavourable and inconclusive verdicts at a true relative
     difference ``delta``, for runs of spread ``sigma`` (``c``: the estimate's variance in units of sigma^2),
     the spread estimated on ``dof`` degrees of freedom, and a held-out set error ``se_set`` taken as known (the
     module docstring)."""
+    from scipy import stats
+
     if test not in WORDS:
         raise ValueError(f"test must be one of {', '.join(WORDS)}, got {test!r}")
     sd = math.sqrt(sigma ** 2 * c + se_set ** 2)  # the estimate's true standard deviation
-    u = (np.arange(_NODES) + 0.5) / _NODES
-    w = stats.chi2.ppf(u, dof) / dof  # s^2 / sigma^2 at equal-probability slices
+    w = _spread_nodes(float(dof))  # s^2 / sigma^2 at equal-probability slices
     half = float(stats.t.ppf(1 - alpha, dof)) * np.sqrt(sigma ** 2 * c * w + se_set ** 2)
     if sd == 0:
         raise ValueError("no spread and no set error: every verdict is certain")

@@ -34,6 +34,25 @@ def test_replicates_needed_is_the_fewest_that_reach_the_target_or_none():
     assert power.replicates_needed(0.01, 0.0025) is None  # the floor (2.5 x 1 %) is above the target
 
 
+@pytest.mark.parametrize("spread, cand_spread, se_set, balanced", [
+    (0.004, None, 0.001, False), (0.01, None, 0.0005, True), (0.003, 0.007, 0.0, True), (0.0, 0.0, 0.001, True)])
+def test_replicates_needed_reads_the_half_widths_half_width_gives_one_k_at_a_time(spread, cand_spread, se_set,
+                                                                                   balanced):
+    """replicates_needed asks scipy for every k's quantile in one call: the half-widths it compares are
+    ``half_width``'s, bit for bit (equal spreads, unequal ones, none at all), so the k it returns is the first
+    whose ``half_width`` reaches the target, here one in the middle of the range and one beyond it."""
+    ks = range(2, 301 if balanced else power.K_MAX + 1)
+    se, dof = power._each_k(ks, spread, se_set, balanced, spread if cand_spread is None else cand_spread)
+    widths = stats.t.ppf(1 - 0.05 / 4, dof) * se
+    one_at_a_time = np.array([power.half_width(k, spread, se_set, m=k if balanced else 1, cand_spread=cand_spread)
+                              for k in ks])
+    assert widths.tobytes() == one_at_a_time.tobytes()
+    for target in (float(one_at_a_time[len(ks) // 2]), float(one_at_a_time[-1]) * 0.999):
+        want = next((k for k, w in zip(ks, one_at_a_time) if w <= target), None)
+        assert power.replicates_needed(spread, target, se_set, balanced=balanced, k_max=ks[-1],
+                                       cand_spread=cand_spread) == want
+
+
 def test_spread_power_law_is_recovered_and_solved_for_steps():
     a, b = power.fit_spread([(n, 0.3 * n ** -0.5) for n in (500, 1500, 4500)])
     assert (a, b) == (pytest.approx(0.3), pytest.approx(-0.5))

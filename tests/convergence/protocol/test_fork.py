@@ -12,6 +12,7 @@ import re
 import shlex
 import shutil
 import sys
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -108,24 +109,35 @@ def test_a_trunks_checkpoint_stays_while_a_continuation_needs_it(tmp_path):
 
 
 # a worker piece that makes a run in no time: a trunk its log to the fork step and a checkpoint, after a pause; a
-# continuation its whole log, failing (exit 3) if its trunk's checkpoint is not there when it starts
+# continuation its whole log, failing (exit 3) if its trunk's checkpoint is not there when it starts (forks.ready of
+# a continuation without a checkpoint of its own, as each is here). Plain Python, its paths worked out by the test
+# (_piece_argv): a piece importing the protocol's modules would spend seconds importing torch, for nothing the
+# schedule is tested on
 FAKE_PIECE = r"""
 import json, pathlib, sys, time
-from convergence.protocol import folder, forks
-out, name = pathlib.Path(sys.argv[1]), sys.argv[2]
-plan = folder.load_plan(out)
-spec = next(r for r in plan.runs() if r.name == name)
-d = folder.run_dir(out, spec)
+d, trunk_checkpoint, end, is_trunk = pathlib.Path(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4] == "1"
 d.mkdir(parents=True, exist_ok=True)
-if spec.after and not forks.ready(plan, out, spec):
+if trunk_checkpoint and not pathlib.Path(trunk_checkpoint).is_file():
     sys.exit(3)
-if spec.stop_at:
+if is_trunk:
     time.sleep(1.0)
-end = spec.stop_at or plan.steps
 (d / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "loss": 1.0}) + "\n" for s in range(1, end + 1)))
-if spec.stop_at:
+if is_trunk:
     (d / "checkpoint.pt").write_bytes(b"the trunk")
 """
+
+
+def _piece_argv(plan: ProtocolPlan, out, script) -> Callable[[str, float | None], list[str]]:
+    """``worker_argv`` for FAKE_PIECE: the run's folder, its trunk's checkpoint ('' for none), its last step and
+    whether it is a trunk."""
+    by = {r.name: r for r in plan.runs()}
+
+    def argv(name: str, _minutes) -> list[str]:
+        spec = by[name]
+        trunk = str(run_dir(out, by[spec.after]) / CHECKPOINT_FILE) if spec.after else ""
+        return [sys.executable, str(script), str(run_dir(out, spec)), trunk, str(spec.stop_at or plan.steps),
+                "1" if spec.stop_at else "0"]
+    return argv
 
 
 def test_worker_slots_start_a_continuation_only_once_its_trunk_is_there(tmp_path):
@@ -135,8 +147,7 @@ def test_worker_slots_start_a_continuation_only_once_its_trunk_is_there(tmp_path
     open_protocol(plan, tmp_path)
     script = tmp_path / "piece.py"
     script.write_text(FAKE_PIECE)
-    executor = LocalExecutor(slots=2, progress=False,
-                             worker_argv=lambda name, minutes: [sys.executable, str(script), str(tmp_path), name])
+    executor = LocalExecutor(slots=2, progress=False, worker_argv=_piece_argv(plan, tmp_path, script))
     status = execute(plan, tmp_path, executor)
     assert set(status.values()) == {"done"}
     assert not (run_dir(tmp_path, plan.runs()[0]) / CHECKPOINT_FILE).exists()

@@ -55,23 +55,29 @@ def _modules() -> dict[str, Path]:
     return {_module_name(p): p for pkg in PACKAGES for p in sorted((ROOT / pkg).rglob("*.py"))}
 
 
+def _imported_names(node: ast.AST, known: set[str]) -> list[str]:
+    """The dotted names an import statement imports (none for any other node): `from pkg import mod` imports
+    pkg.mod, `from mod import name` imports mod."""
+    if isinstance(node, ast.Import):
+        return [a.name for a in node.names]
+    if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+        return [f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in known else node.module for a in node.names]
+    return []
+
+
+def _project_module(name: str, known: set[str]) -> str:
+    """The project module a dotted name lies in ("" for none)."""
+    while name and name not in known:
+        name = name.rpartition(".")[0]
+    return name
+
+
 def _imports(path: Path, known: set[str]) -> set[str]:
     """Every project module ``path`` imports, wherever the import statement is."""
-    tree = ast.parse(path.read_text())
     out = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            names = [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            # `from pkg import mod` imports pkg.mod; `from mod import name` imports mod
-            names = [f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in known else node.module
-                     for a in node.names]
-        else:
-            continue
-        for n in names:
-            while n and n not in known:
-                n = n.rpartition(".")[0]
-            if n:
+    for node in ast.walk(ast.parse(path.read_text())):
+        for n in _imported_names(node, known):
+            if n := _project_module(n, known):
                 out.add(n)
     return out
 
@@ -193,20 +199,10 @@ def _import_time_imports(path: Path, known: set[str]) -> tuple[set[str], set[str
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
             continue
         todo.extend(ast.iter_child_nodes(node))
-        if isinstance(node, ast.Import):
-            names = [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names = [f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in known else node.module
-                     for a in node.names]
-        else:
-            continue
-        for n in names:
+        for n in _imported_names(node, known):
             if n.partition(".")[0] not in PACKAGES:
                 other.add(n.partition(".")[0])
-                continue
-            while n and n not in known:
-                n = n.rpartition(".")[0]
-            if n:
+            elif n := _project_module(n, known):
                 project.add(n)
     return project, other
 

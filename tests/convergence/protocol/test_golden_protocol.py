@@ -77,11 +77,9 @@ def test_each_golden_verdict_is_judged_again_the_same_from_the_golden_curves():
         assert same(summary(again[verdict]), summary(recorded(verdict))), verdict
 
 
-def test_a_planted_shift_in_one_golden_run_is_seen(tmp_path):
-    """The control: one of sixteen MXFP8 runs' validation loss 0.5 % higher moves the verdict's estimate by about
-    0.5 % / 16, and the comparison above tells it apart."""
-    run = "mxfp8_rounding7"
-    shifted = tmp_path / f"{run}.jsonl.gz"
+def _shifted(run: str, folder) -> Path:
+    """A copy of a golden run's curve with its validation losses 0.5 % higher."""
+    shifted = folder / f"{run}.jsonl.gz"
     with gzip.open(curve(run), "rt") as src, gzip.open(shifted, "wt") as dst:
         for line in src:
             row = json.loads(line)
@@ -90,6 +88,14 @@ def test_a_planted_shift_in_one_golden_run_is_seen(tmp_path):
                 if "val_batch_losses" in row:
                     row["val_batch_losses"] = [x * 1.005 for x in row["val_batch_losses"]]
             dst.write(json.dumps(row) + "\n")
+    return shifted
+
+
+def test_a_planted_shift_in_one_golden_run_is_seen(tmp_path):
+    """The control: one of sixteen MXFP8 runs' validation loss 0.5 % higher moves the verdict's estimate by about
+    0.5 % / 16, and the comparison above tells it apart."""
+    run = "mxfp8_rounding7"
+    shifted = _shifted(run, tmp_path)
     planted, original = summary(rejudge({run: shifted})["verdict"]), summary(recorded("verdict"))
     assert not same(planted, original)
     moved = planted["final_window.estimate"] - original["final_window.estimate"]
@@ -129,13 +135,6 @@ def test_the_golden_plan_judged_post_hoc_by_the_declared_rule_is_pinned_and_labe
     assert eq["negative_control"]["outcome"]["covers_zero"] is True
     assert eq["positive_control"]["outcome"]["passed"] and eq["recipe_control_mxfp8-e2m1"]["outcome"]["passed"]
     run = "mxfp8_rounding7"
-    shifted = tmp_path / f"{run}.jsonl.gz"
-    with gzip.open(curve(run), "rt") as src, gzip.open(shifted, "wt") as dst:
-        for line in src:
-            row = json.loads(line)
-            if "val_loss" in row:
-                row["val_loss"] *= 1.005
-                row["val_batch_losses"] = [x * 1.005 for x in row.get("val_batch_losses", [])]
-            dst.write(json.dumps(row) + "\n")
+    shifted = _shifted(run, tmp_path)
     planted = posthoc.reading(root, "equivalence", replace={run: shifted})
     assert posthoc._differences(eq, planted) != []

@@ -395,7 +395,7 @@ def curves_summary(verdicts: dict[str, dict]) -> str:
     r = verdicts["verdict"]
     said = f"{r['verdict']}: {r['reason']}; {resolution(r)}"
     controls = {n: v for n, v in verdicts.items() if n != "verdict"}
-    missed = [f"the {n.replace('_', ' ')} came out {_word(v)}, not {v['protocol']['expected'].replace('_', ' ')}"
+    missed = [f"the {n.replace('_', ' ')} came out {_word(v)}, where {v['protocol']['expected']} was expected"
               for n, v in controls.items() if not _passed(v)]
     if missed:
         return f"not trusted at this size: {' and '.join(missed)}; the candidate's comparison alone: {said}"

@@ -254,8 +254,8 @@ def test_curves_summary_puts_a_control_that_missed_before_the_verdict_it_makes_u
 
     verdicts = _golden_protocol()  # its negative control came out inconclusive
     line = curves_summary(verdicts)
-    assert line.startswith("not trusted at this size: the negative control came out inconclusive, not equivalent; "
-                           "the candidate's comparison alone: not_equivalent: "), line
+    assert line.startswith("not trusted at this size: the negative control came out inconclusive, where equivalent "
+                           "was expected; the candidate's comparison alone: not_equivalent: "), line
     verdicts["negative_control"] = dict(verdicts["negative_control"], verdict="equivalent")  # the control: trusted
     assert curves_summary(verdicts).startswith("not_equivalent: ")
     assert "other seeds" not in READING["training"] and "init / data / rows" in READING["training"]

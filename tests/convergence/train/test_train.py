@@ -635,17 +635,18 @@ def test_a_run_does_not_inherit_the_memory_peaks_of_what_ran_before_it_in_the_pr
     del block
     assert host_gib() == host_before  # the control: a process's peak outlives what made it
     if device == "cuda":
+        held = torch.cuda.memory_allocated() / 2**30  # what earlier tests in this process still hold, if anything
         gpu_block = torch.ones(2**28, device=device)  # 1 GiB of float32
         del gpu_block
-        assert torch.cuda.max_memory_allocated() >= 2**30
+        assert torch.cuda.max_memory_allocated() / 2**30 >= held + 1
     args = ["train", "--model", "tiny", "--recipe", "bf16", "--steps", "2", "--batch", "2", "--seq", "32",
             "--val-every", "2", "--val-batches", "1", "--threads", "1", "--device", device, "--out", str(tmp_path)]
     assert convergence_main(args) == 0
     records = _records(tmp_path / "bf16" / "metrics.jsonl")
     # the tiny run needs far less than a 1 GiB block (~0.1 GiB of host memory above what the process held)
     assert max(r["host_peak_gib"] for r in records) <= host_gib() < host_before - 0.5
-    if device == "cuda":
-        assert max(r["gpu_peak_gib"] for r in records) < 0.5
+    if device == "cuda":  # the run's peak counts what the process holds, which is not the run's to drop
+        assert max(r["gpu_peak_gib"] for r in records) < held + 0.5
 
 
 def test_phase_times_and_peak_memory_are_measured_and_change_no_computed_bit(tmp_path):

@@ -17,6 +17,8 @@
 # profiles 40 + 60 s, layer bench 80 s, bench 240 s (the plan's section says how each is estimated).
 # MODEL, DEVICE, KERNEL, REPEATS and QUICK=1 (small shapes and few steps) run the same stages elsewhere; ENV_SH=0 skips
 # dev/gpu/env.sh on a machine whose environment is already set. dev/gpu/tests/test_perf.py runs it so on a CPU.
+# STAGES (comma-separated, default all: profile-bf16,profile-fast,layer-bench,bench) runs a subset, e.g. to profile
+# another commit's tree in the same call: cd into it (with its own .whl and dev/gpu/env.sh) and run this script.
 set -u
 MODEL=${MODEL:-proxy}
 DEVICE=${DEVICE:-cuda}
@@ -24,6 +26,7 @@ KERNEL=${KERNEL:-fast}
 REPEATS=${REPEATS:-3}
 TOTAL=${TOTAL:-585}
 QUICK=${QUICK:-0}
+STAGES=${STAGES:-profile-bf16,profile-fast,layer-bench,bench}
 if [ -z "${OUT:-}" ] || [ ! -d "$OUT" ]; then
     echo "perf.sh: OUT must name an existing folder for the results" >&2
     exit 2
@@ -43,9 +46,10 @@ if [ "$QUICK" = 1 ]; then
     BENCH=(--batch 1 --seq 32 --warmup 0 --steps 1 --no-compile --kernel "$KERNEL")
 fi
 
-stage() {  # stage NAME LIMIT_S COMMAND...: its output to the log, one line on stdout
+stage() {  # stage NAME LIMIT_S COMMAND...: its output to the log, one line on stdout (a stage not in STAGES: nothing)
     local name=$1 limit=$2 t0=$SECONDS
     shift 2
+    case ",$STAGES," in *",$name,"*) ;; *) return 0 ;; esac
     echo "== $name (at most ${limit} s): $*" >> "$LOG"
     timeout -s INT -k 15 "$limit" "$@" >> "$LOG" 2>&1
     local code=$?
@@ -60,7 +64,9 @@ stage profile-fast 150 "${PROFILE[@]}" --recipe mxfp8 --mxfp8-kernel "$KERNEL" -
 stage layer-bench 150 python3 -m numerics.layer.fast.bench --device "$DEVICE" --repeats "$REPEATS" "${LAYER[@]}" \
     --json "$OUT/fast_bench.json"
 left=$((TOTAL - SECONDS - 20))  # 20 s for the summary and the exit
-if [ "$left" -ge 60 ]; then
+if [[ ",$STAGES," != *",bench,"* ]]; then
+    :
+elif [ "$left" -ge 60 ]; then
     stage bench "$left" python3 -m convergence bench --model "$MODEL" --device "$DEVICE" --repeats "$REPEATS" \
         "${BENCH[@]}" --json "$OUT/bench_proxy.json"
 else

@@ -45,3 +45,16 @@ def test_perf_script_leaves_each_stage_result_within_the_call_limits(tmp_path):
     assert bench.load_report(out / "bench_proxy.json")["repeats_done"] == 1
     assert fast_bench.load_report(out / "fast_bench.json")["repeats"] == 1
     assert "bench: 1 of 1 rounds" in r.stdout
+
+
+def test_perf_script_runs_only_the_stages_asked_for(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    python_dir = str(Path(sys.executable).parent)
+    env = os.environ | {"OUT": str(out), "MODEL": "tiny", "DEVICE": "cpu", "KERNEL": "emulated", "QUICK": "1",
+                        "ENV_SH": "0", "STAGES": "profile-fast", "PYTHONPATH": str(ROOT),
+                        "PATH": f"{python_dir}:{os.environ['PATH']}"}
+    r = subprocess.run(["bash", "dev/gpu/perf.sh"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.count(": exit 0 after") == 1 and "profile bf16: none" in r.stdout, r.stdout
+    assert {p.name for p in out.iterdir()} == {"perf.log", "profile_fast.json", "trace_fast.json.gz"}

@@ -132,7 +132,9 @@ def _saved_bytes(fn, *args) -> int:
         if not isinstance(t, torch.nn.Parameter):
             s = t.untyped_storage()
             seen[(s.data_ptr(), s.nbytes())] = s.nbytes()
-        return t
+        # detached: an op's saved output returned as it is, with its grad_fn, closes a cycle inside autograd (grad_fn,
+        # its saved tensor, that tensor's grad_fn) that gc cannot collect: every graph measured would stay alive
+        return t.detach()
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         out = fn(*args)

@@ -263,10 +263,9 @@ def _tiny_run(tmp_path, recipes: tuple[str, ...]):
 
 
 def test_training_runs_one_after_another_in_one_process_leave_no_tensors_behind(tmp_path):
-    """Runs trained one after another in one process (``loop.run`` called in a loop, as a script or an in-process
-    executor does): whatever a run leaves alive stays for every later one. Each run left the autograd graphs of the
-    memory check's activation measurement, kept alive by its saved-tensors hook through a cycle that gc cannot
-    collect (174 tensors here; on an H200, dev/gpu/memdiag.py saw 1.07 GiB more after each proxy run)."""
+    """Runs trained one after another in one process (``loop.run`` called in a loop, as a script does) leave nothing
+    alive: the memory check's activation measurement, which every run makes, keeps none of the autograd graphs it
+    builds (a saved-tensors hook returning a saved output with its grad_fn closes a cycle gc cannot collect)."""
     assert_runs_leave_nothing_behind(_tiny_run(tmp_path, ("bf16", "mxfp8")))
 
 

@@ -222,10 +222,15 @@ def _live_tensors() -> tuple[int, int]:
     import torch
     from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
+    from torch._subclasses.fake_tensor import FakeTensor
+
     gc.collect()
     # type(o), not isinstance: that reads o.__class__, which some objects answer with a deprecation warning
     tensors = [o for o in gc.get_objects() if issubclass(type(o), torch.Tensor)]
-    plain = [t for t in tensors if t.device.type != "meta" and not is_traceable_wrapper_subclass(t)]  # have storage
+    # those with a storage of their own: not meta, not a wrapper subclass, not the fake tensors torch.compile keeps
+    # (earlier tests in the process may have compiled something); all of them are still counted as tensors
+    plain = [t for t in tensors if t.device.type != "meta" and not is_traceable_wrapper_subclass(t)
+             and not issubclass(type(t), FakeTensor)]
     storages = {(s.data_ptr(), s.nbytes()) for s in (t.untyped_storage() for t in plain)}
     return len(tensors), sum(n for _, n in storages)
 

@@ -43,6 +43,10 @@ class LadderPlan:
     train_design: str = "rounding"  # what a replicate changes (convergence.protocol.plan.DESIGNS)
     strict: bool = False  # known findings (FINDINGS.md) fail a level instead of passing it as "known"
     mxfp8_kernel: str = "auto"  # training's MXFP8 kernel: fast on a GPU where it runs (bit-identical, ~6x)
+    # validation batches an evaluation of training reads, or None for the model's protocol default. --quick reads
+    # 8 of the tiny model's 32: its evaluations are otherwise half of a quick run's time, and a smoke run's verdict
+    # is not read for its resolution
+    train_val_batches: int | None = None
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -77,6 +81,7 @@ def make_plan(*, gpus: int, deep_ep: bool, quick: bool = False, steps: int | Non
         ep_backend="deepep" if gpus >= 2 and deep_ep else "reference",
         train_model="proxy" if gpu and not quick else "tiny",
         train_steps=steps or default_steps,
+        train_val_batches=8 if quick and not gpu else None,
         seed=seed,
         strict=strict,
         mxfp8_kernel=kernel,

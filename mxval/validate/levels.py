@@ -257,7 +257,8 @@ def protocol_plan(plan: LadderPlan):
 
     return ProtocolPlan(model=plan.train_model, steps=plan.train_steps, seed=plan.seed,
                         replicates=plan.train_replicates, design=plan.train_design, device=plan.device,
-                        mxfp8_kernel=plan.mxfp8_kernel, null_control=plan.device == "cpu").check()
+                        mxfp8_kernel=plan.mxfp8_kernel, null_control=plan.device == "cpu",
+                        overrides=(("val_batches", plan.train_val_batches),) if plan.train_val_batches else ()).check()
 
 
 def run_training(plan: LadderPlan, out: Path, progress: Progress) -> LevelResult:

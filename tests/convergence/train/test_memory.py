@@ -220,9 +220,8 @@ def _live_tensors() -> tuple[int, int]:
     import gc
 
     import torch
-    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
-
     from torch._subclasses.fake_tensor import FakeTensor
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
     gc.collect()
     # type(o), not isinstance: that reads o.__class__, which some objects answer with a deprecation warning

@@ -332,6 +332,22 @@ def shared_artifact(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def stdlib_corpus():
+    """``stdlib_corpus(path, *modules) -> path``: a small training corpus, the standard library's ``modules`` (default
+    argparse.py and typing.py, ~0.2 MB) in one file: tokenized in milliseconds where the default corpus takes seconds
+    in every fresh process. What is trained on does not matter to the properties the tests using it check."""
+    import sysconfig
+
+    lib = Path(sysconfig.get_paths()["stdlib"])
+
+    def write(path: Path, *modules: str) -> Path:
+        path.write_text("".join((lib / m).read_text(encoding="utf-8") for m in modules or ("argparse.py", "typing.py")))
+        return path
+
+    return write
+
+
+@pytest.fixture(scope="session")
 def cpu_ep_bench(shared_artifact) -> tuple[Path, dict, str]:
     """``(bench.json, its document, what the bench printed)``: ``python -m numerics.ep bench`` of the NCCL
     reference's code path on 2 gloo ranks, CPU-sized (16b shapes, 32 tokens, 3 timed calls); read by the bench's

@@ -156,14 +156,10 @@ def test_a_worker_stopped_before_its_end_is_requeued_and_continues(tmp_path):
     assert count.read_text() == "2" and done.exists()
 
 
-def test_a_two_process_run_under_srun_and_torchrun_equals_a_standalone_launch(tmp_path):
+def test_a_two_process_run_under_srun_and_torchrun_equals_a_standalone_launch(tmp_path, stdlib_corpus):
     """torchrun started by the job (c10d rendezvous on the job's first node) trains what a torchrun --standalone
     of the same command trains, bit for bit (--deterministic): the multi-node launch, as far as one node runs it."""
-    import sysconfig
-
-    lib = Path(sysconfig.get_paths()["stdlib"])
-    corpus = tmp_path / "corpus.txt"
-    corpus.write_text("".join((lib / f).read_text(encoding="utf-8") for f in ("argparse.py", "typing.py")))
+    corpus = stdlib_corpus(tmp_path / "corpus.txt")
     args = ["--model", "tiny", "--steps", "4", "--val-every", "2", "--ckpt-every", "2", "--threads", "1",
             "--recipe", "bf16", "--data", str(corpus), "--ep", "2", "--deterministic"]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))

@@ -43,15 +43,10 @@ def _records(path: Path) -> list[dict]:
 
 
 @pytest.fixture(scope="session")
-def corpus(shared_artifact) -> Path:
+def corpus(shared_artifact, stdlib_corpus) -> Path:
     """~0.3 MB of text: each rank tokenizes it in milliseconds (the default corpus takes seconds)."""
-    def make(out):
-        import sysconfig
-
-        lib = Path(sysconfig.get_paths()["stdlib"])
-        out.write_text("".join((lib / f).read_text(encoding="utf-8") for f in ("argparse.py", "typing.py",
-                                                                             "inspect.py", "dataclasses.py")))
-    return shared_artifact("corpus.txt", make)
+    return shared_artifact("corpus.txt", lambda out: stdlib_corpus(out, "argparse.py", "typing.py", "inspect.py",
+                                                                    "dataclasses.py"))
 
 
 @pytest.fixture(scope="session")

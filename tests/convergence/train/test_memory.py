@@ -247,33 +247,28 @@ def assert_runs_leave_nothing_behind(run_once) -> None:
                              f"third run than after the second")
 
 
-def _tiny_run(tmp_path, recipes: tuple[str, ...]):
+def _tiny_run(tmp_path, recipes: tuple[str, ...], corpus):
     """``run_once()``: a tiny run of ``recipes`` into a new folder through ``loop.run`` (its memory check included),
-    2 steps on a small corpus, with validation, probes and checkpoints."""
+    2 steps on the ``corpus`` file, with validation, probes and checkpoints."""
     import itertools
-    import sysconfig
-    from pathlib import Path
 
     from convergence.train.data import DataSpec
     from convergence.train.loop import TrainConfig, defaults_for, run
 
-    lib = Path(sysconfig.get_paths()["stdlib"])
-    corpus = tmp_path / "corpus.txt"  # tokenized in milliseconds; the default corpus takes seconds
-    corpus.write_text("".join((lib / f).read_text(encoding="utf-8") for f in ("argparse.py", "typing.py")))
     cfg = TrainConfig(model="tiny", recipes=recipes, steps=2, **(defaults_for("tiny") | dict(
         batch=2, seq=32, val_every=2, val_batches=1, probe_every=2, ckpt_every=2, data=DataSpec(path=str(corpus)))))
     n = itertools.count()
     return lambda: run(cfg, tmp_path / f"run{next(n)}", progress=False)
 
 
-def test_training_runs_one_after_another_in_one_process_leave_no_tensors_behind(tmp_path):
+def test_training_runs_one_after_another_in_one_process_leave_no_tensors_behind(tmp_path, stdlib_corpus):
     """Runs trained one after another in one process (``loop.run`` called in a loop, as a script does) leave nothing
     alive: the memory check's activation measurement, which every run makes, keeps none of the autograd graphs it
     builds (a saved-tensors hook returning a saved output with its grad_fn closes a cycle gc cannot collect)."""
-    assert_runs_leave_nothing_behind(_tiny_run(tmp_path, ("bf16", "mxfp8")))
+    assert_runs_leave_nothing_behind(_tiny_run(tmp_path, ("bf16", "mxfp8"), stdlib_corpus(tmp_path / "corpus.txt")))
 
 
-def test_the_leak_check_sees_a_run_that_keeps_its_model(tmp_path, monkeypatch):
+def test_the_leak_check_sees_a_run_that_keeps_its_model(tmp_path, monkeypatch, stdlib_corpus):
     """The control: runs that each keep their model in a list fail the check."""
     from convergence.train import loop
 
@@ -281,7 +276,7 @@ def test_the_leak_check_sees_a_run_that_keeps_its_model(tmp_path, monkeypatch):
     build = loop.build_model
     monkeypatch.setattr(loop, "build_model", lambda *a: kept.append(build(*a)) or kept[-1])
     with pytest.raises(AssertionError, match=r"\d+ tensors \(\d+ bytes\) more alive after the third run"):
-        assert_runs_leave_nothing_behind(_tiny_run(tmp_path, ("bf16",)))
+        assert_runs_leave_nothing_behind(_tiny_run(tmp_path, ("bf16",), stdlib_corpus(tmp_path / "corpus.txt")))
     assert len(kept) == 3
 
 

@@ -117,14 +117,7 @@ def test_lr_schedule_warms_up_then_decays_to_the_floor():
 
 
 # ------------------------------------------------------------------ resume after a kill
-def _small_corpus(path: Path) -> Path:
-    """~0.3 MB of the standard library's text: tokenized in milliseconds where the default corpus (all of it) takes
-    seconds in every fresh process; what is trained on does not matter to the properties these tests check."""
-    import sysconfig
-
-    lib = Path(sysconfig.get_paths()["stdlib"])
-    path.write_text("".join((lib / f).read_text(encoding="utf-8") for f in ("argparse.py", "typing.py", "inspect.py")))
-    return path
+SMALL = ("argparse.py", "typing.py", "inspect.py")  # the standard library modules these tests train on
 
 
 def _argv(out: Path, corpus: Path, *extra: str) -> list[str]:
@@ -140,11 +133,11 @@ def _in_this_process(argv: list[str]) -> int:
         torch.set_num_threads(threads)  # --threads sets it for the whole process
 
 
-def test_resume_after_kill_is_bit_identical(tmp_path):
+def test_resume_after_kill_is_bit_identical(tmp_path, stdlib_corpus):
     """A run killed with SIGKILL between checkpoints and continued with --resume in a fresh process logs the same
     curve and ends with the same weights, bit for bit, as the same command run whole (here, in this process:
     test_emulated_mxfp8_is_identical_in_two_fresh_processes shows a process changes no bit)."""
-    corpus = _small_corpus(tmp_path / "corpus.txt")
+    corpus = stdlib_corpus(tmp_path / "corpus.txt", *SMALL)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     cmd = [sys.executable, "-m", "convergence", *_argv(tmp_path / "run", corpus)]
     with open(tmp_path / "run.log", "wb") as log:
@@ -473,7 +466,7 @@ def test_a_run_started_before_a_field_existed_resumes_with_that_fields_default(c
     assert "'val_percent': None" in err and "'val_percent': 20" in err
 
 
-def test_probes_change_no_trained_bit(tmp_path, monkeypatch):
+def test_probes_change_no_trained_bit(tmp_path, monkeypatch, stdlib_corpus):
     """The protocol probes its MXFP8 runs and not its BF16 ones, so a probe that moved training would bias every
     MXFP8 verdict by its own effect: an MXFP8 run probed every other step trains the same bits as one never
     probed. A probe planted to nudge one weight is told apart (the control). Four steps: the probe after step 2 is
@@ -482,7 +475,7 @@ def test_probes_change_no_trained_bit(tmp_path, monkeypatch):
     from convergence.train.ep_identity import compare_runs
 
     d = defaults_for("tiny") | dict(batch=2, seq=32, val_every=3, val_batches=2, ckpt_every=0,
-                                    data=DataSpec(path=str(_small_corpus(tmp_path / "corpus.txt"))))
+                                    data=DataSpec(path=str(stdlib_corpus(tmp_path / "corpus.txt", *SMALL))))
     for every in (0, 2):
         run(TrainConfig(model="tiny", recipes=("mxfp8",), steps=4, **(d | {"probe_every": every})),
             tmp_path / f"probe{every}", progress=False)
@@ -554,14 +547,14 @@ def _fast_problem() -> str | None:
 
 
 @pytest.mark.skipif(_fast_problem() is not None, reason=f"{_fast_problem()}")
-def test_fast_kernel_trains_bit_identically_to_emulated(tmp_path):
+def test_fast_kernel_trains_bit_identically_to_emulated(tmp_path, stdlib_corpus):
     """The fast casts change no trained bit: one tiny MXFP8 step and an evaluation after it give identical metrics
     (loss, gradient norm, validation loss). One step is the smallest run that still takes every kernel a training
     run uses: forward, both backward GEMMs, and a forward on weights one AdamW update changed; each takes ~5 s of
     CPU in Triton's interpreter, so a second step would repeat them on other values, which the layer level's
     property tests (tests/numerics/layer/test_fast.py) already vary."""
     d = defaults_for("tiny") | dict(batch=2, seq=32, val_every=1, val_batches=1, probe_every=0, ckpt_every=0,
-                                    data=DataSpec(path=str(_small_corpus(tmp_path / "corpus.txt"))))
+                                    data=DataSpec(path=str(stdlib_corpus(tmp_path / "corpus.txt", *SMALL))))
     metrics = {}
     for kernel in ("emulated", "fast"):
         cfg = TrainConfig(model="tiny", recipes=("mxfp8",), steps=1, mxfp8_kernel=kernel, **d)
@@ -597,7 +590,7 @@ def test_emulated_mxfp8_is_identical_in_two_fresh_processes(tmp_path):
     assert curves[0] == curves[1]
 
 
-def test_deterministic_flag_holds_for_the_run_on_one_process_and_is_restored(tmp_path, monkeypatch):
+def test_deterministic_flag_holds_for_the_run_on_one_process_and_is_restored(tmp_path, monkeypatch, stdlib_corpus):
     """--deterministic on one process: PyTorch's deterministic algorithms are on while the run trains and
     as before afterwards (not only under torchrun)."""
     from convergence.train import loop
@@ -607,7 +600,7 @@ def test_deterministic_flag_holds_for_the_run_on_one_process_and_is_restored(tmp
     monkeypatch.setattr(loop, "loss_of", lambda *a: seen.append(torch.are_deterministic_algorithms_enabled())
                         or real_loss_of(*a))
     d = defaults_for("tiny") | dict(batch=2, seq=32, val_every=0, val_batches=1, probe_every=0, ckpt_every=0,
-                                    data=DataSpec(path=str(_small_corpus(tmp_path / "corpus.txt"))))
+                                    data=DataSpec(path=str(stdlib_corpus(tmp_path / "corpus.txt", *SMALL))))
     before = torch.are_deterministic_algorithms_enabled()
     for flag in (True, False):
         seen.clear()
@@ -649,12 +642,12 @@ def test_a_run_does_not_inherit_the_memory_peaks_of_what_ran_before_it_in_the_pr
         assert max(r["gpu_peak_gib"] for r in records) < held + 0.5
 
 
-def test_phase_times_and_peak_memory_are_measured_and_change_no_computed_bit(tmp_path):
+def test_phase_times_and_peak_memory_are_measured_and_change_no_computed_bit(tmp_path, stdlib_corpus):
     """Where a step's time goes and how much memory it takes: every record has the run's peak
     host memory (and GPU memory on a GPU), and --phase-times adds forward / backward / optimizer seconds that
     fit inside the step; none of it changes the curve, which is bit-identical without them."""
     args = ["train", "--model", "tiny", "--recipe", "bf16", "--steps", "3", "--batch", "4", "--seq", "32",
-            "--data", str(_small_corpus(tmp_path / "corpus.txt")),
+            "--data", str(stdlib_corpus(tmp_path / "corpus.txt", *SMALL)),
             "--val-every", "3", "--val-batches", "1", "--threads", "1"]
     assert convergence_main([*args, "--out", str(tmp_path / "plain")]) == 0
     assert convergence_main([*args, "--out", str(tmp_path / "timed"), "--phase-times"]) == 0

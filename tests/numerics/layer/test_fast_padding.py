@@ -8,8 +8,6 @@ synchronisation. Controls show that each check catches torchao's padding, which 
 
 from __future__ import annotations
 
-import contextlib
-
 import pytest
 import torch
 from hypothesis import example, given
@@ -170,50 +168,49 @@ def test_fast_grouped_mm_with_padded_groups_compiles_to_one_graph_that_reads_not
         assert_bits_equal(w, o, what=f"compiled grouped_mm {name}")
 
 
-@contextlib.contextmanager
-def _deterministic(enabled: bool, monkeypatch):
-    """``torch.use_deterministic_algorithms`` as a ``--deterministic`` run sets it, restored afterwards."""
-    if not enabled:
-        yield
-        return
-    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # cuBLAS's deterministic workspace
-    saved = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
-    torch.use_deterministic_algorithms(True)
-    try:
-        yield
-    finally:
-        torch.use_deterministic_algorithms(saved[0], warn_only=saved[1])
+# Run in a process of its own: the sync debug mode is process-wide, and a synchronisation it turns into an error
+# inside an op (the caching allocator's, cuBLAS's) can leave that process's CUDA state unusable for later tests.
+NO_SYNC_SCRIPT = """
+import sys
+import torch
+from torchao.prototype.moe_training.utils import pad_token_groups
+from torchao.quantization.quantize_.common import KernelPreference
+from numerics.layer.fast import ops
 
-
-@contextlib.contextmanager
-def _any_sync_raises():
-    saved = torch.cuda.get_sync_debug_mode()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        yield
-    finally:
-        torch.cuda.set_sync_debug_mode(saved)
+torch.use_deterministic_algorithms(sys.argv[1] == "deterministic")
+sizes = (0, 45, 0, 19, 64, 0)
+offs = torch.tensor(sizes, device="cuda").cumsum(0).to(torch.int32)
+x = torch.randn(sum(sizes), 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+w_t = torch.randn(len(sizes), 64, 96, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+grad = torch.randn(sum(sizes), 96, device="cuda", dtype=torch.bfloat16)
+ops.grouped_mm(x, w_t, offs, pad_groups=True).backward(grad)  # first call: kernel builds, calibration
+torch.cuda.synchronize()
+torch.cuda.set_sync_debug_mode("error")
+ops.grouped_mm(x, w_t, offs, pad_groups=True).backward(grad)  # any host synchronisation raises
+print("fast: no host synchronisation")
+try:
+    pad_token_groups(x.detach(), offs, alignment_size=32, kernel_preference=KernelPreference.EMULATED)
+except RuntimeError as e:
+    assert "synchronizing CUDA operation" in str(e), e
+    print("control: torchao's padding synchronises")
+"""
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("deterministic", (False, True), ids=("default", "deterministic"))
-def test_fast_grouped_mm_with_padded_groups_makes_no_host_sync(deterministic, monkeypatch):
+def test_fast_grouped_mm_with_padded_groups_makes_no_host_sync(deterministic):
     """Forward and backward of the fast grouped GEMM with padded groups run with every host synchronisation an
     error (``torch.cuda.set_sync_debug_mode("error")``), with and without deterministic algorithms (the proxy's
     identity runs use them); the control, torchao's emulated padding, raises under the same mode."""
-    from torchao.prototype.moe_training.utils import pad_token_groups
-    from torchao.quantization.quantize_.common import KernelPreference
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
 
-    sizes = (0, 45, 0, 19, 64, 0)
-    offs = torch.tensor(sizes, device="cuda").cumsum(0).to(torch.int32)
-    x = torch.randn(sum(sizes), 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    w_t = torch.randn(len(sizes), 64, 96, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    grad = torch.randn(sum(sizes), 96, device="cuda", dtype=torch.bfloat16)
-    with _deterministic(deterministic, monkeypatch):
-        ops.grouped_mm(x, w_t, offs, pad_groups=True).backward(grad)  # first call: kernel builds, calibration
-        torch.cuda.synchronize()
-        with _any_sync_raises():
-            ops.grouped_mm(x, w_t, offs, pad_groups=True).backward(grad)
-            with pytest.raises(RuntimeError, match="synchronizing CUDA operation"):
-                pad_token_groups(x.detach(), offs, alignment_size=32, kernel_preference=KernelPreference.EMULATED)
-    torch.cuda.synchronize()
+    root = Path(__file__).resolve().parents[3]
+    env = os.environ | {"PYTHONPATH": os.pathsep.join(filter(None, (str(root), os.environ.get("PYTHONPATH")))),
+                        "CUBLAS_WORKSPACE_CONFIG": ":4096:8"}  # cuBLAS's deterministic workspace
+    r = subprocess.run([sys.executable, "-c", NO_SYNC_SCRIPT, "deterministic" if deterministic else "default"],
+                       env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.splitlines() == ["fast: no host synchronisation", "control: torchao's padding synchronises"]

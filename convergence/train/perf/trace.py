@@ -24,9 +24,9 @@ the first step's start to the later of the last step's end and the last device e
 
 Host frames nest by start time on each thread: the innermost event that has started and not ended encloses the next
 event, so a launch's frames are the operator that made it, that operator's caller, and so on out to the step; with
-``with_stack`` they include the Python functions (torchao's ``torch_pad_token_groups``, the fast cast's
-``mx_dequantize``), which is what tells group padding from other copies. On a CPU-only trace the GPU figures are
-None and the groups hold host time only.
+``with_stack`` they include the Python functions (torchao's ``torch_pad_token_groups``, the fast ops' ``padding.pad``,
+the fast cast's ``mx_dequantize``), which is what tells group padding from other copies. On a CPU-only trace the GPU
+figures are None and the groups hold host time only.
 """
 
 from __future__ import annotations
@@ -52,12 +52,12 @@ KERNEL_NAMES = (("cast", re.compile(r"_mx_cast")),  # numerics.layer.fast.kernel
                 ("gemm", re.compile(r"gemm|nvjet|xmma|cutlass|cublas|wgmma", re.I)),
                 ("attention", re.compile(r"flash|fmha|attention", re.I)),
                 ("optimizer", re.compile(r"adam|multi_tensor_apply", re.I)))
-# else by the host frames around the launch: torchao's group padding (pad and unpad, called from inside the MXFP8
-# ops); attention's operators (on a CPU its GEMMs are plain bmm); a GEMM by the operator that launched it (the
-# innermost operator only: the copies autocast makes inside aten::linear are not GEMMs); the casts (the fast cast,
-# torchao's to_mx, and what its MXFP8 ops do besides their GEMMs: transposing copies, dequantization); the
-# optimizer's annotation and operators; the rest is "other"
-PADDING_FRAMES = re.compile(r"pad_token_groups")
+# else by the host frames around the launch: group padding (pad and unpad, called from inside the MXFP8 ops: torchao's,
+# and the fast ops' numerics/layer/fast/padding.py); attention's operators (on a CPU its GEMMs are plain bmm); a GEMM
+# by the operator that launched it (the innermost operator only: the copies autocast makes inside aten::linear are
+# not GEMMs); the casts (the fast cast, torchao's to_mx, and what its MXFP8 ops do besides their GEMMs: transposing
+# copies, dequantization); the optimizer's annotation and operators; the rest is "other"
+PADDING_FRAMES = re.compile(r"pad_token_groups|fast/padding\.py")
 ATTENTION_FRAMES = re.compile(r"scaled_dot_product|flash_attention|efficient_attention|cudnn_attention")
 GEMM_OPS = re.compile(r"^aten::(mm|addmm|bmm|baddbmm|_grouped_mm|_scaled_mm|_scaled_grouped_mm)$")
 CAST_FRAMES = re.compile(r"mxval::fast_mx_dequantize|fast/cast\.py|mx_formats/|"

@@ -2,7 +2,8 @@
 linear / grouped GEMM built on them (kernel choice ``fast`` in the MXFP8 seam).
 
 Modules: ``kernel`` (the Triton kernel), ``calibrate`` (torchao's RCEIL rounding, measured per device),
-``cast`` (``mx_dequantize``, ``available``), ``ops`` (``linear``, ``grouped_mm``), ``bench``.
+``cast`` (``mx_dequantize``, ``available``), ``padding`` (token groups padded to 32 rows on the device),
+``ops`` (``linear``, ``grouped_mm``), ``bench``.
 """
 
 from numerics.layer.fast.calibrate import FastUnavailable

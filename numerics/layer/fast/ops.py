@@ -20,7 +20,10 @@ dW (hp)    dY^T @ x in high precision   same, per group                       as
 
 Linear dequantizes to the operand's dtype (``MXTensor.dequantize``), the grouped GEMM always to BF16
 (torchao's grouped emulation). Unlike torchao, non-contiguous operands and upstream gradients are
-taken as they are (FINDINGS L1), and a dim that must hold whole blocks but does not raises ``BadInput``.
+taken as they are (FINDINGS L1), and a dim that must hold whole blocks but does not raises ``BadInput``. Besides
+the casts, torchao's group padding is replaced too (``pad_groups``): ``numerics.layer.fast.padding`` pads token
+groups to 32 rows in torchao's layout on the device, with no host synchronisation, where torchao reads the group
+sizes on the host.
 
 Public: ``linear(x, weight, op=MXFP8)``, ``grouped_mm(x, w_t, offs, op=MXFP8, *, pad_groups)``.
 """
@@ -30,10 +33,9 @@ from __future__ import annotations
 import torch
 
 from numerics.errors import BadInput
+from numerics.layer.fast import padding
 from numerics.layer.fast.cast import TORCHAO_ELEMENTS, mx_dequantize
 from numerics.layer.op_recipe import MXFP8, OpRecipe
-
-BLOCK = 32
 
 
 def _cast(t: torch.Tensor, dim: int, op: OpRecipe, out_dtype: torch.dtype) -> torch.Tensor:
@@ -92,37 +94,25 @@ def linear(x: torch.Tensor, weight: torch.Tensor, op: OpRecipe = MXFP8) -> torch
 class _GroupedMM(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, w_t, offs, op: OpRecipe, pad_groups: bool):
-        from torchao.prototype.moe_training.utils import pad_token_groups, unpad_token_groups
-        from torchao.quantization.quantize_.common import KernelPreference
-
-        emulated = KernelPreference.EMULATED
-        tokens = x.shape[0]
-        padded_starts = None
-        xp, offs_p = x, offs
-        if pad_groups:
-            xp, padded_starts, offs_p = pad_token_groups(x, offs, alignment_size=BLOCK, kernel_preference=emulated)
+        xp, offs_p, dest = x, offs, None
+        if pad_groups:  # torchao's padded layout, computed on the device once for forward and backward
+            dest, _, offs_p = padding.destinations(offs, x.shape[0])
+            xp = padding.pad(x, dest, padding.padded_rows(x.shape[0], offs.shape[0]))
         a = _cast(xp, -1, op, torch.bfloat16)  # [M, K] contiguous
         w = w_t.transpose(-2, -1)  # [E, N, K]
         b = _cast(w, -1, op, torch.bfloat16).transpose(-2, -1)  # [E, K, N], memory [E, N, K]
         out = torch._grouped_mm(a, b, offs=offs_p, out_dtype=torch.bfloat16)
         if pad_groups:
-            out = unpad_token_groups(out, offs, padded_starts, tokens, alignment_size=BLOCK, kernel_preference=emulated)
-        ctx.save_for_backward(xp, w_t, offs, offs_p)
-        ctx.op, ctx.pad_groups, ctx.tokens = op, pad_groups, tokens
-        ctx.padded_starts = padded_starts
+            out = padding.unpad(out, dest)
+        ctx.save_for_backward(xp, w_t, offs_p, dest)
+        ctx.op = op
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        from torchao.prototype.moe_training.utils import pad_token_groups, unpad_token_groups
-        from torchao.quantization.quantize_.common import KernelPreference
-
-        emulated = KernelPreference.EMULATED
-        xp, w_t, offs, offs_p = ctx.saved_tensors
+        xp, w_t, offs_p, dest = ctx.saved_tensors
         op = ctx.op
-        g = grad_out
-        if ctx.pad_groups:
-            g, _, _ = pad_token_groups(grad_out, offs, alignment_size=BLOCK, kernel_preference=emulated)
+        g = grad_out if dest is None else padding.pad(grad_out, dest, xp.shape[0])
         # dX = dY @ w, both along N; w's dequantized copy is [E, K, N] in memory, seen as [E, N, K]
         w = w_t.transpose(-2, -1)
         grad_x = torch._grouped_mm(_cast(g, -1, op, torch.bfloat16), _cast(w, -2, op, torch.bfloat16), offs=offs_p,
@@ -132,9 +122,8 @@ class _GroupedMM(torch.autograd.Function):
         else:  # dW = dY^T @ x per group, both along the tokens (blocks may span groups: FINDINGS L3)
             grad_w = torch._grouped_mm(_cast(g, -2, op, torch.bfloat16).transpose(-2, -1),
                                        _cast(xp, -2, op, torch.bfloat16), offs=offs_p, out_dtype=torch.bfloat16)
-        if ctx.pad_groups:
-            grad_x = unpad_token_groups(grad_x, offs, ctx.padded_starts, ctx.tokens, alignment_size=BLOCK,
-                                        kernel_preference=emulated)
+        if dest is not None:
+            grad_x = padding.unpad(grad_x, dest)
         return grad_x, grad_w.transpose(-2, -1), None, None, None
 
 

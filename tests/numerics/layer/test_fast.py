@@ -133,6 +133,16 @@ def test_fast_grouped_mm_matches_torchao_emulated_bit_for_bit(device, sizes, dim
     _check_grouped(sizes, dims, hp, pad, spread, seed, device)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("hp", (False, True))
+@pytest.mark.parametrize("sizes", [(0, 45, 0, 19, 0), (64, 0, 32), (0, 0, 70, 0)],
+                         ids=["uneven, empty first, between and last", "aligned", "one expert takes all"])
+def test_fast_grouped_mm_with_padded_groups_matches_torchao_emulated_bit_for_bit(sizes, hp, device):
+    """With padded groups (the seam pads always, aligned groups too), the fast op's device-side padding gives
+    torchao's emulated op's output, dX and dW bit for bit."""
+    _check_grouped(sizes, (0, 64, 96), hp, True, "spread", 10, device)
+
+
 @pytest.mark.parametrize("hp", (False, True))
 def test_fast_grouped_mm_unaligned_groups_without_padding_match_torchao(hp):
     """Unpadded groups of 20 and 44 tokens (total 64): torchao's dW blocks then span both experts (L3);

@@ -105,6 +105,8 @@ def test_trace_without_step_marks_is_bad_input():
      None, "cast"),
     ([("cpu_op", "aten::bmm"), ("cpu_op", "aten::_scaled_dot_product_attention_math")], None, "attention"),
     ([("cpu_op", "mxval::fast_mx_dequantize")], "triton_poi_fused_0", "cast"),
+    ([("cpu_op", "aten::index_copy_"), ("python_function", "numerics/layer/fast/padding.py(55): pad")],
+     "index_copy_kernel", "padding"),  # the fast ops' group padding
     ([("cpu_op", "aten::mul_"), ("python_function", "torch/optim/optimizer.py(509): wrapper")], None, "optimizer"),
     ([("user_annotation", STEP_MARK)], None, "other"),
 ])

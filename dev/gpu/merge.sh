@@ -18,6 +18,7 @@ src=$tmp/$NAME
 [ -f "$src/protocol.json" ] || refuse "$tgz holds no $NAME/protocol.json"
 if [ -s "$src/unfinished.txt" ]; then
     while read -r d; do
+        [ -n "$d" ] || continue  # a blank line names nothing
         # protocol.sh writes runs/RUN/RECIPE; anything else would have rm reach outside the unpacked folder
         [[ "$d" =~ ^runs/[A-Za-z0-9._-]+/[A-Za-z0-9._-]+$ && "$d" != *..* ]] \
             || refuse "$tgz: unfinished.txt names '$d', not a run folder runs/RUN/RECIPE"

@@ -19,4 +19,5 @@ def stopped_part_way(out: Path) -> list[str]:
 
 
 if __name__ == "__main__":
-    print("\n".join(stopped_part_way(Path(sys.argv[1]))))
+    for folder in stopped_part_way(Path(sys.argv[1])):  # none stopped: an empty file, not an empty line
+        print(folder)

@@ -75,6 +75,18 @@ def test_merge_keeps_the_finished_runs_and_stages_them(tmp_path):
     assert staged == ["dev/gpu/proto/pace.jsonl", "dev/gpu/proto/runs/bf16_rounding1/bf16/metrics.jsonl.gz"]
 
 
+def test_merge_of_a_call_that_stopped_no_run_part_way(tmp_path):
+    """unfinished.txt holding only a blank line (what unfinished.py once wrote when every run was finished) names
+    no run: the finished runs are merged."""
+    repo = _repo(tmp_path)
+    tgz = _tarball(tmp_path, repo, write={"unfinished.txt": b"\n"})
+    done = _run(repo, "bash", "dev/gpu/merge.sh", str(tgz), env={**os.environ, "NAME": "proto"})
+    assert done.returncode == 0, done.stderr
+    assert "not merged" not in done.stdout
+    folder = repo / GPU / "proto"
+    assert (folder / "runs" / "mxfp8" / "mxfp8" / "metrics.jsonl").read_bytes() == b"mxfp8"
+
+
 def test_merge_refuses_a_tarball_that_lost_a_tracked_run(tmp_path):
     """The control: the same tarball without the tracked run's log is refused with exit 2, and nothing is copied."""
     repo = _repo(tmp_path)

@@ -6,9 +6,9 @@
 # machine's disk alone); WHOLE=0 fills the call, stopping a run part-way, for a call that another follows at once
 # on the same warm machine (the next continues the run from its checkpoint in /tmp/$NAME).
 # TIER=1 (for the last call of a series): the one-GPU tier (`pytest -m gpu`) in what is left of TOTAL after the
-# tarball, when at least TIER_MIN s (default 130) are; its log is $OUT/tier.log (record it with
-# golden.tier_summary). TIER_MIN: the tier takes 108-115 s on an H200 (pytest's own count, the install already
-# done), so 130 s leaves ~13 % over the slowest; a tier cut at the end costs only time that would have idled.
+# tarball, when at least TIER_MIN s (default 320) are; its log is $OUT/tier.log (record it with
+# golden.tier_summary). TIER_MIN: the tier takes ~280 s on an H200 (pytest's own count, the install already
+# done), so 320 s leaves ~15 % over it; a tier cut at the end costs only time that would have idled.
 # The working folder is /tmp/$NAME on the GPU machine: a machine kept warm between calls keeps it, and with it
 # a stopped run's checkpoint, so the next call continues that run; a fresh machine starts from the tracked copy.
 set -u
@@ -16,7 +16,7 @@ NAME=${NAME:-}
 TOTAL=${TOTAL:-585}
 WHOLE=${WHOLE:-1}
 TIER=${TIER:-0}
-TIER_MIN=${TIER_MIN:-130}
+TIER_MIN=${TIER_MIN:-320}
 if [ -z "$NAME" ] || [ ! -f "dev/gpu/$NAME.args" ]; then
     echo "protocol.sh: no dev/gpu/\$NAME.args (NAME='$NAME'): write the plan's flags there and call with NAME=..." >&2
     exit 2

@@ -40,7 +40,7 @@ def _normal(rng, shape):
 
 def _outliers(rng, shape):
     x = rng.laplace(size=shape).astype(np.float32)
-    x *= np.exp2(rng.integers(-8, 9, size=(shape[0], 1))).astype(np.float32)
+    x *= np.exp2(rng.integers(-8, 9, size=(*shape[:-1], 1))).astype(np.float32)  # one factor a row
     blocks = x.reshape(-1, BLOCK)
     for count in (1, 2, 3):  # a third of the blocks each get 1, 2 or 3 outliers
         rows = np.arange(count - 1, blocks.shape[0], 3)

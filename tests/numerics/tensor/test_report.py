@@ -136,3 +136,12 @@ def test_families_are_deterministic_per_seed():
         a, b = families.generate(fam, (2, 64), 3), families.generate(fam, (2, 64), 3)
         assert a.dtype == np.float32 and np.array_equal(a.view(np.uint32), b.view(np.uint32))
         assert not np.array_equal(a, families.generate(fam, (2, 64), 4))
+
+
+@pytest.mark.parametrize("family", families.FAMILIES)
+def test_families_take_any_leading_dims(family):
+    """A family's tensor of shape (2, 3, 64) is its (6, 64) tensor reshaped, for the same seed: leading dims are
+    rows, whatever their number (and a single row works)."""
+    flat = families.generate(family, (6, 64), 5)
+    assert np.array_equal(families.generate(family, (2, 3, 64), 5).reshape(6, 64).view(np.uint32), flat.view(np.uint32))
+    assert families.generate(family, (64,), 5).shape == (64,)

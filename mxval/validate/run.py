@@ -222,6 +222,18 @@ def _gpus_and_deep_ep() -> tuple[int, bool]:
     return gpus, True
 
 
+def _check_evaluations(plan) -> None:
+    """The curves level compares validation losses at two evaluations at the least (a run evaluates every
+    ``val_every`` steps and at its last): a --steps that gives fewer is refused before anything runs."""
+    from mxval.validate.levels import protocol_plan
+
+    every = protocol_plan(plan).train_defaults()["val_every"]
+    evaluations = -(-plan.train_steps // every)
+    if evaluations < 2:
+        raise CLIError(f"--steps {plan.train_steps}: the {plan.train_model} model is evaluated every {every} steps "
+                       f"and at the last, so a run gives one evaluation, and the curves level compares two at the "
+                       f"least: --steps {every + 1} or more")
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = ArgumentParser(prog="mxval validate", description=__doc__.splitlines()[0])
     p.add_argument("--out", type=Path, default=None,
@@ -243,10 +255,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise CLIError(f"--steps {args.steps}: at least 10 (a curve needs points to compare)")
     if args.steps is not None and not {"training", "curves"} & set(levels):  # summary.json had recorded them
         raise CLIError(f"--steps sizes the training and curves levels, and --levels {given} runs neither")
-    out = prepare_out(args.out, force=args.force)
     gpus, deep_ep = _gpus_and_deep_ep()
     plan = make_plan(gpus=gpus, deep_ep=deep_ep, quick=args.quick, steps=args.steps, seed=args.seed,
                      strict=args.strict)
+    if args.steps is not None and "curves" in levels:
+        _check_evaluations(plan)
+    out = prepare_out(args.out, force=args.force)
     console = sys.stderr
     console.write(f"mxval validate -> {out}  ({plan.device}, {gpus} GPU(s){', deep_ep' if deep_ep else ''})\n")
     summary = validate(plan, out, levels, console)

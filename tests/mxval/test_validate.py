@@ -108,11 +108,20 @@ def test_validate_reads_every_levels_option(tmp_path, capsys):
     assert rc == 2 and "--levels 'tensor,gpu'" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("argv", [["--levels", "tensor,gpu"], ["--levels", ""], ["--steps", "3"]])
+@pytest.mark.parametrize("argv", [["--levels", "tensor,gpu"], ["--levels", ""], ["--steps", "3"], ["--steps", "10"]])
 def test_validate_bad_arguments_exit_2(argv, tmp_path, capsys):
     rc = mxval_main(["validate", "--out", str(tmp_path / "r"), *argv])
     assert rc == 2 and len(capsys.readouterr().err.strip().splitlines()) == 1
     assert not (tmp_path / "r").exists()
+
+
+def test_validate_refuses_steps_that_give_the_curves_one_evaluation(capsys):
+    """The tiny model evaluates every 10 steps and at its last: 10 steps give one evaluation (refused, saying the
+    fewest steps that work), 11 give two (the control: accepted)."""
+    refused = r"--steps 10: the tiny model is evaluated every 10 steps .* --steps 11 or more"
+    with pytest.raises(validate.CLIError, match=refused):
+        validate._check_evaluations(make_plan(gpus=0, deep_ep=False, steps=10))
+    validate._check_evaluations(make_plan(gpus=0, deep_ep=False, steps=11))
 
 
 def test_validate_default_folder_is_new_per_run(tmp_path, monkeypatch):

@@ -231,22 +231,50 @@ def test_fast_bench_quick_run_prints_every_figure_and_keeps_an_existing_json(tmp
     assert "exists" in capsys.readouterr().err
 
 
-def test_fast_bench_reads_the_recorded_first_format_as_one_repeat(tmp_path):
+# A first-format (version 1) result as the bench wrote it before repeats: one measurement per figure, no kind or
+# version. Its rows are the first three of the first golden/layers/fast_bench__h200.json (one H200, torch 2.11.0).
+FIRST_FORMAT = {
+    "device": "NVIDIA H200", "torch": "2.11.0+cu130", "iters": 50, "warmup": 10,
+    "copy_bandwidth_tb_s": 4.231061114505986,
+    "casts": [{"shape": [16384, 2048], "dim": -1, "floor_ms": 0.03172200173139572,
+               "torchao_eager_ms": 0.9534080028533936, "torchao_compiled_ms": 0.047200001776218414,
+               "fast_ms": 0.050783999264240265}],
+    "ops": [{"op": "linear", "shape": [16384, 2048, 1408, 8], "cast_floor_ms": 0.1125139748910442,
+             "fast_ms": 0.5992159843444824, "fast_wall_ms": 1.4148441199995432, "emulated_ms": 4.3512959480285645,
+             "emulated_wall_ms": 4.778222759999835, "bf16_ms": 0.373648002743721, "bf16_wall_ms": 0.386788539999543},
+            {"op": "grouped_mm", "shape": [16384, 2048, 1408, 8], "cast_floor_ms": 0.15067950822412968,
+             "fast_ms": 0.7545439898967743, "fast_wall_ms": 1.3026016200001322, "emulated_ms": 5.441119909286499,
+             "emulated_wall_ms": 5.460700019999649, "bf16_ms": 0.43913599848747253,
+             "bf16_wall_ms": 0.44535795999991024}],
+}
+
+
+def test_fast_bench_reads_the_first_format_as_one_repeat(tmp_path):
     from numerics.layer.fast import bench
 
-    golden = Path(__file__).resolve().parents[3] / "golden" / "layers" / "fast_bench__h200.json"
-    raw = json.loads(golden.read_text())
-    doc = bench.load_report(golden)
+    (tmp_path / "v1.json").write_text(json.dumps(FIRST_FORMAT))
+    raw = FIRST_FORMAT
+    doc = bench.load_report(tmp_path / "v1.json")
     assert doc["read_from_version"] == 1 and doc["repeats"] == 1
     grouped = doc["ops"][1]
     assert grouped["fast_ms_each"] == [raw["ops"][1]["fast_ms"]]
     assert grouped["fast_ms_range"] == [grouped["fast_ms"]] * 2
     assert grouped["fast_over_bf16_range"] == [raw["ops"][1]["fast_ms"] / raw["ops"][1]["bf16_ms"]] * 2
     assert "1.72x (1.72-1.72)" in bench.format_report(doc)
-    del raw["ops"][0]["fast_ms"]  # a first-format file without a figure is refused
-    (tmp_path / "bad.json").write_text(json.dumps(raw))
+    bad = json.loads(json.dumps(raw))
+    del bad["ops"][0]["fast_ms"]  # a first-format file without a figure is refused
+    (tmp_path / "bad.json").write_text(json.dumps(bad))
     with pytest.raises(BadInput, match="lacks figures"):
         bench.load_report(tmp_path / "bad.json")
+
+
+def test_fast_bench_reads_the_recorded_golden_file():
+    """golden/layers/fast_bench__h200.json, whichever version it was recorded in."""
+    from numerics.layer.fast import bench
+
+    doc = bench.load_report(Path(__file__).resolve().parents[3] / "golden" / "layers" / "fast_bench__h200.json")
+    assert doc["kind"] == bench.KIND and [o["op"] for o in doc["ops"]] == ["linear", "grouped_mm"]
+    assert all(o["fast_ms"] > o["bf16_ms"] > 0 for o in doc["ops"])
 
 
 @pytest.mark.parametrize("argv", (["--device", "cpu"], ["--iters", "0"], ["--device", "tpu", "--quick"],

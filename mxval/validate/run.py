@@ -234,6 +234,7 @@ def _check_evaluations(plan) -> None:
                        f"and at the last, so a run gives one evaluation, and the curves level compares two at the "
                        f"least: --steps {every + 1} or more")
 
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = ArgumentParser(prog="mxval validate", description=__doc__.splitlines()[0])
     p.add_argument("--out", type=Path, default=None,

@@ -510,17 +510,17 @@ def compare_and_plot(out: Path, recipes: Sequence[str]) -> dict:
     """verdict.json and curves.png through convergence.curves.compare / convergence.curves.plots."""
     baseline = "bf16" if "bf16" in recipes else recipes[0]
     candidates = [r for r in recipes if r != baseline]
+    if not candidates:  # nothing compared: no verdict.json, so an earlier one is never replaced by a null
+        return {"verdict": None, "reason": f"only one recipe ({baseline}); nothing to compare"}
+    # here, not at import: scipy and matplotlib take ~1.5 s of a process's start, and one recipe needs neither
     from convergence.curves.compare import compare_paths
     from convergence.curves.plots import plot_comparison
 
-    if not candidates:  # nothing compared: no verdict.json, so an earlier one is never replaced by a null
-        return {"verdict": None, "reason": f"only one recipe ({baseline}); nothing to compare"}
-    else:
-        result = {"baseline": baseline, "candidates": {}}
-        for c in candidates:
-            result["candidates"][c] = compare_paths([out / baseline / "metrics.jsonl"], out / c / "metrics.jsonl")
-        result["verdict"] = result["candidates"][candidates[0]]["verdict"] if len(candidates) == 1 \
-            else {c: r["verdict"] for c, r in result["candidates"].items()}
+    result = {"baseline": baseline, "candidates": {}}
+    for c in candidates:
+        result["candidates"][c] = compare_paths([out / baseline / "metrics.jsonl"], out / c / "metrics.jsonl")
+    result["verdict"] = result["candidates"][candidates[0]]["verdict"] if len(candidates) == 1 \
+        else {c: r["verdict"] for c, r in result["candidates"].items()}
     # verdict.json first, then its figures: a kill between leaves a folder --resume completes (check_run_dir);
     # a kill mid-write left a hidden temporary (numerics.files.atomic_path) that nothing else removes
     for stale in [*out.glob(".verdict.json.*.tmp"), *out.glob(".curves*.png.*.tmp")]:

@@ -171,13 +171,23 @@ def test_a_worker_on_a_finished_run_changes_nothing(finished_protocol, copy_fini
 # ------------------------------------------------------------------ against a real Slurm
 
 
+# the runs the Slurm plan makes as jobs; the shared folder's other four stay as the local executor made them. A
+# BF16 replicate and the candidate: both recipes' arithmetic, a run that ends in its first job and one that is
+# cancelled and resumed in a second, in one array (all six as jobs cost ~25 s more CPU and test nothing more)
+MADE_BY_SLURM = ("bf16_seed1", "mxfp8")
+
+
 @pytest.fixture(scope="module")
 def slurm_plan(finished_protocol, tmp_path_factory) -> dict:
-    """The shared local folder's plan made through Slurm, its candidate's job cancelled mid-run: all six runs
-    submitted (one array), the candidate's job ``scancel``-ed once it has logged its first step (it stops at its
-    next step, with its checkpoint), then the same command run again with --slurm-wait (it submits the candidate
-    again, leaves the others to their jobs, waits and judges)."""
+    """The shared local folder's plan with two of its runs made again through Slurm, the candidate's job cancelled
+    mid-run: both runs submitted (one array), the candidate's job ``scancel``-ed once it has logged its first step
+    (it stops at its next step, with its checkpoint), then the same command run again with --slurm-wait (it submits
+    the candidate again, leaves the other to its job, waits and judges)."""
     out = tmp_path_factory.mktemp("slurm") / "p"
+    shutil.copytree(finished_protocol["out"], out)
+    for spec in finished_protocol["plan"].runs():
+        if spec.name in MADE_BY_SLURM:
+            shutil.rmtree(run_dir(out, spec).parent)
     argv = [*finished_protocol["argv"][:-1], str(out), *SLURM]
     first = _protocol(*argv)
     intent, ids = _records(out)[:2]
@@ -212,12 +222,12 @@ def test_a_scancelled_run_resumes_from_its_checkpoint_in_a_new_job(slurm_plan):
     cancelled, (_, status, _) = slurm_plan["cancelled"], slurm_plan["status"]
     assert cancelled.state == "cancelled", cancelled.line()
     pieces = [json.loads(line) for line in (slurm_plan["out"] / "pace.jsonl").read_text().splitlines()]
-    mine = [(p["from_step"], p["to_step"], p["slurm_job"]) for p in pieces if p["run"] == "mxfp8"]
+    mine = [(p["from_step"], p["to_step"], p["slurm_job"]) for p in pieces if p["run"] == "mxfp8" and "slurm_job" in p]
     (start, stop, first), (resumed, end, second) = mine
     assert start == 0 and 0 < stop == resumed < end == 6 and first == slurm_plan["task"] != second
     assert f"mxfp8 {stop}/6 (cancelled) [job {first}" in status
     submitted = [r["runs"] for r in slurm_plan["records"] if "submit" in r]
-    assert submitted[1:] == [["mxfp8"]] and len(submitted[0]) == 6  # the others were left to their jobs
+    assert submitted[1:] == [["mxfp8"]] and sorted(submitted[0]) == sorted(MADE_BY_SLURM)  # the other left to its job
     assert f"mxfp8: its job {first} cancelled" in slurm_plan["again"][2]
 
 

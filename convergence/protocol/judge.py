@@ -28,6 +28,7 @@ from convergence.protocol.plan import COVERS_ZERO, IDENTICAL, PLANTED, ProtocolP
 from convergence.protocol.provenance import run_environments, runs_environment
 from convergence.train.checkpoint import JsonlLog
 from numerics.errors import BadInput
+from numerics.files import reading_once
 
 
 def as_expected(verdict: str, expected: str | None) -> bool | None:
@@ -80,6 +81,7 @@ def judge(plan: ProtocolPlan, out: Path) -> dict[str, dict]:
     return judge_logs(plan, lambda spec: metrics_path(out, spec))
 
 
+@reading_once()  # every verdict reads the BF16 runs' logs again, and each log is read for three series
 def judge_logs(plan: ProtocolPlan, log_of: Callable[[RunSpec], Path]) -> dict[str, dict]:
     """``judge`` on the runs' metrics logs wherever they are (``log_of(spec)``): a plan's runs recorded outside its
     folder, as golden/training holds a whole plan's, are judged by the same code that judged them."""

@@ -74,3 +74,30 @@ def test_removed_if_left_empty_removes_only_the_empty_folders_it_made(tmp_path):
         (out / "metrics.jsonl").write_text("{}\n")  # work done: kept, with the folders holding it
         raise KeyboardInterrupt
     assert (tmp_path / "c" / "d" / "metrics.jsonl").is_file()
+
+
+def test_reading_once_hands_every_reader_the_first_read_and_ends_with_its_block(tmp_path):
+    """Within ``reading_once`` a file is read once: a later reader gets the same bytes (whole, or their first
+    ``limit``, as a read outside would give them, gzip or not) even after the file changed; after the block the
+    file is read again (the control: without the block every read sees the change)."""
+    import gzip
+
+    from numerics.files import file_bytes, reading_once
+
+    plain, packed = tmp_path / "a.jsonl", tmp_path / "b.jsonl.gz"
+    text = b'{"step": 1, "loss": 2.0}\n' * 40
+    plain.write_bytes(text)
+    packed.write_bytes(gzip.compress(text, mtime=0))
+    for path in (plain, packed):
+        assert [file_bytes(path, 7), file_bytes(path)] == [text[:7], text]
+        with reading_once():
+            first = [file_bytes(path, 7), file_bytes(path)]
+            path.write_bytes(b"changed\n")
+            with reading_once():  # a nested block shares the outer one's reads
+                assert [file_bytes(path, 7), file_bytes(path)] == first == [text[:7], text]
+        assert file_bytes(path) == b"changed\n"
+    with reading_once():
+        with pytest.raises(OSError):
+            file_bytes(tmp_path / "absent")  # a failed read is raised as before and remembers nothing
+        (tmp_path / "absent").write_bytes(b"now here")
+        assert file_bytes(tmp_path / "absent") == b"now here"

@@ -27,8 +27,9 @@ Public functions
       curves so). A damaged gzip file is ``BadInput``; ``OSError`` is left to the caller, who knows what the
       file was for.
   ``reading_once()``  a context manager: within it ``file_bytes`` reads and decompresses each file once and hands
-      every later reader the same bytes. For a judgement, which reads each run's log several times (its format,
-      its validation and training losses, its per-batch losses, once per verdict) and writes none of them.
+      every later reader the same bytes (up to 1 GiB of them; later files are read each time, as outside). For a
+      judgement, which reads each run's log several times (its format, its validation and training losses, its
+      per-batch losses, once per verdict) and writes none of them.
   ``gzip_or_plain(path) -> Path``  ``path + ".gz"`` when that exists, else ``path``: where a run's JSON lines
       are, compacted or not (a finished protocol run keeps its logs gzip: ``convergence.protocol.folder``).
   ``read_json_object(path, *, what, fix=...) -> dict``  the JSON object a file holds (a plan, a run's config),
@@ -190,6 +191,10 @@ def atomic_write(path, data: bytes | str, *, force: bool = False) -> Path:
 
 
 _ONCE: dict[Path, bytes] | None = None  # the files read so far while ``reading_once`` is active
+# what ``reading_once`` keeps at most; files read after it is full are read as before, each time. 1 GiB holds ~1,600
+# logs of the proxy's 1,500-step runs (0.65 MB each at most, per-batch losses included): a large plan's judgement
+# gains the repeated reads without holding every log of a long run in memory
+_ONCE_BUDGET = 1 << 30
 
 
 @contextlib.contextmanager
@@ -212,9 +217,12 @@ def file_bytes(path, limit: int | None = None) -> bytes:
     if _ONCE is None:
         return _read(Path(path), limit)
     key = Path(path).resolve()
-    if key not in _ONCE:
-        _ONCE[key] = _read(Path(path), None)  # whole: a later reader wants the rest
-    return _ONCE[key] if limit is None else _ONCE[key][:limit]
+    data = _ONCE.get(key)
+    if data is None:
+        data = _read(Path(path), None)  # whole: a later reader wants the rest
+        if sum(map(len, _ONCE.values())) + len(data) <= _ONCE_BUDGET:
+            _ONCE[key] = data
+    return data if limit is None else data[:limit]
 
 
 def _read(path: Path, limit: int | None) -> bytes:

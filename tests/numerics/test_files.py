@@ -101,3 +101,21 @@ def test_reading_once_hands_every_reader_the_first_read_and_ends_with_its_block(
             file_bytes(tmp_path / "absent")  # a failed read is raised as before and remembers nothing
         (tmp_path / "absent").write_bytes(b"now here")
         assert file_bytes(tmp_path / "absent") == b"now here"
+
+
+def test_reading_once_keeps_no_more_than_its_budget(tmp_path, monkeypatch):
+    """A file that would take ``reading_once`` past its budget is read as outside it, each time (it sees a change);
+    the files kept before it still give their first read."""
+    from numerics import files
+
+    first, second = tmp_path / "first.jsonl", tmp_path / "second.jsonl"
+    first.write_bytes(b"a" * 60)
+    second.write_bytes(b"b" * 60)
+    monkeypatch.setattr(files, "_ONCE_BUDGET", 100)
+    with files.reading_once():
+        assert files.file_bytes(first) == b"a" * 60  # kept: 60 of 100 bytes
+        assert files.file_bytes(second) == b"b" * 60  # 120 would pass the budget: not kept
+        first.write_bytes(b"changed")
+        second.write_bytes(b"changed")
+        assert files.file_bytes(first) == b"a" * 60 and files.file_bytes(second) == b"changed"
+

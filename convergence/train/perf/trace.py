@@ -25,8 +25,9 @@ the first step's start to the later of the last step's end and the last device e
 Host frames nest by start time on each thread: the innermost event that has started and not ended encloses the next
 event, so a launch's frames are the operator that made it, that operator's caller, and so on out to the step; with
 ``with_stack`` they include the Python functions (torchao's ``torch_pad_token_groups``, the fast ops' ``padding.pad``,
-the fast cast's ``mx_dequantize``), which is what tells group padding from other copies. On a CPU-only trace the GPU
-figures are None and the groups hold host time only.
+the fast cast's ``mx_dequantize``), which is what tells group padding from other copies: in a trace without Python
+functions its copies count as ``other`` and the ``padding`` group's figures are None (unknown, not 0). On a CPU-only
+trace the GPU figures are None and the groups hold host time only.
 """
 
 from __future__ import annotations
@@ -183,6 +184,7 @@ def analyse(events: Iterable[dict], *, gpu: bool, top: int = 15) -> dict:
 
     groups = {g: {"gpu_ms": 0.0 if gpu else None, "kernels": 0.0 if gpu else None, "host_self_ms": 0.0}
               for g in GROUPS}
+    stacks = any(h.cat == "python_function" for h in in_steps)
     host_table: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0.0, 0])
     for h in in_steps:
         if h.cat != "user_annotation":  # operators, CUDA calls, and Python functions in a trace with stacks
@@ -196,6 +198,8 @@ def analyse(events: Iterable[dict], *, gpu: bool, top: int = 15) -> dict:
               "top_host_ops": _top(host_table, steps, top, "self_ms"), "syncs_by_caller": None}
     if gpu:
         _device_figures(result, host, in_steps, device, (t0, t_end), top)
+    if not stacks:  # nothing could be told as padding: its copies are in "other"
+        groups["padding"] = dict.fromkeys(groups["padding"])
     return result
 
 
@@ -274,6 +278,8 @@ def format_analysis(r: dict, *, top: int = 8) -> str:
     for name, v in r["groups"].items():
         kernels = "n/a" if v["kernels"] is None else f"{v['kernels']:.0f}"
         lines.append(f"{name:<10} {_ms(v['gpu_ms']):>8} {kernels:>8} {_ms(v['host_self_ms']):>13}")
+    if r["groups"]["padding"]["host_self_ms"] is None:
+        lines.append("(padding: n/a without Python stacks, its copies counted in other; --stacks tells them apart)")
     if r["top_kernels"]:
         lines += ["", f"{'top kernels':<70} {'group':<10} {'ms':>7} {'calls':>6}"]
         lines += [f"{k['name'][:70]:<70} {k['group']:<10} {k['ms']:>7.2f} {k['calls']:>6.0f}"

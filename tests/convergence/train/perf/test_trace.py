@@ -120,3 +120,15 @@ def test_trace_host_table_merges_a_c_methods_frames_across_objects():
     rows = [op for op in analyse(ev, gpu=True)["top_host_ops"] if op["name"].startswith("<built-in method tolist")]
     assert rows == [{"name": "<built-in method tolist of Tensor object>", "group": "padding", "self_ms": 1e-3,
                      "calls": 1.0}]
+
+
+def test_trace_without_python_frames_leaves_padding_unknown_not_zero():
+    """Padding is told from other copies only by its Python frames: without any, its figures are None and its
+    copy kernel counts as other; the control, the same trace with its frames, has padding's GPU time."""
+    plain = analyse([e for e in _trace() if e["cat"] != "python_function"], gpu=True)
+    assert plain["groups"]["padding"] == {"gpu_ms": None, "kernels": None, "host_self_ms": None}
+    framed = analyse(_trace(), gpu=True)
+    assert framed["groups"]["padding"]["gpu_ms"] == pytest.approx((1 + 50) / 2e3)
+    assert plain["groups"]["other"]["gpu_ms"] == pytest.approx(framed["groups"]["other"]["gpu_ms"] + (1 + 50) / 2e3)
+    assert "n/a without Python stacks" in format_analysis(plain)
+    assert "n/a without Python stacks" not in format_analysis(framed)

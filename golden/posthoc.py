@@ -77,8 +77,11 @@ def reading(root: Path, test: str, replace: dict[str, Path] | None = None) -> di
 
 def build(root: Path = ROOT) -> dict:
     """The post-hoc readings (module docstring)."""
+    from numerics.files import reading_once
+
     old = _recorded(root, "verdict")["protocol"]["plan"]
-    readings = {test: reading(root, test) for test in ("equivalence", "non-inferiority")}
+    with reading_once():  # the four judgements read the same 64 curves: each is read and parsed once
+        readings = {test: reading(root, test) for test in ("equivalence", "non-inferiority")}
     return {"label": LABEL, "plan": PREFIX, "rule": {"tests": list(readings), "alpha": 0.05, "endpoint": "final",
                                                     "planted_shift_margins": 2.0, "margin": old["margin"]},
             "recorded_verdicts": {v: _recorded(root, v)["verdict"]

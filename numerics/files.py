@@ -30,6 +30,8 @@ Public functions
       every later reader the same bytes (up to 1 GiB of them; later files are read each time, as outside). For a
       judgement, which reads each run's log several times (its format, its validation and training losses, its
       per-batch losses, once per verdict) and writes none of them.
+  ``once(key, make)``  ``make()``, made once per ``key`` within ``reading_once`` and handed to every later caller
+      (each call outside it): what is parsed from the files read there (a run's loss curve) is parsed once too.
   ``gzip_or_plain(path) -> Path``  ``path + ".gz"`` when that exists, else ``path``: where a run's JSON lines
       are, compacted or not (a finished protocol run keeps its logs gzip: ``convergence.protocol.folder``).
   ``read_json_object(path, *, what, fix=...) -> dict``  the JSON object a file holds (a plan, a run's config),
@@ -191,6 +193,7 @@ def atomic_write(path, data: bytes | str, *, force: bool = False) -> Path:
 
 
 _ONCE: dict[Path, bytes] | None = None  # the files read so far while ``reading_once`` is active
+_MADE: dict | None = None  # what ``once`` made so far while ``reading_once`` is active
 # what ``reading_once`` keeps at most; files read after it is full are read as before, each time. 1 GiB holds ~1,600
 # logs of the proxy's 1,500-step runs (0.65 MB each at most, per-batch losses included): a large plan's judgement
 # gains the repeated reads without holding every log of a long run in memory
@@ -202,15 +205,23 @@ def reading_once() -> Iterator[None]:
     """Within: each file is read once (measured: re-judging golden's 64-run plan read its 64 logs 768 times and
     decompressed them 2,244 times; read once each, a re-judging took 6.9-7.3 s of CPU instead of 7.9-8.7 s). Nested
     uses share the outer one's bytes."""
-    global _ONCE
+    global _ONCE, _MADE
     if _ONCE is not None:
         yield
         return
-    _ONCE = {}
+    _ONCE, _MADE = {}, {}
     try:
         yield
     finally:
-        _ONCE = None
+        _ONCE = _MADE = None
+
+
+def once(key, make):
+    if _MADE is None:
+        return make()
+    if key not in _MADE:
+        _MADE[key] = make()
+    return _MADE[key]
 
 
 def file_bytes(path, limit: int | None = None) -> bytes:

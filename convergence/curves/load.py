@@ -305,6 +305,23 @@ def load_curves(paths, **options) -> list[Curve]:
 
 def load_curve(path, *, format: str | None = None, loss_key: str | None = None, step_key: str | None = None,
                tag: str | None = None, validation: bool = False) -> Curve:
+    """Load one run (``_load_curve``); within ``numerics.files.reading_once``, each file and series once, the
+    same read-only ``Curve`` handed to every caller."""
+    from numerics.files import once
+
+    options = dict(format=format, loss_key=loss_key, step_key=step_key, tag=tag, validation=validation)
+    return once(("curve", Path(path).resolve(), *options.items()), lambda: _read_only(_load_curve(path, **options)))
+
+
+def _read_only(c: Curve) -> Curve:
+    """``c`` with its arrays made read-only: a curve shared between callers can no longer be changed by one."""
+    for a in (c.steps, c.values, *(x for s in c.extras.values() for x in (s.steps, s.values))):
+        a.flags.writeable = False
+    return c
+
+
+def _load_curve(path, *, format: str | None = None, loss_key: str | None = None, step_key: str | None = None,
+                tag: str | None = None, validation: bool = False) -> Curve:
     """Load one run. ``loss_key``/``step_key`` name the JSONL keys or CSV columns; ``tag`` the TB tag; a key the
     run's format does not read is refused (``KEY_READERS``).
 

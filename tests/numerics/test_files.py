@@ -119,3 +119,28 @@ def test_reading_once_keeps_no_more_than_its_budget(tmp_path, monkeypatch):
         second.write_bytes(b"changed")
         assert files.file_bytes(first) == b"a" * 60 and files.file_bytes(second) == b"changed"
 
+
+
+def test_once_makes_each_key_once_within_reading_once_and_each_time_outside():
+    """``once`` hands every caller within ``reading_once`` (nested blocks too) the first made value of a key; a
+    failed make is raised and remembered as nothing; outside a block, and after it, every call makes afresh."""
+    from numerics.files import once, reading_once
+
+    made = []
+
+    def make(tag):
+        made.append(tag)
+        return [tag]
+
+    assert once("k", lambda: make("a")) is not once("k", lambda: make("a"))  # the control: outside, twice
+    assert made == ["a", "a"]
+    with reading_once():
+        first = once("k", lambda: make("b"))
+        with reading_once():
+            assert once("k", lambda: make("c")) is first
+        assert once("other", lambda: make("d")) == ["d"]
+        with pytest.raises(ZeroDivisionError):
+            once("bad", lambda: 1 / 0)
+        assert once("bad", lambda: make("e")) == ["e"]
+    assert made == ["a", "a", "b", "d", "e"]
+    assert once("k", lambda: make("f")) == ["f"]

@@ -484,3 +484,22 @@ def test_a_tag_logged_in_two_split_folders_is_refused_one_split_or_restart_folde
     c = load_curve(restarts)
     np.testing.assert_array_equal(c.steps, STEPS)
     assert len(c.meta.restarts) == 1  # the second folder takes over at step 21
+
+
+def test_a_curve_loaded_within_reading_once_is_parsed_once_and_shared_read_only(tmp_path):
+    """Within ``numerics.files.reading_once`` one file and series is parsed once: every caller gets the same curve,
+    whose arrays cannot be written; another series of the file is its own curve; outside, each load is fresh."""
+    from numerics.files import reading_once
+
+    rows = [{"step": int(s), "loss": float(v), "val_loss": float(v) + 0.1} for s, v in zip(STEPS, LOSS)]
+    (tmp_path / "bf16").mkdir()
+    path = _jsonl(tmp_path / "bf16" / "metrics.jsonl", rows)
+    assert load_curve(path) is not load_curve(path)  # the control: outside the block
+    with reading_once():
+        train = load_curve(path)
+        assert load_curve(tmp_path / "bf16" / ".." / "bf16" / "metrics.jsonl") is train  # the same file, by any name
+        val = load_curve(path, validation=True)
+        assert val is not train and val.values[0] == pytest.approx(LOSS[0] + 0.1)
+        with pytest.raises(ValueError, match="read-only"):
+            train.values[0] = 0.0
+    np.testing.assert_array_equal(load_curve(path).values, LOSS)

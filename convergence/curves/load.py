@@ -305,8 +305,8 @@ def load_curves(paths, **options) -> list[Curve]:
 
 def load_curve(path, *, format: str | None = None, loss_key: str | None = None, step_key: str | None = None,
                tag: str | None = None, validation: bool = False) -> Curve:
-    """Load one run (``_load_curve``); within ``numerics.files.reading_once``, each file and series once, the
-    same read-only ``Curve`` handed to every caller."""
+    """Load one run (``_load_curve``) as a read-only ``Curve``; within ``numerics.files.reading_once`` each file and
+    series is parsed once and the same curve handed to every caller."""
     from numerics.files import once
 
     options = dict(format=format, loss_key=loss_key, step_key=step_key, tag=tag, validation=validation)

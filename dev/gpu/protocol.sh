@@ -9,6 +9,9 @@
 # tarball, when at least TIER_MIN s (default 320) are; its log is $OUT/tier.log (record it with
 # golden.tier_summary). TIER_MIN: the tier takes ~280 s on an H200 (pytest's own count, the install already
 # done), so 320 s leaves ~15 % over it; a tier cut at the end costs only time that would have idled.
+# PARALLEL=N (default 1): N runs share the GPU at once (`--parallel N`; a proxy run peaks at ~23 GiB of GPU memory,
+# so 3 fit on an H100). Its pace is recorded as N to a GPU, so the first call with a new N has no pace to refuse a
+# run with: use it with WHOLE=0 on a machine the next call finds warm.
 # The working folder is /tmp/$NAME on the GPU machine: a machine kept warm between calls keeps it, and with it
 # a stopped run's checkpoint, so the next call continues that run; a fresh machine starts from the tracked copy.
 set -u
@@ -17,6 +20,7 @@ TOTAL=${TOTAL:-585}
 WHOLE=${WHOLE:-1}
 TIER=${TIER:-0}
 TIER_MIN=${TIER_MIN:-320}
+PARALLEL=${PARALLEL:-1}
 if [ -z "$NAME" ] || [ ! -f "dev/gpu/$NAME.args" ]; then
     echo "protocol.sh: no dev/gpu/\$NAME.args (NAME='$NAME'): write the plan's flags there and call with NAME=..." >&2
     exit 2
@@ -29,7 +33,7 @@ echo "${MXVAL_COMMIT:-unknown}" > "$OUT/commit"
 minutes=$(python3 -c "print(round(($TOTAL - 30 - $SECONDS) / 60, 3))")
 set -o pipefail
 python3 -m convergence protocol $(cat "dev/gpu/$NAME.args") --device cuda --out "$W" \
-    --stop-after-minutes "$minutes" $([ "$WHOLE" = 1 ] && echo --whole-runs) 2>&1 | tee -a "$OUT/protocol.log"
+    --stop-after-minutes "$minutes" --parallel "$PARALLEL" $([ "$WHOLE" = 1 ] && echo --whole-runs) 2>&1 | tee -a "$OUT/protocol.log"
 echo "protocol exit: $?"
 # runs stopped part-way keep their checkpoint in $W only; say which, and send back the rest (a fork's finished
 # trunk keeps its checkpoint too, but is finished: dev/gpu/unfinished.py)

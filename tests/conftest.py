@@ -152,16 +152,18 @@ def fake_validate_folder():
 
 @pytest.fixture
 def val_loss_protocol(tmp_path):
-    """``(plan, write)``: a tiny protocol opened in ``tmp_path`` (k = 3, m = 4, 10 steps) and ``write(spec)``, which
-    writes that run's finished log with a synthetic validation loss: the BF16 and MXFP8 runs within 4e-4 of each
-    other, the ``mxfp8-head`` control 5 % above them, so its levels judge as equivalent / not_equivalent /
-    equivalent. Seconds instead of training; shared by ``--status``'s tests and the notebook helper's."""
+    """``(plan, write)``: a tiny protocol opened in ``tmp_path`` (k = 3, m = 4, 10 steps, evaluated every 5) and
+    ``write(spec)``, which writes that run's finished log with a synthetic validation loss: the BF16 and MXFP8 runs
+    within 4e-4 of each other, the ``mxfp8-head`` control 5 % above them, so its levels judge as equivalent /
+    not_equivalent / equivalent. Seconds instead of training; shared by ``--status``'s tests and the notebook
+    helper's."""
     import json
 
     from convergence.protocol.folder import metrics_path, open_protocol
     from convergence.protocol.plan import ProtocolPlan
 
-    plan = ProtocolPlan(model="tiny", control="mxfp8-head", steps=10, replicates=3, candidate_replicates=4).check()
+    plan = ProtocolPlan(model="tiny", control="mxfp8-head", steps=10,
+                        overrides=(("val_every", 5),), replicates=3, candidate_replicates=4).check()
     open_protocol(plan, tmp_path)
     noise = {"bf16": 0.0, "bf16_rounding1": 1e-4, "bf16_rounding2": -1e-4, "bf16_rounding3": 2e-4,
              "mxfp8": 5e-5, "mxfp8_rounding1": -5e-5, "mxfp8-head": 0.05, "mxfp8-head_rounding1": 0.0501,

@@ -67,7 +67,7 @@ from dataclasses import dataclass
 
 from convergence.curves.decision.equivalence import ENDPOINTS, LEGACY, TESTS, WORDS
 from convergence.train import data as data_mod
-from convergence.train.loop import TrainConfig, defaults_for
+from convergence.train.loop import TrainConfig, defaults_for, evaluation_steps
 from numerics.errors import SEED_MAX, BadInput
 from numerics.layer.configs import CONFIGS
 from numerics.layer.recipes import NULL_CONTROLS, RECIPES
@@ -193,9 +193,11 @@ class ProtocolPlan:
             raise BadInput(f"--name {self.name!r}: letters, digits, '.', '_' and '-' only (it begins the result "
                            "files' names in OUT/results)")
         data_mod.check_val_percent(self.val_percent)
-        if self.train_defaults()["val_every"] > self.steps:
-            raise BadInput(f"--val-every {self.train_defaults()['val_every']} is more than --steps {self.steps}: the "
-                           "verdict compares validation losses")
+        every = self.train_defaults()["val_every"]
+        if len(evaluation_steps(self.steps, every)) < 2:
+            raise BadInput(f"--steps {self.steps} with --val-every {every:g}: a run evaluates every --val-every steps "
+                           f"and at its last, here at step {self.steps} only, and a verdict compares validation "
+                           f"losses at two steps at the least: --val-every below --steps")
         return self
 
     def _check_fork(self) -> None:

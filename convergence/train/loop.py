@@ -2,7 +2,7 @@
 process or on N ranks under torchrun (FSDP2 + expert parallelism).
 
 Public: ``TrainConfig``, ``defaults_for(model)``, ``run(cfg, out, resume=False, force=False)``,
-``train_recipe(...)``, ``build_model``, ``fingerprint``, ``lr_at``.
+``train_recipe(...)``, ``build_model``, ``fingerprint``, ``lr_at``, ``evaluates``, ``evaluation_steps``.
 
 What a run is:
 * every recipe starts from the same initial weights (drawn from ``seed`` on the CPU before any recipe is
@@ -125,6 +125,17 @@ def defaults_for(model: str) -> dict:
     # a proxy checkpoint (weights + AdamW state, FP32) is ~11 GB: every 100 steps and when stopping
     return dict(batch=4, seq=2048, lr=6e-4, warmup=50, val_every=50, val_batches=8, probe_every=100,
                 ckpt_every=100)
+
+
+def evaluates(step: int, steps: int, val_every: int) -> bool:
+    """Whether a run of ``steps`` steps evaluates after step ``step``: every ``val_every`` steps and at its last
+    (never with ``val_every`` 0)."""
+    return bool(val_every) and (step % val_every == 0 or step == steps)
+
+
+def evaluation_steps(steps: int, val_every: float) -> list[int]:
+    """The steps after which a run of ``steps`` steps evaluates (``evaluates``)."""
+    return [s for s in range(1, steps + 1) if evaluates(s, steps, int(val_every))]
 
 
 def lr_at(cfg: TrainConfig, step: int) -> float:
@@ -385,7 +396,7 @@ def train_recipe(cfg: TrainConfig, recipe_name: str, run_dir: Path, tokens: data
         comm = place.comm_seconds()
         if comm is not None:
             rec |= {"dispatch_combine_s": comm, "dispatch_combine_share": comm / dt}
-        if cfg.val_every and (done % cfg.val_every == 0 or done == cfg.steps):
+        if evaluates(done, cfg.steps, cfg.val_every):
             t_val = time.perf_counter()
             rec |= evaluate(model, val, cfg, place)
             rec["val_s"] = time.perf_counter() - t_val  # the losses are floats: the evaluation has finished

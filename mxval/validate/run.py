@@ -223,13 +223,14 @@ def _gpus_and_deep_ep() -> tuple[int, bool]:
 
 
 def _check_evaluations(plan) -> None:
-    """The curves level compares validation losses at two evaluations at the least (a run evaluates every
-    ``val_every`` steps and at its last): a --steps that gives fewer is refused before anything runs."""
-    from mxval.validate.levels import protocol_plan
+    """The curves level compares validation losses at two evaluations at the least (``evaluation_steps``): a
+    --steps that gives fewer is refused before anything runs, saying the fewest that work (the protocol refuses it
+    too, naming its own flags)."""
+    from convergence.protocol.plan import ProtocolPlan
+    from convergence.train.loop import evaluation_steps
 
-    every = protocol_plan(plan).train_defaults()["val_every"]
-    evaluations = -(-plan.train_steps // every)
-    if evaluations < 2:
+    every = ProtocolPlan(model=plan.train_model, steps=plan.train_steps).train_defaults()["val_every"]
+    if len(evaluation_steps(plan.train_steps, every)) < 2:
         raise CLIError(f"--steps {plan.train_steps}: the {plan.train_model} model is evaluated every {every} steps "
                        f"and at the last, so a run gives one evaluation, and the curves level compares two at the "
                        f"least: --steps {every + 1} or more")

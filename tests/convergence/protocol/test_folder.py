@@ -92,7 +92,8 @@ def test_folder_run_states_and_the_last_whole_level(tmp_path):
     """A run is "done" at its last step, else the steps it logged; a run stopped without its checkpoint here is
     at 0 for scheduling (``resumable_status``); the last whole level is the largest level whose runs are all
     done (None before the first)."""
-    plan = ProtocolPlan(model="tiny", control="mxfp8-head", steps=10, replicates=3, candidate_replicates=4).check()
+    plan = ProtocolPlan(model="tiny", control="mxfp8-head", steps=10,
+                        overrides=(("val_every", 5),), replicates=3, candidate_replicates=4).check()
     levels = plan.levels()
     for spec in levels[0].runs():
         _finished(tmp_path, plan, spec)
@@ -115,7 +116,7 @@ def test_folder_run_states_and_the_last_whole_level(tmp_path):
 def test_folder_refuses_a_compacted_log_that_ends_short_and_a_file_where_a_run_belongs(tmp_path):
     """A compacted log belongs to a finished run: one that ends short is damage, not a run to train again over
     it; a file where a run's folder belongs is not a run not started."""
-    plan = ProtocolPlan(model="tiny", control="mxfp8-head", steps=10).check()
+    plan = ProtocolPlan(model="tiny", control="mxfp8-head", steps=10, overrides=(("val_every", 5),)).check()
     spec = plan.run("candidate")
     compact_run(_finished(tmp_path, plan, spec, steps=9).parent)
     with pytest.raises(BadInput, match="damaged"):
@@ -131,7 +132,7 @@ def test_folder_a_run_left_with_both_its_gzip_and_its_plain_log_is_read_from_the
     """A crash between writing a log's gzip (atomically: it is whole) and removing the plain file leaves both:
     the gzip wins. Here the plain files are a step short, so the one read shows; with the gzip gone, the plain
     file is read (the control)."""
-    plan = ProtocolPlan(model="tiny", control="mxfp8-head", steps=10).check()
+    plan = ProtocolPlan(model="tiny", control="mxfp8-head", steps=10, overrides=(("val_every", 5),)).check()
     spec = plan.run("candidate")
     run = run_dir(tmp_path, spec)
     run.mkdir(parents=True)

@@ -31,7 +31,8 @@ def test_judging_checks_that_the_runs_are_what_their_design_says(tmp_path):
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps({"init_fingerprint": fingerprint(spec)}))
 
-    rounding = ProtocolPlan(model="tiny", control="mxfp8-head", steps=10, replicates=3).check()
+    rounding = ProtocolPlan(model="tiny", control="mxfp8-head", steps=10,
+                            overrides=(("val_every", 5),), replicates=3).check()
     write(rounding, lambda s: "sha256:aaaa")
     check_design(rounding, tmp_path)  # one seed, one fingerprint
     odd = rounding.runs()[2].name
@@ -42,7 +43,8 @@ def test_judging_checks_that_the_runs_are_what_their_design_says(tmp_path):
     check_design(rounding, tmp_path)
 
     shutil.rmtree(tmp_path / "runs")
-    init = ProtocolPlan(model="tiny", control="mxfp8-head", steps=10, replicates=3, design="init").check()
+    init = ProtocolPlan(model="tiny", control="mxfp8-head", steps=10,
+                        overrides=(("val_every", 5),), replicates=3, design="init").check()
     assert len({s.seed for s in init.runs()}) > 1
     write(init, lambda s: f"sha256:{s.seed:04d}")
     check_design(init, tmp_path)  # each seed its own weights

@@ -140,3 +140,13 @@ def test_plan_probes_only_the_mxfp8_runs(small_plan):
 def test_plan_refuses_nonsense(bad, match):
     with pytest.raises(BadInput, match=match):
         dataclasses.replace(ProtocolPlan(model="tiny", steps=20), **bad).check()
+
+
+@pytest.mark.parametrize("design", [dict(), dict(design="fork", fork_step=15)])
+def test_plan_refuses_runs_that_evaluate_once(design):
+    """A run evaluates every --val-every steps and at its last; a verdict compares two evaluations at the least, so
+    --val-every equal to --steps (one evaluation) is refused before any run trains, and one step fewer (two: at
+    19 and 20) is accepted (the control)."""
+    with pytest.raises(BadInput, match="--steps 20 with --val-every 20: .* at step 20 only"):
+        ProtocolPlan(model="tiny", steps=20, overrides=(("val_every", 20),), **design).check()
+    ProtocolPlan(model="tiny", steps=20, overrides=(("val_every", 19),), **design).check()

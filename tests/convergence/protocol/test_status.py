@@ -120,7 +120,8 @@ def test_status_of_a_whole_plan_projects_its_own_spread(tmp_path, val_loss_proto
 
 
 def test_status_names_the_smaller_protocol_that_is_complete(tmp_path):
-    plan = ProtocolPlan(model="tiny", control="mxfp8-head", steps=10, replicates=3, candidate_replicates=4).check()
+    plan = ProtocolPlan(model="tiny", control="mxfp8-head", steps=10,
+                        overrides=(("val_every", 5),), replicates=3, candidate_replicates=4).check()
     open_protocol(plan, tmp_path)
     for r in {r.name: r for sub in plan.levels()[:2] for r in sub.runs()}.values():
         path = metrics_path(tmp_path, r)
@@ -154,7 +155,8 @@ def test_status_says_whether_the_pairs_end_alike(tmp_path, val_loss_protocol):
         part = {"replicate_levels": base, "candidate_levels": cand}
         return {"verdict": {"overall": part}, "positive_control": {}, "negative_control": {"overall": part}}
 
-    wide = ProtocolPlan(model="tiny", control="mxfp8-head", steps=10, replicates=3, candidate_replicates=4).check()
+    wide = ProtocolPlan(model="tiny", control="mxfp8-head", steps=10,
+                        overrides=(("val_every", 5),), replicates=3, candidate_replicates=4).check()
     (got,) = pairs(wide, verdicts([0.0, 0.01, 0.02], [0.0, 0.01, 0.02, -5.0]))
     assert isinstance(got, Pairs) and got.recipe == "mxfp8" and got.by_range["overall"]["n"] == 3
     assert got.by_range["overall"]["r"] == pytest.approx(1.0)

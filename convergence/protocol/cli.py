@@ -331,6 +331,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     files = write_results(plan, args.out, verdicts, command, hardware)
     for name, r in verdicts.items():
         print(render.verdict_line(name, r))
+    for line in render.amendment_lines(folder.amendments(args.out)):
+        print(line)
     for line in render.pairs_lines(pairs(plan, verdicts)):
         print(line)
     print(f"protocol complete: {len(files)} result files in {args.out / 'results'} (record.sh lists them in golden/)")

@@ -4,11 +4,12 @@ Public: ``open_protocol(plan, out)``, ``load_plan(out)``, ``read_plan(path)``, `
 ``changed_fields(have, want)``, ``CHANGEABLE``, ``run_dir(out, spec)``, ``run_config(out, spec)``,
 ``metrics_path(out, spec)``, ``probes_path(out, spec)`` (a run's logs, plain or compacted), ``run_state``,
 ``run_status``, ``resumable_status``, ``can_continue``, ``last_whole_level``, ``finish_run``, ``compact_run``,
-``gzipped``, ``COMPACTED``, ``PACE_FILE``.
+``gzipped``, ``amendments(out)``, ``COMPACTED``, ``PACE_FILE``, ``AMENDMENTS_FILE``.
 
 Layout: ``OUT/protocol.json`` (the plan), ``OUT/runs/<run>/<recipe>/`` (each run's ``config.json``,
 ``metrics.jsonl``, ``probes.jsonl`` and, while unfinished, its checkpoint), ``OUT/logs/`` (the workers' output),
-``OUT/pace.jsonl`` (each piece's pace: ``convergence.protocol.schedule``), ``OUT/slurm/`` (the Slurm jobs' record
+``OUT/pace.jsonl`` (each piece's pace: ``convergence.protocol.schedule``), ``OUT/amendments.jsonl`` (each change
+of the plan made after some of its runs had finished), ``OUT/slurm/`` (the Slurm jobs' record
 and logs: ``convergence.protocol.slurm``) and ``OUT/results/`` (the verdicts and their files:
 ``convergence.protocol.judge``). A run is continued from its checkpoint until it has ``steps`` steps;
 its checkpoint is written only when a piece stops and at the end, and deleted once the run is complete (a proxy
@@ -29,6 +30,10 @@ from numerics.errors import BadInput
 from numerics.files import GZIP_MAGIC, atomic_write, gzip_or_plain, read_json_object
 
 PACE_FILE = "pace.jsonl"  # each piece's recipe, steps and wall seconds (convergence.protocol.schedule)
+# each CHANGEABLE change of a plan made once some of its runs had finished: what changed and which runs were
+# finished then. A plan's verdicts are declared before its runs; one changed after (another positive control, more
+# replicates once some results were in) is judged as it now is, and its verdicts say so (``amendments``).
+AMENDMENTS_FILE = "amendments.jsonl"
 
 # What may change on a folder that holds runs: how many replicates (and a fork plan's trunks), which recipe is the
 # positive control, and the result files' prefix (``name``: it names no run, so a plan started without one can
@@ -70,19 +75,33 @@ def open_protocol(plan: ProtocolPlan, out: Path, *, force: bool = False) -> str 
         for sub in ("runs", "logs", "results", "results.partial", "slurm"):  # slurm: convergence.protocol.slurm.jobs
             shutil.rmtree(out / sub, ignore_errors=True)
         (out / PACE_FILE).unlink(missing_ok=True)  # the paces of runs no longer there
+        (out / AMENDMENTS_FILE).unlink(missing_ok=True)  # changes to a plan whose runs are gone
         state.unlink()
     if state.exists():
         have, want = check_same_plan(plan, out), plan.as_dict()
-        changed = [f"{key} {old} -> {new}" for key, old, new in changed_fields(have, want)]
-        if not changed:
+        fields = changed_fields(have, want)
+        if not fields:
             return None
+        old = plan_from_dict(have)
+        finished = [s.name for s in old.runs() if run_state(old, out, s) == "done"]
+        if finished:  # recorded before the plan changes: a kill between leaves the record, and the same command
+            JsonlLog(out / AMENDMENTS_FILE).append(  # records it again when it changes the plan after all
+                {"changed": {key: [was, now] for key, was, now in fields}, "finished_runs": finished})
         atomic_write(state, json.dumps(want, indent=1) + "\n", force=True)  # a kill mid-write keeps the old plan
-        return f"{out}: the plan now has {', '.join(changed)}; the runs already made are kept"
+        changed = [f"{key} {was} -> {now}" for key, was, now in fields]
+        after = f", after {len(finished)} of its runs had finished (recorded in {AMENDMENTS_FILE})" if finished else ""
+        return f"{out}: the plan now has {', '.join(changed)}{after}; the runs already made are kept"
     if not forced and out.exists() and (not out.is_dir() or any(out.iterdir())):  # forced: others' files stay
         raise BadInput(f"{out} is not empty and holds no protocol run; choose another --out")
     out.mkdir(parents=True, exist_ok=True)
     atomic_write(state, json.dumps(plan.as_dict(), indent=1) + "\n")
     return None
+
+
+def amendments(out: Path) -> list[dict]:
+    """The plan's changes made after some of its runs had finished (``AMENDMENTS_FILE``), oldest first."""
+    path = Path(out) / AMENDMENTS_FILE
+    return JsonlLog(path).records() if path.is_file() else []
 
 
 def load_plan(out: Path) -> ProtocolPlan:

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from convergence.curves.decision.equivalence import PART_OF, WORDS
-from convergence.protocol.folder import gzipped, metrics_path, probes_path, run_config
+from convergence.protocol.folder import amendments, gzipped, metrics_path, probes_path, run_config
 from convergence.protocol.plan import COVERS_ZERO, IDENTICAL, PLANTED, ProtocolPlan, RunSpec
 from convergence.protocol.provenance import run_environments, runs_environment
 from convergence.train.checkpoint import JsonlLog
@@ -76,9 +76,15 @@ def check_design(plan: ProtocolPlan, out: Path) -> None:
 
 def judge(plan: ProtocolPlan, out: Path) -> dict[str, dict]:
     """The plan's verdicts (``ProtocolPlan.verdicts``) on validation loss, from the finished runs (checked against
-    the design first: ``check_design``)."""
+    the design first: ``check_design``); a plan changed after some of its runs had finished carries its changes in
+    every verdict (``protocol.amendments``: ``folder.amendments``)."""
     check_design(plan, out)
-    return judge_logs(plan, lambda spec: metrics_path(out, spec))
+    verdicts = judge_logs(plan, lambda spec: metrics_path(out, spec))
+    changes = amendments(out)
+    if changes:  # absent otherwise: the verdicts of a plan never changed read as they always did
+        for r in verdicts.values():
+            r["protocol"]["amendments"] = changes
+    return verdicts
 
 
 @reading_once()  # every verdict reads the BF16 runs' logs again, and each log is read for three series

@@ -5,7 +5,7 @@ projection and the pairs.
 
 Public: ``status_lines(progress, figure, drift_figure)``, ``draw_figures(progress, figure, drift_figure, force)``,
 ``verdict_line(name, r)``, ``made_with_line(made)``, ``environment_change_line(diffs)``, ``drift_lines(result)``,
-``spread_line(result, last_step)``, ``projection_text(p)``, ``pairs_lines(found)``.
+``spread_line(result, last_step)``, ``projection_text(p)``, ``pairs_lines(found)``, ``amendment_lines(changes)``.
 """
 
 from __future__ import annotations
@@ -44,6 +44,13 @@ def verdict_line(name: str, r: dict) -> str:
     said = f"{planted}planned chance {chance:.0%}" if chance is not None else f"{planted}no planned chance"
     return (f"{name:<17} {r['verdict'].upper()} [control: detected ({outcome['detected_as']}): "
             f"{'yes' if ok else 'no'}; {said}]: {r['reason']}; {resolution(r)}")
+
+
+def amendment_lines(changes: list[dict]) -> list[str]:
+    """One line for each change of the plan made after some of its runs had finished (``folder.amendments``): its
+    verdicts were declared before those runs, and are read knowing it."""
+    return [f"amended: {', '.join(f'{k} {was} -> {now}' for k, (was, now) in c['changed'].items())} after "
+            f"{len(c['finished_runs'])} run(s) had finished (not declared before them)" for c in changes]
 
 
 def _secondary(r: dict) -> str:
@@ -170,6 +177,8 @@ def status_lines(p: Progress, figure: Path | None = None, drift_figure: Path | N
         lines.append(f"    cannot judge it: {lv.error}")
     elif lv is not None:
         lines += [f"    {verdict_line(name, r)}" for name, r in lv.verdicts.items()]
+        first = next(iter(lv.verdicts.values()), {})
+        lines += [f"    {line}" for line in amendment_lines(first.get("protocol", {}).get("amendments", []))]
         if not lv.whole:
             lines.append("    (interim: the plan's verdict is the whole plan's; stopping because an interim one "
                          "looks decided would bias it, stopping for want of compute time does not)")

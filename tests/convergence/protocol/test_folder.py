@@ -185,3 +185,40 @@ def test_folder_a_finished_run_keeps_its_logs_gzip_compressed_a_stopped_one_plai
     assert [r["step"] for r in JsonlLog(metrics_path(tmp_path, spec)).records()] == list(range(1, plan.steps + 1))
     assert probes_path(tmp_path, spec) == run / "probes.jsonl.gz"
     assert run_state(plan, tmp_path, spec) == "done"
+
+
+def test_folder_records_a_change_made_after_runs_finished_and_its_verdicts_say_so(tmp_path, val_loss_protocol):
+    """A plan's verdicts are declared before its runs: a change once some had finished (here fewer candidate runs,
+    leaving the plan whole) is recorded with the runs finished then, carried by every verdict and printed; a change
+    before any run finished (the control) is not recorded, and --force, deleting the runs, deletes the record."""
+    from convergence.protocol import render
+    from convergence.protocol.judge import judge
+
+    plan, write = val_loss_protocol
+    assert "after" not in open_protocol(dataclasses.replace(plan, name="early"), tmp_path)
+    assert folder.amendments(tmp_path) == []
+    done = plan.levels()[2].runs()  # k = m = 3
+    for spec in done:
+        write(spec)
+    fewer = dataclasses.replace(plan, name="early", candidate_replicates=3)
+    line = open_protocol(fewer, tmp_path)
+    assert f"after {len(done)} of its runs had finished" in line
+    [change] = folder.amendments(tmp_path)
+    assert change == {"changed": {"candidate_replicates": [4, 3]}, "finished_runs": [s.name for s in plan.runs()
+                                                                                     if s in done]}
+    verdicts = judge(fewer, tmp_path)
+    assert all(r["protocol"]["amendments"] == [change] for r in verdicts.values())
+    assert render.amendment_lines([change]) == [f"amended: candidate_replicates 4 -> 3 after {len(done)} run(s) had "
+                                                "finished (not declared before them)"]
+    open_protocol(fewer, tmp_path, force=True)
+    assert folder.amendments(tmp_path) == [] and not (tmp_path / folder.AMENDMENTS_FILE).exists()
+
+
+def test_folder_verdicts_of_a_plan_never_changed_carry_no_amendments(tmp_path, val_loss_protocol):
+    plan, write = val_loss_protocol
+    whole = plan.levels()[2]
+    for spec in whole.runs():
+        write(spec)
+    from convergence.protocol.judge import judge
+
+    assert all("amendments" not in r["protocol"] for r in judge(whole, tmp_path).values())

@@ -30,9 +30,10 @@ from numerics.errors import BadInput
 from numerics.files import GZIP_MAGIC, atomic_write, gzip_or_plain, read_json_object
 
 PACE_FILE = "pace.jsonl"  # each piece's recipe, steps and wall seconds (convergence.protocol.schedule)
-# each CHANGEABLE change of a plan made once some of its runs had finished: what changed and which runs were
-# finished then. A plan's verdicts are declared before its runs; one changed after (another positive control, more
-# replicates once some results were in) is judged as it now is, and its verdicts say so (``amendments``).
+# each CHANGEABLE change of a plan made once some of its runs had finished (``name`` aside: it names files, not
+# runs): what changed and which runs were finished then. A plan's verdicts are declared before its runs; one changed
+# after (another positive control, more replicates once some results were in) is judged as it now is, and its
+# verdicts say so (``amendments``).
 AMENDMENTS_FILE = "amendments.jsonl"
 
 # What may change on a folder that holds runs: how many replicates (and a fork plan's trunks), which recipe is the
@@ -84,12 +85,14 @@ def open_protocol(plan: ProtocolPlan, out: Path, *, force: bool = False) -> str 
             return None
         old = plan_from_dict(have)
         finished = [s.name for s in old.runs() if run_state(old, out, s) == "done"]
-        if finished:  # recorded before the plan changes: a kill between leaves the record, and the same command
-            JsonlLog(out / AMENDMENTS_FILE).append(  # records it again when it changes the plan after all
-                {"changed": {key: [was, now] for key, was, now in fields}, "finished_runs": finished})
+        judged = {key: [was, now] for key, was, now in fields if key != "name"}  # a name changes no verdict
+        if finished and judged:  # recorded before the plan changes: a kill between leaves the record, and the same
+            JsonlLog(out / AMENDMENTS_FILE).append(  # command records it again when it changes the plan after all
+                {"changed": judged, "finished_runs": finished})
         atomic_write(state, json.dumps(want, indent=1) + "\n", force=True)  # a kill mid-write keeps the old plan
         changed = [f"{key} {was} -> {now}" for key, was, now in fields]
-        after = f", after {len(finished)} of its runs had finished (recorded in {AMENDMENTS_FILE})" if finished else ""
+        after = (f", after {len(finished)} of its runs had finished (recorded in {AMENDMENTS_FILE})"
+                 if finished and judged else "")
         return f"{out}: the plan now has {', '.join(changed)}{after}; the runs already made are kept"
     if not forced and out.exists() and (not out.is_dir() or any(out.iterdir())):  # forced: others' files stay
         raise BadInput(f"{out} is not empty and holds no protocol run; choose another --out")

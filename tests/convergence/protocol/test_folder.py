@@ -190,7 +190,8 @@ def test_folder_a_finished_run_keeps_its_logs_gzip_compressed_a_stopped_one_plai
 def test_folder_records_a_change_made_after_runs_finished_and_its_verdicts_say_so(tmp_path, val_loss_protocol):
     """A plan's verdicts are declared before its runs: a change once some had finished (here fewer candidate runs,
     leaving the plan whole) is recorded with the runs finished then, carried by every verdict and printed; a change
-    before any run finished (the control) is not recorded, and --force, deleting the runs, deletes the record."""
+    before any run finished, or of the name alone (the controls), is not recorded, and --force, deleting the runs,
+    deletes the record."""
     from convergence.protocol import render
     from convergence.protocol.judge import judge
 
@@ -200,6 +201,8 @@ def test_folder_records_a_change_made_after_runs_finished_and_its_verdicts_say_s
     done = plan.levels()[2].runs()  # k = m = 3
     for spec in done:
         write(spec)
+    assert "after" not in open_protocol(dataclasses.replace(plan, name="late"), tmp_path)  # a name judges nothing
+    assert folder.amendments(tmp_path) == []
     fewer = dataclasses.replace(plan, name="early", candidate_replicates=3)
     line = open_protocol(fewer, tmp_path)
     assert f"after {len(done)} of its runs had finished" in line

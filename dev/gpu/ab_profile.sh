@@ -49,12 +49,14 @@ for tree in "$@"; do
     out=$WORK/$name.out
     mkdir -p "$out"
     echo "== $name ($tree)"
-    (cd "$dir" && PYTHONPATH="$dir" OUT="$out" STAGES="${STAGES:-profile-fast}" bash dev/gpu/perf.sh > "$out/stdout.log" 2>&1)
+    (cd "$dir" && PYTHONPATH="$dir" OUT="$out" STAGES="${STAGES:-profile-fast}" bash dev/gpu/perf.sh \
+        > "$out/stdout.log" 2>&1)
     echo "perf.sh exit: $?"
     [ -f "$out/profile_fast.json" ] && cp "$out/profile_fast.json" "$OUT/${name}_profile_fast.json"
     [ -f "$out/perf.log" ] && cp "$out/perf.log" "$OUT/${name}_perf.log"
 done
 for name in "${names[@]}"; do
     echo "== $name"
-    grep -aE "^profile fast:|^  with stacks" "$OUT/${name}_perf.log" 2>/dev/null || echo "(no profile summary: see ${name}_perf.log)"
+    grep -aE "^profile fast:|^  with stacks" "$OUT/${name}_perf.log" 2>/dev/null \
+        || echo "(no profile summary: see ${name}_perf.log)"
 done

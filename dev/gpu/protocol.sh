@@ -33,7 +33,8 @@ echo "${MXVAL_COMMIT:-unknown}" > "$OUT/commit"
 minutes=$(python3 -c "print(round(($TOTAL - 30 - $SECONDS) / 60, 3))")
 set -o pipefail
 python3 -m convergence protocol $(cat "dev/gpu/$NAME.args") --device cuda --out "$W" \
-    --stop-after-minutes "$minutes" --parallel "$PARALLEL" $([ "$WHOLE" = 1 ] && echo --whole-runs) 2>&1 | tee -a "$OUT/protocol.log"
+    --stop-after-minutes "$minutes" --parallel "$PARALLEL" $([ "$WHOLE" = 1 ] && echo --whole-runs) 2>&1 \
+    | tee -a "$OUT/protocol.log"
 echo "protocol exit: $?"
 # runs stopped part-way keep their checkpoint in $W only; say which, and send back the rest (a fork's finished
 # trunk keeps its checkpoint too, but is finished: dev/gpu/unfinished.py)

@@ -134,8 +134,11 @@ def evaluates(step: int, steps: int, val_every: int) -> bool:
 
 
 def evaluation_steps(steps: int, val_every: float) -> list[int]:
-    """The steps after which a run of ``steps`` steps evaluates (``evaluates``)."""
-    return [s for s in range(1, steps + 1) if evaluates(s, steps, int(val_every))]
+    """The steps after which a run of ``steps`` steps evaluates (``evaluates``, asked only of the multiples of
+    ``val_every`` and the last step: a plan of a million steps is checked at each of its levels)."""
+    every = int(val_every)
+    candidates = sorted({*range(every, steps + 1, every), steps}) if every else []
+    return [s for s in candidates if evaluates(s, steps, every)]
 
 
 def lr_at(cfg: TrainConfig, step: int) -> float:

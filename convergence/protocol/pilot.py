@@ -16,8 +16,10 @@ Beside it, when the reference files are there and the pilot's runs are theirs in
 evaluations and held-out split: the independent spread of the golden k16 plan (32 BF16 runs of
 1,500 steps at lr 3e-4, 290 held-out batches: its 16 baselines and 16 held-out runs, each group around its own
 mean) at the same evaluations and over its final window, and ``explained``, the share of the independent variance
-the fork removes, ``1 - (fork / independent)^2`` (the projection assumed 70 %). GPU-hours: every piece in the
-folder's ``pace.jsonl`` (wall seconds over the runs sharing its GPU).
+the fork removes, ``1 - (fork / independent)^2`` (the projection assumed 70 %). Each names the GPU model its runs
+were made on (``hardware``; the reference's from its golden sidecar), and the lines say so when they differ: a run
+is computed differently on another model (docs/protocol.md, the fork design), so only the spreads compare.
+GPU-hours: every piece in the folder's ``pace.jsonl`` (wall seconds over the runs sharing its GPU).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import numpy as np
 from convergence.curves import power
 from convergence.protocol.folder import PACE_FILE, metrics_path
 from convergence.protocol.plan import ProtocolPlan
+from convergence.protocol.provenance import runs_hardware_tag
 from convergence.train.checkpoint import JsonlLog
 from numerics.errors import BadInput
 
@@ -64,7 +67,9 @@ def _reference(template: str, plan: ProtocolPlan) -> dict | None:
     base, held = np.asarray(v["windows"]["replicates"]), np.asarray(n["windows"]["candidate_replicates"])
     at = {int(s): _spread([list(base[:, i]), list(held[:, i])]) for i, s in enumerate(steps)}
     final = _spread([list(v["final_window"]["replicate_levels"]), list(n["final_window"]["candidate_levels"])])
-    return {"source": [str(f) for f in files], "at_step": at, "final_window": final,
+    meta = files[0].with_name(files[0].name + ".meta.json")  # golden's sidecar: the GPU model that made the runs
+    hardware = json.loads(meta.read_text()).get("hardware") if meta.is_file() else None
+    return {"source": [str(f) for f in files], "hardware": hardware, "at_step": at, "final_window": final,
             "runs": len(base) + len(held), "final_window_steps": [v["final_window"]["start_step"],
                                                                   v["final_window"]["end_step"]]}
 
@@ -113,7 +118,8 @@ def pilot_result(plan: ProtocolPlan, out: Path, reference: Path | str | None = K
     if ref and ref["final_window"] and final:
         explained = 1 - (final["spread"] / ref["final_window"]["spread"]) ** 2
     trunk_vals = {t.name: _val(metrics_path(out, t)) for t in trunks}
-    return {"kind": "fork pilot", "plan": plan.as_dict(), "fork_step": plan.fork_step, "steps": plan.steps,
+    return {"kind": "fork pilot", "plan": plan.as_dict(), "hardware": runs_hardware_tag(plan, out),
+            "fork_step": plan.fork_step, "steps": plan.steps,
             "trunks": [{"name": t.name, "seed": t.seed, "val_loss_at_fork": trunk_vals[t.name].get(plan.fork_step)}
                        for t in trunks],
             "continuations": [{"name": r.name, "trunk": r.after, "row_order": r.row_order,
@@ -141,9 +147,15 @@ def pilot_lines(r: dict) -> list[str]:
     if ref and ref.get("final_window"):
         f = ref["final_window"]
         cells = ", ".join(f"{h}: {s['spread']:.3%}" for h, s in ref["at_step"].items() if s)
-        lines.append(f"independent runs (k16 plan, {ref['runs']} BF16 runs): {cells}; final window {f['spread']:.3%}"
-                     + ("" if r["explained"] is None else
-                        f"; the fork removes {r['explained']:.0%} of the variance (the projection assumed 70 %)"))
+        on = f" on {ref['hardware']}" if ref.get("hardware") else ""
+        lines.append(f"independent runs (k16 plan, {ref['runs']} BF16 runs{on}): {cells}; final window "
+                     f"{f['spread']:.3%}" + ("" if r["explained"] is None else
+                                             f"; the fork removes {r['explained']:.0%} of the variance (the "
+                                             "projection assumed 70 %)"))
+        if ref.get("hardware") and r.get("hardware") and ref["hardware"] != r["hardware"]:
+            lines.append(f"the pilot's runs ({r['hardware']}) and the k16 plan's ({ref['hardware']}) were made on "
+                         "different GPU models, which compute the same run differently: the two spreads are "
+                         "compared as spreads, and the share removed holds if the spread does not depend on the model")
     g = r["gpu_hours"]
     lines.append(f"GPU-hours: {g['total']:.2f} over {g['pieces']} pieces")
     return lines

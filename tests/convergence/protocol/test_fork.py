@@ -258,3 +258,23 @@ def test_a_trunk_trains_with_deterministic_algorithms_and_a_plain_run_without(tm
         run_piece(plan, spec, tmp_path, stop_after_s=None, tokens=object(), progress=False)
     assert seen == {"trunk1": (True, True, 4), "bf16_t1r1": (False, False, None)}
     assert not torch.are_deterministic_algorithms_enabled()
+
+
+def test_pilot_names_its_gpu_model_and_says_when_the_reference_was_made_on_another(pilot):
+    """The pilot's result names the GPU model of its runs (here cpu), the k16 reference the one its golden sidecar
+    names (h200, read for the proxy pilot's plan); the lines add a caution when the two differ, none when they
+    match (the control)."""
+    from convergence.protocol.pilot import K16, _reference, pilot_lines
+
+    r = json.loads((pilot["out"] / "results" / "tiny_long_pilot__cpu.json").read_text())
+    assert r["hardware"] == "cpu"
+    proxy = ProtocolPlan(model="proxy", steps=1500, device="cuda", val_percent=20, design="fork", pilot=True,
+                         fork_step=500, replicates=8,  # the k16 plan's model, length, lr, evaluations, split
+                         overrides=(("lr", 3e-4), ("val_every", 250.0), ("val_batches", 290.0))).check()
+    ref = _reference(str(K16), proxy)
+    assert ref is not None and ref["hardware"] == "h200" and ref["runs"] == 32
+    fake = r | {"independent": ref | {"at_step": {str(k): v for k, v in ref["at_step"].items()}}, "explained": 0.5}
+    on_h100 = pilot_lines(fake | {"hardware": "h100"})
+    assert any("32 BF16 runs on h200" in line for line in on_h100)
+    assert any("different GPU models" in line for line in on_h100)
+    assert not any("different GPU models" in line for line in pilot_lines(fake | {"hardware": "h200"}))

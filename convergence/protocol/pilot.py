@@ -17,9 +17,10 @@ evaluations and held-out split: the independent spread of the golden k16 plan (3
 1,500 steps at lr 3e-4, 290 held-out batches: its 16 baselines and 16 held-out runs, each group around its own
 mean) at the same evaluations and over its final window, and ``explained``, the share of the independent variance
 the fork removes, ``1 - (fork / independent)^2`` (the projection assumed 70 %). Each names the GPU model its runs
-were made on (``hardware``; the reference's from its golden sidecar), and the lines say so when they differ: a run
-is computed differently on another model (docs/protocol.md, the fork design), so only the spreads compare.
-GPU-hours: every piece in the folder's ``pace.jsonl`` (wall seconds over the runs sharing its GPU).
+were made on (``hardware``, None where they name no one model; the reference's from its golden sidecar), and the
+lines say so when they differ: a run is computed differently on another model (docs/protocol.md, the fork
+design), so only the spreads compare. GPU-hours: every piece in the folder's ``pace.jsonl`` (wall seconds over
+the runs sharing its GPU).
 """
 
 from __future__ import annotations
@@ -118,7 +119,11 @@ def pilot_result(plan: ProtocolPlan, out: Path, reference: Path | str | None = K
     if ref and ref["final_window"] and final:
         explained = 1 - (final["spread"] / ref["final_window"]["spread"]) ** 2
     trunk_vals = {t.name: _val(metrics_path(out, t)) for t in trunks}
-    return {"kind": "fork pilot", "plan": plan.as_dict(), "hardware": runs_hardware_tag(plan, out),
+    try:
+        hardware = runs_hardware_tag(plan, out)
+    except BadInput:  # runs on several models (--mixed-environment), or without a recorded one: none to name
+        hardware = None
+    return {"kind": "fork pilot", "plan": plan.as_dict(), "hardware": hardware,
             "fork_step": plan.fork_step, "steps": plan.steps,
             "trunks": [{"name": t.name, "seed": t.seed, "val_loss_at_fork": trunk_vals[t.name].get(plan.fork_step)}
                        for t in trunks],

@@ -331,7 +331,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     files = write_results(plan, args.out, verdicts, command, hardware)
     for name, r in verdicts.items():
         print(render.verdict_line(name, r))
-    for line in render.amendment_lines(folder.amendments(args.out)):
+    for line in render.amendment_lines(verdicts):
         print(line)
     for line in render.pairs_lines(pairs(plan, verdicts)):
         print(line)

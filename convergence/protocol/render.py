@@ -5,7 +5,7 @@ projection and the pairs.
 
 Public: ``status_lines(progress, figure, drift_figure)``, ``draw_figures(progress, figure, drift_figure, force)``,
 ``verdict_line(name, r)``, ``made_with_line(made)``, ``environment_change_line(diffs)``, ``drift_lines(result)``,
-``spread_line(result, last_step)``, ``projection_text(p)``, ``pairs_lines(found)``, ``amendment_lines(changes)``.
+``spread_line(result, last_step)``, ``projection_text(p)``, ``pairs_lines(found)``, ``amendment_lines(verdicts)``.
 """
 
 from __future__ import annotations
@@ -46,9 +46,10 @@ def verdict_line(name: str, r: dict) -> str:
             f"{'yes' if ok else 'no'}; {said}]: {r['reason']}; {resolution(r)}")
 
 
-def amendment_lines(changes: list[dict]) -> list[str]:
-    """One line for each change of the plan made after some of its runs had finished (``folder.amendments``): its
-    verdicts were declared before those runs, and are read knowing it."""
+def amendment_lines(verdicts: dict[str, dict]) -> list[str]:
+    """One line for each change of the plan made after some of its runs had finished, as ``judge`` put them in its
+    verdicts (``protocol.amendments``): the verdicts were declared before those runs, and are read knowing it."""
+    changes = next(iter(verdicts.values()), {}).get("protocol", {}).get("amendments", [])
     return [f"amended: {', '.join(f'{k} {was} -> {now}' for k, (was, now) in c['changed'].items())} after "
             f"{len(c['finished_runs'])} run(s) had finished (not declared before them)" for c in changes]
 
@@ -177,8 +178,7 @@ def status_lines(p: Progress, figure: Path | None = None, drift_figure: Path | N
         lines.append(f"    cannot judge it: {lv.error}")
     elif lv is not None:
         lines += [f"    {verdict_line(name, r)}" for name, r in lv.verdicts.items()]
-        first = next(iter(lv.verdicts.values()), {})
-        lines += [f"    {line}" for line in amendment_lines(first.get("protocol", {}).get("amendments", []))]
+        lines += [f"    {line}" for line in amendment_lines(lv.verdicts)]
         if not lv.whole:
             lines.append("    (interim: the plan's verdict is the whole plan's; stopping because an interim one "
                          "looks decided would bias it, stopping for want of compute time does not)")

@@ -211,7 +211,7 @@ def test_folder_records_a_change_made_after_runs_finished_and_its_verdicts_say_s
                                                                                      if s in done]}
     verdicts = judge(fewer, tmp_path)
     assert all(r["protocol"]["amendments"] == [change] for r in verdicts.values())
-    assert render.amendment_lines([change]) == [f"amended: candidate_replicates 4 -> 3 after {len(done)} run(s) had "
+    assert render.amendment_lines(verdicts) == [f"amended: candidate_replicates 4 -> 3 after {len(done)} run(s) had "
                                                 "finished (not declared before them)"]
     open_protocol(fewer, tmp_path, force=True)
     assert folder.amendments(tmp_path) == [] and not (tmp_path / folder.AMENDMENTS_FILE).exists()
@@ -224,4 +224,8 @@ def test_folder_verdicts_of_a_plan_never_changed_carry_no_amendments(tmp_path, v
         write(spec)
     from convergence.protocol.judge import judge
 
-    assert all("amendments" not in r["protocol"] for r in judge(whole, tmp_path).values())
+    verdicts = judge(whole, tmp_path)
+    assert all("amendments" not in r["protocol"] for r in verdicts.values())
+    from convergence.protocol import render
+
+    assert render.amendment_lines(verdicts) == []

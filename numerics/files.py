@@ -193,6 +193,7 @@ def atomic_write(path, data: bytes | str, *, force: bool = False) -> Path:
 
 
 _ONCE: dict[Path, bytes] | None = None  # the files read so far while ``reading_once`` is active
+_KEPT = 0  # their bytes in all, against _ONCE_BUDGET
 _MADE: dict | None = None  # what ``once`` made so far while ``reading_once`` is active
 # what ``reading_once`` keeps at most; files read after it is full are read as before, each time. 1 GiB holds ~1,600
 # logs of the proxy's 1,500-step runs (0.65 MB each at most, per-batch losses included): a large plan's judgement
@@ -205,11 +206,11 @@ def reading_once() -> Iterator[None]:
     """Within: each file is read once (measured: re-judging golden's 64-run plan read its 64 logs 768 times and
     decompressed them 2,244 times; read once each, a re-judging took 6.9-7.3 s of CPU instead of 7.9-8.7 s). Nested
     uses share the outer one's bytes."""
-    global _ONCE, _MADE
+    global _ONCE, _MADE, _KEPT
     if _ONCE is not None:
         yield
         return
-    _ONCE, _MADE = {}, {}
+    _ONCE, _MADE, _KEPT = {}, {}, 0
     try:
         yield
     finally:
@@ -225,14 +226,16 @@ def once(key, make):
 
 
 def file_bytes(path, limit: int | None = None) -> bytes:
+    global _KEPT
     if _ONCE is None:
         return _read(Path(path), limit)
     key = Path(path).resolve()
     data = _ONCE.get(key)
     if data is None:
         data = _read(Path(path), None)  # whole: a later reader wants the rest
-        if sum(map(len, _ONCE.values())) + len(data) <= _ONCE_BUDGET:
+        if _KEPT + len(data) <= _ONCE_BUDGET:
             _ONCE[key] = data
+            _KEPT += len(data)
     return data if limit is None else data[:limit]
 
 

@@ -251,6 +251,9 @@ def power_main(argv: Sequence[str] | None = None) -> int:
                    help="seconds of a run's start-up, paid again by each trunk and fork (proxy on an H200: ~60)")
     p.add_argument("--pace", type=Path, default=None,
                    help="a protocol folder (or its pace.jsonl): the mean GPU-seconds of its finished runs per recipe")
+    p.add_argument("--deterministic-pace", type=float, default=None, metavar="TIMES",
+                   help="a deterministic step's time over an ordinary one's, for the fork's trunks (default: the "
+                   "--fork-pilot's measured one, else 1)")
     p.add_argument("--json", type=Path, metavar="OUT", help="write the analysis as JSON")
     p.add_argument("--force", action="store_true", help="overwrite an existing --json file")
     args = p.parse_args(argv)
@@ -262,7 +265,7 @@ def power_main(argv: Sequence[str] | None = None) -> int:
     if args.larger_set is not None and not 1e-3 <= args.larger_set <= 1e6:
         raise CLIError(f"--larger-set must be from 0.001 to 1e6 (times the held-out set's batches), got "
                        f"{args.larger_set:g}")
-    for name in ("spread", "fork_spread", "run_s", "candidate_run_s"):
+    for name in ("spread", "fork_spread", "run_s", "candidate_run_s", "deterministic_pace"):
         _positive(name.replace("_", "-"), getattr(args, name))
     _positive("alpha", args.alpha, upper=0.5)
     _positive("power", args.power, upper=1.0)
@@ -329,7 +332,7 @@ def design_table(args, plan_at: dict, ms: list, results: list[dict]) -> list[dic
     from numerics.errors import BadInput
 
     spread, se_set, steps, source = args.spread, args.se_set, args.steps, "given"
-    fork_source, fork_at = "given (a fork pilot's)", args.fork_step
+    fork_source, fork_at, pace = "given (a fork pilot's)", args.fork_step, args.deterministic_pace
     if args.fork_pilot is not None:
         pilot = read_json_object(args.fork_pilot, what="a fork pilot's result", fix="python -m convergence protocol "
                                  "--design fork --pilot N writes it in OUT/results/*_pilot__*.json")
@@ -338,6 +341,9 @@ def design_table(args, plan_at: dict, ms: list, results: list[dict]) -> list[dic
                        f"continuations, {dof} degrees of freedom")
         if fork_at is None:
             fork_at, steps = pilot["fork_step"], steps or pilot["steps"]
+        if pace is None and is_number(pilot.get("deterministic_pace")) and pilot["deterministic_pace"] > 0:
+            pace = float(pilot["deterministic_pace"])
+    pace = 1.0 if pace is None else pace
     if ms:
         # the longest runs; among a protocol's results, its verdict's (BF16 and the candidate, not a control)
         i = max(range(len(ms)), key=lambda j: (ms[j].steps, (results[j].get("protocol") or {}).get("verdict")
@@ -367,10 +373,10 @@ def design_table(args, plan_at: dict, ms: list, results: list[dict]) -> list[dic
     rows = designs.table([ind, fk], plan_at["margin"],
                          deltas=tuple(args.true_difference or (0.0, 2 * plan_at["margin"])),
                          alpha=args.alpha, power=args.power, confidence=plan_at["confidence"], run_s=run_s,
-                         candidate_run_s=cand_s, startup_s=args.startup_s)
+                         candidate_run_s=cand_s, startup_s=args.startup_s, deterministic_pace=pace)
     where = "the fork at " + (f"step {fork_step} of {steps}" if fork_step else "a third of the run")
     cost = ("" if run_s is None else f"; a whole run {run_s:.0f} GPU-s (BF16), {cand_s or run_s:.0f} (candidate), "
-            f"start-up {args.startup_s:.0f} s")
+            f"start-up {args.startup_s:.0f} s, a trunk's deterministic step {pace:.2f}x an ordinary one")
     print(designs.report_table(rows, plan_at["margin"], args.power, args.alpha) + f"\n({where}{cost})")
     return rows
 

@@ -20,7 +20,9 @@ the fork removes, ``1 - (fork / independent)^2`` (the projection assumed 70 %). 
 were made on (``hardware``, None where they name no one model; the reference's from its golden sidecar), and the
 lines say so when they differ: a run is computed differently on another model (docs/protocol.md, the fork
 design), so only the spreads compare. GPU-hours: every piece in the folder's ``pace.jsonl`` (wall seconds over
-the runs sharing its GPU).
+the runs sharing its GPU). ``deterministic_pace``: how many times longer a step of the deterministic trunk took than
+a step of a continuation (the median tokens per second of each, from their logs): what a fork design's trunks cost
+beyond their steps (``convergence.curves.decision.designs.part_cost_s``).
 """
 
 from __future__ import annotations
@@ -89,6 +91,18 @@ def _gpu_hours(out: Path) -> dict:
             "continuation_s": sum(conts) / len(conts) if conts else None}
 
 
+def _deterministic_pace(conts: list[Path], trunks: list[Path], fork_step: int) -> float | None:
+    """The continuations' median tokens per second after the fork over the trunks' before it (a continuation's log
+    begins with its trunk's records): module docstring; None without them."""
+    def rate(paths: list[Path], after: bool) -> float | None:
+        seen = [float(r["tokens_per_s"]) for p in paths for r in JsonlLog(p).records()
+                if r.get("tokens_per_s") and (r["step"] > fork_step) == after]
+        return float(np.median(seen)) if seen else None
+
+    fast, slow = rate(conts, True), rate(trunks, False)
+    return None if fast is None or slow is None else fast / slow
+
+
 def pilot_result(plan: ProtocolPlan, out: Path, reference: Path | str | None = K16) -> dict:
     """The pilot's result (module docstring) from its finished runs in ``out``."""
     from convergence.curves.compare import compare_paths
@@ -136,7 +150,8 @@ def pilot_result(plan: ProtocolPlan, out: Path, reference: Path | str | None = K
                              "se_set": fw.get("se_set"), "heldout_batches": fw.get("heldout_batches")},
             "fork_spread": None if final is None else final["spread"],
             "independent": None if ref is None else ref | {"at_step": {str(k): v for k, v in ref["at_step"].items()}},
-            "explained": explained, "gpu_hours": _gpu_hours(out)}
+            "explained": explained, "gpu_hours": _gpu_hours(out),
+            "deterministic_pace": _deterministic_pace(paths, [metrics_path(out, t) for t in trunks], plan.fork_step)}
 
 
 def pilot_lines(r: dict) -> list[str]:
@@ -162,5 +177,7 @@ def pilot_lines(r: dict) -> list[str]:
                          "different GPU models, which compute the same run differently: the two spreads are "
                          "compared as spreads, and the share removed holds if the spread does not depend on the model")
     g = r["gpu_hours"]
-    lines.append(f"GPU-hours: {g['total']:.2f} over {g['pieces']} pieces")
+    lines.append(f"GPU-hours: {g['total']:.2f} over {g['pieces']} pieces"
+                 + ("" if r.get("deterministic_pace") is None else
+                    f"; a step of the deterministic trunk took {r['deterministic_pace']:.2f}x a continuation's"))
     return lines

@@ -38,9 +38,11 @@ PLANNED = {"proxy": {"spread": 0.0096264, "se_set": 0.00032849,
                                "290 held-out batches; H200)"}}
 # GPU-seconds of a whole run and of a start-up on an H200 (proxy, 1,500 steps): 6.6 H200-hours over the k16 plan's
 # 64 runs (BF16, MXFP8 and E2M1 together: 371 s a run); a start-up ~60 s (convergence.protocol.schedule.STARTUP_S),
-# paid again by each trunk and continuation
-COSTS = {"proxy": {"run_s": 371.25, "candidate_run_s": 371.25, "startup_s": 60.0,
-                   "source": "the k16 plan's 6.6 H200-hours / 64 runs"}}
+# paid again by each trunk and continuation. A deterministic run (fork trunks, the null control and its twin) trains
+# 1.41x slower: the H200 fork pilot's deterministic BF16 trunk made 49.8k tokens/s, its continuations 70.3k
+# (dev/gpu/proxy_fork; 1.47x on an H100)
+COSTS = {"proxy": {"run_s": 371.25, "candidate_run_s": 371.25, "startup_s": 60.0, "deterministic_pace": 1.41,
+                   "source": "the k16 plan's 6.6 H200-hours / 64 runs; deterministic runs 1.41x"}}
 
 
 def planning_spread(plan: ProtocolPlan) -> tuple[float | None, float, str]:
@@ -89,15 +91,16 @@ def _chances(plan: ProtocolPlan, spread: float, se_set: float) -> dict:
 
 def plan_cost_s(plan: ProtocolPlan, costs: dict) -> float:
     """GPU-seconds of every run of ``plan``: a run of a candidate or control recipe ``candidate_run_s``, of BF16
-    (and the null control) ``run_s``; a fork's trunk and continuation their share of a run plus a start-up each."""
+    (and the null control) ``run_s``; a fork's trunk and continuation their share of a run plus a start-up each;
+    a deterministic run at ``deterministic_pace`` (default 1) times the step time (``designs.part_cost_s``)."""
     from convergence.protocol.forks import span
 
     total = 0.0
     for r in plan.runs():
         whole = costs["run_s"] if r.recipe == "bf16" or r.role == "null_control" else costs["candidate_run_s"]
         first, last = span(plan, r)
-        fraction = (last - first) / plan.steps
-        total += whole if fraction == 1 else costs["startup_s"] + fraction * (whole - costs["startup_s"])
+        pace = costs.get("deterministic_pace", 1.0) if r.deterministic else 1.0
+        total += designs.part_cost_s(whole, (last - first) / plan.steps, costs["startup_s"], pace)
     return total
 
 

@@ -2,8 +2,8 @@
 
 Public: ``Design``, ``independent(spread, se_set)``, ``fork(spread, se_set, ...)``, ``runs_per_arm(design, test,
 delta, margin, ...)``, ``favourable``, ``verdict_chance``, ``aim_of(delta, margin)``, ``pace_costs(path)``,
-``endpoint_spread(result)``, ``pilot_spread(pilot)``, ``table(...)``, ``report_table(rows)``, ``EXPLAINED_AT_FORK``,
-``TEST_ROWS``.
+``endpoint_spread(result)``, ``pilot_spread(pilot)``, ``part_cost_s(...)``, ``table(...)``, ``report_table(rows)``,
+``EXPLAINED_AT_FORK``, ``TEST_ROWS``.
 
 Designs (n runs per arm: n BF16 and n candidate runs; the estimate's variance ``spread^2 * 2/n + se_set^2``):
 
@@ -30,9 +30,11 @@ alpha). The row
 ``two-ranges`` is the rule before (both ranges' Bonferroni intervals) approximated by one range at its level,
 ``(1 - confidence) / 4`` a side: what the same question cost under it.
 
-Cost: a run of the whole length costs ``run_s`` (BF16) or ``candidate_run_s`` GPU-seconds, start-up included; a
-part of a run costs ``startup_s + fraction * (run_s - startup_s)``, so that a fork's trunk and continuations each
-pay a start-up again. ``pace_costs`` reads measured costs from a protocol folder's ``pace.jsonl``.
+Cost (``part_cost_s``, the one formula, also ``convergence.protocol.projection.plan_cost_s``'s): a run of the whole
+length costs ``run_s`` (BF16) or ``candidate_run_s`` GPU-seconds, start-up included; a part of a run costs
+``startup_s + fraction * (run_s - startup_s)``, so that a fork's trunk and continuations each pay a start-up again;
+a run trained ``--deterministic`` (a fork's trunk) trains at ``deterministic_pace`` times the step time (its
+start-up unchanged). ``pace_costs`` reads measured costs from a protocol folder's ``pace.jsonl``.
 """
 
 from __future__ import annotations
@@ -74,16 +76,22 @@ class Design:
             return float(n - 1)
         return float(2 * n - 2 * max(self.trunks(n), 1))
 
-    def cost_s(self, n: int, run_s: float, candidate_run_s: float, startup_s: float = 0.0) -> float:
-        """GPU-seconds of n runs per arm (and the trunks they continue)."""
+    def cost_s(self, n: int, run_s: float, candidate_run_s: float, startup_s: float = 0.0,
+               deterministic_pace: float = 1.0) -> float:
+        """GPU-seconds of n runs per arm (and the trunks they continue, trained deterministic)."""
         if self.name != "fork":
             return n * (run_s + candidate_run_s)
-
-        def part(whole: float, fraction: float) -> float:
-            return startup_s + fraction * (whole - startup_s)
-
         f = self.fork_fraction
-        return self.trunks(n) * part(run_s, f) + n * (part(run_s, 1 - f) + part(candidate_run_s, 1 - f))
+        return (self.trunks(n) * part_cost_s(run_s, f, startup_s, deterministic_pace)
+                + n * (part_cost_s(run_s, 1 - f, startup_s) + part_cost_s(candidate_run_s, 1 - f, startup_s)))
+
+
+def part_cost_s(whole_s: float, fraction: float, startup_s: float, pace: float = 1.0) -> float:
+    """GPU-seconds of ``fraction`` of a run whose whole costs ``whole_s`` (a start-up of ``startup_s`` included),
+    trained at ``pace`` times its step time (a deterministic run's): module docstring."""
+    if fraction == 1 and pace == 1:
+        return whole_s
+    return startup_s + fraction * (whole_s - startup_s) * pace
 
 
 def independent(spread: float, se_set: float = 0.0, source: str = "") -> Design:
@@ -200,7 +208,8 @@ def pace_costs(path: Path) -> dict[str, float]:
 
 def table(designs: list[Design], margin: float, *, deltas=(0.0,), tests=TEST_ROWS, alpha: float = 0.05,
           power: float = 0.8, confidence: float = 0.95, run_s: float | None = None,
-          candidate_run_s: float | None = None, startup_s: float = 0.0) -> list[dict]:
+          candidate_run_s: float | None = None, startup_s: float = 0.0,
+          deterministic_pace: float = 1.0) -> list[dict]:
     """One row per design, test and true difference: runs per arm for ``power`` of the right verdict there
     (``aim``: favourable or unfavourable, ``aim_of``), total runs, GPU-hours (with a cost per run) and the
     favourable verdict's chance at +margin with those runs."""
@@ -220,7 +229,7 @@ def table(designs: list[Design], margin: float, *, deltas=(0.0,), tests=TEST_ROW
                                                              confidence=confidence)
                     if run_s is not None:
                         c = run_s if candidate_run_s is None else candidate_run_s
-                        row["gpu_hours"] = d.cost_s(n, run_s, c, startup_s) / 3600
+                        row["gpu_hours"] = d.cost_s(n, run_s, c, startup_s, deterministic_pace) / 3600
                 rows.append(row)
     return rows
 

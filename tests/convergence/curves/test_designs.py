@@ -104,6 +104,16 @@ def test_a_fork_costs_its_trunks_once_and_its_continuations_from_the_fork_step()
     assert fk.dof(20) == 2 * 20 - 2 * 3 and designs.fork(0.005, pairs_per_trunk=1).dof(20) == 19
 
 
+def test_a_forks_deterministic_trunks_cost_their_steps_at_the_deterministic_pace():
+    """A trunk trains --deterministic: its steps (not its start-up) cost ``pace`` times an ordinary step's; the
+    continuations and independent runs are unchanged. By hand at pace 1.5."""
+    fk = designs.fork(0.005, pairs_per_trunk=8, fork_fraction=1 / 3)
+    trunk_extra = 3 * 0.5 * (300 - 60) / 3
+    assert fk.cost_s(20, 300, 450, 60, 1.5) == pytest.approx(fk.cost_s(20, 300, 450, 60) + trunk_extra)
+    assert designs.independent(0.01).cost_s(20, 300, 450, 60, 1.5) == 20 * 750
+    assert designs.part_cost_s(300, 1, 60) == 300 and designs.part_cost_s(300, 1, 60, 2.0) == 60 + 2 * 240
+
+
 def test_pace_costs_are_each_finished_runs_pieces_since_its_last_start(tmp_path):
     """A run stopped and continued counts both pieces; a run that restarted at step 0 counts from the restart; two
     runs sharing a GPU count half their wall seconds each; an unfinished run does not count."""

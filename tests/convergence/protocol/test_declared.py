@@ -18,7 +18,7 @@ from convergence.protocol import cli
 from convergence.protocol.folder import metrics_path
 from convergence.protocol.judge import control_outcome, judge_logs, null_identity
 from convergence.protocol.plan import PLANTED, VERDICTS, ProtocolPlan, plan_from_dict
-from convergence.protocol.projection import PLANNED, projection
+from convergence.protocol.projection import COSTS, PLANNED, projection
 from convergence.protocol.render import verdict_line
 from numerics.errors import BadInput
 
@@ -182,12 +182,16 @@ def test_projection_gives_the_tests_and_the_controls_chances_by_the_exact_formul
 
 def test_a_pilots_projection_gives_its_runs_and_their_cost_and_no_chances():
     """A fork pilot decides nothing: its projection counts its trunk and continuations and what they cost (the trunk
-    to the fork step, each continuation from it, a start-up each), and names no chance."""
+    to the fork step at the deterministic pace, each continuation from it, a start-up each), and names no chance;
+    without a deterministic pace, the trunk's steps cost what a continuation's do."""
     pilot = ProtocolPlan(model="proxy", steps=1500, design="fork", fork_step=500, replicates=8, pilot=True).check()
     p = projection(pilot)
-    run_s, up = 371.25, 60.0
+    run_s, up, pace = 371.25, 60.0, 1.41
     assert p["runs"] == 9 and "verdict" not in p
-    assert p["gpu_hours"] == pytest.approx((up + (run_s - up) / 3 + 8 * (up + 2 * (run_s - up) / 3)) / 3600)
+    conts = 8 * (up + 2 * (run_s - up) / 3)
+    assert p["gpu_hours"] == pytest.approx((up + pace * (run_s - up) / 3 + conts) / 3600)
+    plain = {k: v for k, v in COSTS["proxy"].items() if k != "deterministic_pace"}
+    assert projection(pilot, plain)["gpu_hours"] == pytest.approx((up + (run_s - up) / 3 + conts) / 3600)
 
 
 def test_the_confirmatory_plan_in_docs_is_what_its_command_declares_and_projects():

@@ -210,6 +210,9 @@ def test_pilot_runs_a_trunk_and_its_continuations_and_reports_their_spread(pilot
     assert r["fork_spread"] == r["final_window"]["spread"] > 0 and r["final_window"]["dof"] == 2
     assert r["independent"] is None  # the k16 reference is the proxy's: not compared with the tiny model's
     assert r["gpu_hours"]["total"] > 0 and "fork pilot: 3 BF16 continuations" in pilot["printed"]
+    rate = [x["tokens_per_s"] for s in conts for x in JsonlLog(metrics_path(out, s)).records() if x["step"] > 4]
+    trunk_rate = [x["tokens_per_s"] for x in JsonlLog(metrics_path(out, plan.runs()[0])).records()]
+    assert r["deterministic_pace"] == pytest.approx(np.median(rate) / np.median(trunk_rate), rel=1e-12)
 
 
 def test_a_lost_trunk_is_made_again_bit_identically_and_checked(pilot, tmp_path):

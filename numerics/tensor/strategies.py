@@ -13,12 +13,13 @@ so Hypothesis shrinks a failure to the one block that shows it:
 * ``bf16``        values exactly representable in bfloat16 (what a BF16 model hands the cast);
 * ``fp32_bits``   arbitrary finite float32 bit patterns.
 
-Public: ``FAMILIES``, ``mx_blocks``, ``mx_tensors``, ``block_shapes``.
+Public: ``FAMILIES``, ``mx_blocks``, ``mx_tensors``, ``block_shapes``, ``share_of_profile``.
 """
 
 from __future__ import annotations
 
 import numpy as np
+from hypothesis import settings
 from hypothesis import strategies as st
 
 BLOCK = 32
@@ -108,3 +109,10 @@ def mx_tensors(draw, *, families=FAMILIES, shape: tuple | None = None, block: in
     nblocks = int(np.prod(shp)) // block
     blocks = [draw(mx_blocks(family=draw(st.sampled_from(families)), block=block)) for _ in range(nblocks)]
     return np.concatenate(blocks).reshape(shp).astype(np.float32)
+
+
+def share_of_profile(share: float, at_least: int = 20) -> settings:
+    """Settings that draw ``share`` of the loaded profile's examples (at least ``at_least``): for a property
+    parametrised over many cases, so that all its cases together cost a few tests' worth. Read when called, so
+    call it at import, after the profile is loaded (tests/conftest.py)."""
+    return settings(max_examples=max(at_least, round(settings.default.max_examples * share)))

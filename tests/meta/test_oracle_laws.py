@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import example, given, settings
+from hypothesis import example, given
 
 from numerics.tensor import elements, mx
 from numerics.tensor import strategies as S
@@ -14,7 +14,7 @@ ids = [f"{e}-{m}" for e, m in COMBOS]
 # Each law is drawn per (element, mode), 8 combinations (4 for the never-saturate law): a third of the profile's
 # examples each (at least 20) still gives a law 80-160 examples in the ci profile and 4,000-8,000 in thorough. At
 # the full profile the laws took ~45 s of the CPU suite, about half of it Hypothesis drawing values one by one.
-LAW = settings(max_examples=max(20, settings.default.max_examples // 3))
+LAW = S.share_of_profile(1 / 3)
 
 
 def _blocks(a):

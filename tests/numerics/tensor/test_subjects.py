@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import given
 
 from numerics import metrics
 from numerics.assertions import assert_sqnr_at_least
@@ -82,7 +82,7 @@ def test_subject_cast_named_cases(subject, case):
 
 
 @pytest.mark.parametrize(("subject", "elem", "mode"), COMBOS, ids=IDS)
-@settings(max_examples=max(20, settings.default.max_examples // 3))  # a guard on the masks, not the cast: 1/3
+@S.share_of_profile(1 / 3)  # a guard on the masks, not the cast: a third of the profile's examples
 @given(x=S.mx_tensors(families=("normal", "outliers", "bf16")))
 def test_subject_known_findings_leave_training_ranges_untouched(subject, elem, mode, x):
     """The findings' masks claim no block of activation-range data (|x| within 2^-60..2^60): the masking

@@ -30,8 +30,9 @@ Public functions
       every later reader the same bytes (up to 1 GiB of them; later files are read each time, as outside). For a
       judgement, which reads each run's log several times (its format, its validation and training losses, its
       per-batch losses, once per verdict) and writes none of them.
-  ``once(key, make)``  ``make()``, made once per ``key`` within ``reading_once`` and handed to every later caller
-      (each call outside it): what is parsed from the files read there (a run's loss curve) is parsed once too.
+  ``once(key, make, nbytes)``  ``make()``, made once per ``key`` within ``reading_once`` and handed to every later
+      caller (each call outside it): what is parsed from the files read there (a run's loss curve) is parsed once
+      too; ``nbytes(value)``, what it holds, counts against the same budget as the bytes (past it, made each time).
   ``gzip_or_plain(path) -> Path``  ``path + ".gz"`` when that exists, else ``path``: where a run's JSON lines
       are, compacted or not (a finished protocol run keeps its logs gzip: ``convergence.protocol.folder``).
   ``read_json_object(path, *, what, fix=...) -> dict``  the JSON object a file holds (a plan, a run's config),
@@ -193,11 +194,12 @@ def atomic_write(path, data: bytes | str, *, force: bool = False) -> Path:
 
 
 _ONCE: dict[Path, bytes] | None = None  # the files read so far while ``reading_once`` is active
-_KEPT = 0  # their bytes in all, against _ONCE_BUDGET
+_KEPT = 0  # their bytes and what ``once`` keeps, in all, against _ONCE_BUDGET
 _MADE: dict | None = None  # what ``once`` made so far while ``reading_once`` is active
-# what ``reading_once`` keeps at most; files read after it is full are read as before, each time. 1 GiB holds ~1,600
-# logs of the proxy's 1,500-step runs (0.65 MB each at most, per-batch losses included): a large plan's judgement
-# gains the repeated reads without holding every log of a long run in memory
+# what ``reading_once`` keeps at most (files' bytes and what is made from them); files read after it is full are read
+# as before, each time. 1 GiB holds ~1,600 logs of the proxy's 1,500-step runs (0.65 MB each at most, per-batch
+# losses included) with their parsed curves: a large plan's judgement gains the repeated reads without holding every
+# log of a long run in memory
 _ONCE_BUDGET = 1 << 30
 
 
@@ -217,12 +219,18 @@ def reading_once() -> Iterator[None]:
         _ONCE = _MADE = None
 
 
-def once(key, make):
+def once(key, make, nbytes):
+    global _KEPT
     if _MADE is None:
         return make()
-    if key not in _MADE:
-        _MADE[key] = make()
-    return _MADE[key]
+    if key in _MADE:
+        return _MADE[key]
+    value = make()
+    size = nbytes(value)
+    if _KEPT + size <= _ONCE_BUDGET:
+        _MADE[key] = value
+        _KEPT += size
+    return value
 
 
 def file_bytes(path, limit: int | None = None) -> bytes:

@@ -310,12 +310,22 @@ def load_curve(path, *, format: str | None = None, loss_key: str | None = None, 
     from numerics.files import once
 
     options = dict(format=format, loss_key=loss_key, step_key=step_key, tag=tag, validation=validation)
-    return once(("curve", Path(path).resolve(), *options.items()), lambda: _read_only(_load_curve(path, **options)))
+    return once(("curve", Path(path).resolve(), *options.items()), lambda: _read_only(_load_curve(path, **options)),
+                _curve_bytes)
+
+
+def _curve_bytes(c: Curve) -> int:
+    """What a curve's arrays hold (its metadata is small beside them)."""
+    return sum(a.nbytes for a in _arrays(c))
+
+
+def _arrays(c: Curve) -> tuple:
+    return (c.steps, c.values, *(x for s in c.extras.values() for x in (s.steps, s.values)))
 
 
 def _read_only(c: Curve) -> Curve:
     """``c`` with its arrays made read-only: a curve shared between callers can no longer be changed by one."""
-    for a in (c.steps, c.values, *(x for s in c.extras.values() for x in (s.steps, s.values))):
+    for a in _arrays(c):
         a.flags.writeable = False
     return c
 

@@ -121,6 +121,27 @@ def test_reading_once_keeps_no_more_than_its_budget(tmp_path, monkeypatch):
 
 
 
+def test_once_keeps_what_it_makes_within_the_budget_the_bytes_share(tmp_path, monkeypatch):
+    """What ``once`` makes counts against ``reading_once``'s budget with the files' bytes: a value that would pass
+    it is made each time (the control: one that fits is made once)."""
+    from numerics import files
+
+    (tmp_path / "log").write_bytes(b"a" * 60)
+    monkeypatch.setattr(files, "_ONCE_BUDGET", 100)
+    made = []
+
+    def make(tag, size):
+        made.append(tag)
+        return b"x" * size
+
+    with files.reading_once():
+        files.file_bytes(tmp_path / "log")  # 60 of 100 bytes
+        assert files.once("small", lambda: make("s", 30), len) is files.once("small", lambda: make("s", 30), len)
+        files.once("big", lambda: make("b", 20), len)  # 60 + 30 + 20 would pass 100: not kept
+        files.once("big", lambda: make("b", 20), len)
+    assert made == ["s", "b", "b"]
+
+
 def test_once_makes_each_key_once_within_reading_once_and_each_time_outside():
     """``once`` hands every caller within ``reading_once`` (nested blocks too) the first made value of a key; a
     failed make is raised and remembered as nothing; outside a block, and after it, every call makes afresh."""
@@ -132,15 +153,15 @@ def test_once_makes_each_key_once_within_reading_once_and_each_time_outside():
         made.append(tag)
         return [tag]
 
-    assert once("k", lambda: make("a")) is not once("k", lambda: make("a"))  # the control: outside, twice
+    assert once("k", lambda: make("a"), len) is not once("k", lambda: make("a"), len)  # the control: outside, twice
     assert made == ["a", "a"]
     with reading_once():
-        first = once("k", lambda: make("b"))
+        first = once("k", lambda: make("b"), len)
         with reading_once():
-            assert once("k", lambda: make("c")) is first
-        assert once("other", lambda: make("d")) == ["d"]
+            assert once("k", lambda: make("c"), len) is first
+        assert once("other", lambda: make("d"), len) == ["d"]
         with pytest.raises(ZeroDivisionError):
-            once("bad", lambda: 1 / 0)
-        assert once("bad", lambda: make("e")) == ["e"]
+            once("bad", lambda: 1 / 0, len)
+        assert once("bad", lambda: make("e"), len) == ["e"]
     assert made == ["a", "a", "b", "d", "e"]
-    assert once("k", lambda: make("f")) == ["f"]
+    assert once("k", lambda: make("f"), len) == ["f"]

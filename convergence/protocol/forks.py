@@ -2,8 +2,9 @@
 checkpoint may go, and a lost trunk made again.
 
 Public: ``span(plan, spec)``, ``train_config(plan, spec, out)``, ``ready(plan, out, spec)``, ``needed(plan, out,
-trunk, status)``, ``release(plan, out, status)``, ``lost_trunks(plan, out, status)``, ``check_remade(plan, out, trunk,
-before)``, ``TrunkChanged``.
+trunk, status)``, ``release(plan, out, status)``, ``lost_trunks(plan, out, status)``, ``remaking(plan, out, trunk,
+status)``, ``set_aside(out, trunk)``, ``earlier_records(out, trunk)``, ``settle_remade(plan, out, trunk)``,
+``check_remade(plan, out, trunk, before)``, ``TrunkChanged``, ``EARLIER``.
 
 A continuation (``RunSpec.after``) starts from its trunk's checkpoint at ``fork_step`` (``convergence.train.
 checkpoint``: the trunk's records up to there are copied into its log), so it may start only when that checkpoint
@@ -14,7 +15,10 @@ executor made them). A trunk whose checkpoint is gone while a continuation still
 that ended with its call: ``dev/gpu/protocol.sh`` sends no checkpoint back) is made again from step 0
 (``lost_trunks``); it trains with ``--deterministic``, so it comes out bit-identical, and ``check_remade`` holds
 it to that: its records up to the fork step must equal its earlier ones and every continuation's copy of them
-(timing fields aside), else the continuations made so far continued another trunk (``TrunkChanged``).
+(timing fields aside), else the continuations made so far continued another trunk (``TrunkChanged``). Its earlier
+logs and config.json wait in the trunk's ``EARLIER`` folder while it is made again, in one piece or several
+(``set_aside``), and stay its record (``settle_remade``): the remake's timing is in ``pace.jsonl``. A trunk made
+again that differs keeps no checkpoint, so that no run continues it, whoever runs the plan next.
 """
 
 from __future__ import annotations
@@ -22,12 +26,15 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from convergence.protocol.folder import can_continue, compact_run, metrics_path, run_dir
+from convergence.protocol.folder import COMPACTED, can_continue, compact_run, metrics_path, run_dir, run_state
 from convergence.protocol.plan import ProtocolPlan, RunSpec
 from convergence.train.checkpoint import JsonlLog
 from convergence.train.loop import TrainConfig, computed
 from convergence.train.placement import CHECKPOINT_FILE
 from numerics.errors import BadInput
+from numerics.files import gzip_or_plain
+
+EARLIER = "earlier"  # in a trunk's run folder: its logs while it is made again (set_aside)
 
 
 class TrunkChanged(BadInput):
@@ -84,6 +91,57 @@ def lost_trunks(plan: ProtocolPlan, out: Path, status: dict) -> list[RunSpec]:
     """Finished trunks without their checkpoint while a run after them still needs it: to make again."""
     return [t for t in plan.runs() if t.stop_at is not None and status.get(t.name) == "done"
             and not can_continue(out, t) and needed(plan, out, t, status)]
+
+
+def remaking(plan: ProtocolPlan, out: Path, trunk: RunSpec, status: dict | None = None) -> bool:
+    """Whether ``trunk`` is to be made again, or is being: lost (``lost_trunks``; ``status``: the plan's runs'
+    states, read here when None) or its earlier logs set aside."""
+    if trunk.stop_at is None:
+        return False
+    if (run_dir(out, trunk) / EARLIER).is_dir():
+        return True
+    status = status or {s.name: run_state(plan, out, s) for s in plan.runs()}
+    return trunk in lost_trunks(plan, out, status)
+
+
+def _logs(folder: Path) -> list[Path]:
+    """A run folder's record of how it was made: its logs (plain or gzip) and its config.json (its environment)."""
+    names = [n for name in COMPACTED for n in (name, name + ".gz")] + ["config.json"]
+    return [folder / n for n in names if (folder / n).exists()]
+
+
+def set_aside(out: Path, trunk: RunSpec) -> None:
+    """Move a lost trunk's logs and config.json into its ``EARLIER`` folder before it is made again (kept there until
+    ``settle_remade``; a remake stopped part-way and continued later is still held to them)."""
+    folder = run_dir(out, trunk)
+    (folder / EARLIER).mkdir(exist_ok=True)
+    for p in _logs(folder):
+        p.replace(folder / EARLIER / p.name)
+
+
+def earlier_records(out: Path, trunk: RunSpec) -> list[dict] | None:
+    """The records of the trunk's earlier log, while it is made again; None when it is not."""
+    earlier = run_dir(out, trunk) / EARLIER
+    return JsonlLog(gzip_or_plain(earlier / "metrics.jsonl")).records() if earlier.is_dir() else None
+
+
+def settle_remade(plan: ProtocolPlan, out: Path, trunk: RunSpec) -> None:
+    """A trunk made again to its stop: ``check_remade`` against its earlier log; then the earlier logs and
+    config.json are put back as its record (the new ones, equal but for timing and environment, go). On
+    ``TrunkChanged``, the same, and its new checkpoint goes too: no run may continue a trunk that is not the one
+    the others continued."""
+    folder, earlier = run_dir(out, trunk), run_dir(out, trunk) / EARLIER
+    try:
+        check_remade(plan, out, trunk, earlier_records(out, trunk) or [])
+    except TrunkChanged:
+        (folder / CHECKPOINT_FILE).unlink(missing_ok=True)
+        raise
+    finally:
+        for p in _logs(folder):
+            p.unlink()
+        for p in _logs(earlier):
+            p.replace(folder / p.name)
+        earlier.rmdir()
 
 
 def _upto(records: list[dict], step: int) -> list[dict]:

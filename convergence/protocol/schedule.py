@@ -53,7 +53,6 @@ from convergence.protocol.folder import (
     PACE_FILE,
     can_continue,
     finish_run,
-    metrics_path,
     resumable_status,
     run_dir,
     run_state,
@@ -139,7 +138,8 @@ def run_piece(plan: ProtocolPlan, spec: RunSpec, out: Path, *, stop_after_s: flo
     A finished run keeps no checkpoint (its last step writes none, and an earlier one is deleted) and its logs
     are compacted to gzip (``finish_run``); a stopped one stays plain, for training to append to. A trunk stops at
     its ``stop_at`` with its checkpoint (``forks``: kept for its continuations); one made again, its checkpoint
-    lost, must log what it did before (``forks.check_remade``). A run's ``deterministic`` holds while it trains."""
+    lost, must log what it did before (``forks.set_aside``, ``forks.settle_remade``). A run's ``deterministic``
+    holds while it trains."""
     cfg = forks.train_config(plan, spec, out)
     tokens = tokens or data_mod.load_tokens(cfg.data)
     for other in plan.runs():  # the folder's runs are compared with each other: all on the same tokens
@@ -148,16 +148,14 @@ def run_piece(plan: ProtocolPlan, spec: RunSpec, out: Path, *, stop_after_s: flo
             data_mod.check_same_data(made, tokens.meta)
             break
     folder = run_dir(out, spec)
-    before = None
-    if spec.stop_at is not None and run_state(plan, out, spec) == "done" and not can_continue(out, spec):
-        before = JsonlLog(metrics_path(out, spec)).records()  # a lost trunk made again: held to these
-        for name in ("metrics.jsonl.gz", "probes.jsonl.gz"):
-            (folder / name).unlink(missing_ok=True)
+    remade = forks.remaking(plan, out, spec)
+    if remade and run_state(plan, out, spec) == "done":  # lost: made again from step 0, held to its earlier logs
+        forks.set_aside(out, spec)
     with deterministic_mode(cfg.deterministic, cfg.device):
         done = train_recipe(cfg, spec.recipe, folder, tokens, resume=True, progress=progress,
                             stop_after_s=stop_after_s, final_checkpoint=False, stop_at_step=spec.stop_at)
-    if before is not None and done:
-        forks.check_remade(plan, out, spec, before)
+    if remade and done:
+        forks.settle_remade(plan, out, spec)
     if done and spec.stop_at is None:
         finish_run(folder)
     return done

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from convergence.protocol import folder, render, schedule
+from convergence.protocol import folder, forks, render, schedule
 from convergence.protocol.plan import ProtocolPlan
 from convergence.protocol.provenance import environment_change
 from numerics.errors import BadInput
@@ -71,7 +71,8 @@ def run_worker(args) -> int:
         raise BadInput(f"--piece {args.piece}: no run of that name in {args.out}'s plan")
     with stop_on_signals(signal.SIGTERM, signal.SIGUSR2):
         before = folder.run_state(plan, args.out, spec)
-        if before == "done":  # a job requeued after its run finished, or a run made elsewhere meanwhile
+        # a job requeued after its run finished, or a run made elsewhere meanwhile; not a lost trunk, made again
+        if before == "done" and not forks.remaking(plan, args.out, spec):
             print(f"{spec.name}: finished already; nothing to do", file=sys.stderr, flush=True)
             return 0
         before = before if folder.can_continue(args.out, spec) else 0

@@ -43,7 +43,7 @@ from typing import Any
 import torch
 
 from numerics.errors import BadInput
-from numerics.files import GZIP_MAGIC, atomic_write, file_bytes
+from numerics.files import GZIP_MAGIC, atomic_write, file_bytes, gzip_or_plain
 
 CHECKPOINT_FILE = "checkpoint.pt"  # a single-process run's checkpoint in its run folder
 
@@ -239,7 +239,8 @@ def begin(cfg, run_dir: Path, model, opt, sched, tokens, place, init_fp: str) ->
     if int(meta["step"]) != cfg.fork_step:  # changed since check_fork: a trunk still training
         raise BadInput(f"--fork-from {trunk}: its checkpoint moved to step {meta['step']} while this run started")
     if place.writer:
-        records = [r for r in JsonlLog(trunk / "metrics.jsonl").records() if r.get("step", -1) <= cfg.fork_step]
+        log = gzip_or_plain(trunk / "metrics.jsonl")  # compacted where the trunk's record was kept (protocol.forks)
+        records = [r for r in JsonlLog(log).records() if r.get("step", -1) <= cfg.fork_step]
         if not records or records[-1].get("step") != cfg.fork_step:
             raise BadInput(f"--fork-from {trunk}: its metrics.jsonl does not reach step {cfg.fork_step}, where its "
                            "checkpoint is: damaged")

@@ -241,6 +241,65 @@ def test_a_lost_trunk_is_made_again_bit_identically_and_checked(pilot, tmp_path)
         forks.check_remade(plan, out, trunk, tampered)
 
 
+def _record(out, spec) -> dict[str, bytes]:
+    folder = run_dir(out, spec)
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.is_file() and p.name != CHECKPOINT_FILE}
+
+
+def _one_thread(fn):
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return fn()
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_a_worker_makes_a_lost_trunk_again_and_its_first_record_stays(pilot, tmp_path):
+    """A worker piece (``--piece``, what each slot of ``--parallel N`` and each Slurm job runs) given a lost trunk
+    makes it again, where a finished run is nothing to do: its checkpoint is there after, for the continuation that
+    needs it. The trunk's logs and config.json stay the bytes first made (the remake's timing is in pace.jsonl),
+    and the plan then ends as before."""
+    out = tmp_path / "p"
+    shutil.copytree(pilot["out"], out)
+    plan = pilot["plan"]
+    trunk, gone = plan.runs()[0], plan.runs()[-1]
+    first = _record(out, trunk)
+    shutil.rmtree(run_dir(out, gone).parent)
+    assert forks.remaking(plan, out, trunk) and not forks.remaking(plan, out, plan.runs()[1])
+    with contextlib.redirect_stderr(io.StringIO()):
+        assert _one_thread(lambda: convergence_main(["protocol", "--out", str(out), "--piece", trunk.name])) == 0
+    assert can_continue(out, trunk) and _record(out, trunk) == first
+    assert not (run_dir(out, trunk) / forks.EARLIER).exists() and not forks.remaking(plan, out, trunk)
+    assert set(_one_thread(lambda: execute(plan, out, LocalExecutor(progress=False))).values()) == {"done"}
+    assert [computed(x) for x in JsonlLog(metrics_path(out, gone)).records()] == [
+        computed(x) for x in JsonlLog(metrics_path(pilot["out"], gone)).records()]
+
+
+def test_a_trunk_made_again_that_differs_leaves_no_checkpoint_to_continue(pilot, tmp_path):
+    """A lost trunk whose earlier log says another thing than the remake (one gradient norm changed at step 3)
+    is refused, and after the refusal holds its earlier record and no checkpoint: a second try is refused again,
+    where a checkpoint left behind would have had the continuation go on from a trunk not the others'."""
+    import gzip
+
+    out = tmp_path / "p"
+    shutil.copytree(pilot["out"], out)
+    plan = pilot["plan"]
+    trunk, gone = plan.runs()[0], plan.runs()[-1]
+    log = metrics_path(out, trunk)
+    recs = JsonlLog(log).records()
+    recs[2]["grad_norm"] *= 1 + 1e-7
+    text = "".join(json.dumps(r) + "\n" for r in recs).encode()
+    log.write_bytes(gzip.compress(text) if log.suffix == ".gz" else text)
+    first = _record(out, trunk)
+    shutil.rmtree(run_dir(out, gone).parent)
+    for _ in range(2):
+        with pytest.raises(forks.TrunkChanged, match="step 3"):
+            _one_thread(lambda: execute(plan, out, LocalExecutor(progress=False)))
+        assert not can_continue(out, trunk) and _record(out, trunk) == first
+        assert not (run_dir(out, gone) / CHECKPOINT_FILE).exists()
+
+
 def test_a_trunk_trains_with_deterministic_algorithms_and_a_plain_run_without(tmp_path, monkeypatch):
     """``RunSpec.deterministic`` reaches torch while the piece trains (``deterministic_mode``) and is put back after
     it; the trunk's config.json records it. The control: a continuation, not deterministic, trains without."""

@@ -1,10 +1,10 @@
 """Which run goes where: a protocol's runs made in resumable pieces through an executor.
 
 Public: ``execute(plan, out, executor, *, stop_after_s, whole_runs) -> dict`` (name -> "done" or steps logged),
-``Executor`` (the seam), ``LocalExecutor``, ``RunState``, ``run_piece(plan, spec, out, ...)``, ``PaceHold``,
-``expected_wall_s(out, plan, recipe, per_gpu, slowest)``, ``record_pace``, ``protocol_worker(out, threads,
-gpu_share)``, ``gpus_of_slots(slots, per_gpu)``, ``RunFailed``, ``STARTUP_S``, ``MIN_PIECE_S``, ``PACE_MARGIN``,
-``RECENT_RUNS``.
+``Executor`` (the seam), ``LocalExecutor``, ``RunState``, ``run_piece(plan, spec, out, ...)``, ``todo_status``,
+``PaceHold``, ``expected_wall_s(out, plan, recipe, per_gpu, slowest)``, ``record_pace``, ``protocol_worker(out,
+threads, gpu_share)``, ``gpus_of_slots(slots, per_gpu)``, ``RunFailed``, ``STARTUP_S``, ``MIN_PIECE_S``,
+``PACE_MARGIN``, ``RECENT_RUNS``.
 
 ``execute`` tidies the runs already finished and hands an executor the runs still to make, in order: the runs
 already started first, then the plan's order (``ProtocolPlan.runs``: nested levels), so at most as many
@@ -123,13 +123,20 @@ def execute(plan: ProtocolPlan, out: Path, executor: Executor | None = None, *, 
         if finished[spec.name] == "done" and spec.stop_at is None:  # a trunk's checkpoint: forks.release's
             finish_run(run_dir(out, spec))
     forks.release(plan, out, finished)
-    status = resumable_status(plan, out, finished)
-    for trunk in forks.lost_trunks(plan, out, status):  # made again from step 0 (forks.check_remade)
-        status[trunk.name] = 0
+    status = todo_status(plan, out, finished)
     todo = sorted((s for s in plan.runs() if status[s.name] != "done"), key=lambda s: status[s.name] == 0)
     (executor or LocalExecutor()).run(plan, out, todo, stop_after_s=stop_after_s, whole_runs=whole_runs)
     forks.release(plan, out, run_status(plan, out))
     return resumable_status(plan, out)
+
+
+def todo_status(plan: ProtocolPlan, out: Path, finished: dict | None = None) -> dict[str, int | str]:
+    """``resumable_status`` (of ``finished``, the runs' states already read), with a lost trunk at 0: it is made
+    again from step 0 (``forks.lost_trunks``), so it is ordered, fitted and paced as a run not yet started."""
+    status = resumable_status(plan, out, finished)
+    for trunk in forks.lost_trunks(plan, out, status):
+        status[trunk.name] = 0
+    return status
 
 
 def run_piece(plan: ProtocolPlan, spec: RunSpec, out: Path, *, stop_after_s: float | None,
@@ -311,7 +318,7 @@ class LocalExecutor:
         self.holds = []
         deadline = None if stop_after_s is None else time.monotonic() + stop_after_s
         startup = STARTUP_S.get(plan.model, 60.0)
-        status = resumable_status(plan, out)  # a run's entry changes only by its own piece, read back after it
+        status = todo_status(plan, out)  # a run's entry changes only by its own piece, read back after it
         held = set()
 
         def budget() -> float | None:

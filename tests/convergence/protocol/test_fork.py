@@ -217,8 +217,9 @@ def test_pilot_runs_a_trunk_and_its_continuations_and_reports_their_spread(pilot
 
 def test_a_lost_trunk_is_made_again_bit_identically_and_checked(pilot, tmp_path):
     """A continuation whose run is gone needs its trunk again, whose checkpoint was released: the trunk is made
-    again from step 0 (straight through, where the first was stopped and resumed) and must log what it did and
-    what the continuations copied. The control: held to records one gradient norm apart, the check refuses."""
+    again from step 0 (straight through, where the first was stopped and resumed), its pace recorded from step 0,
+    and must log what it did and what the continuations copied. The control: held to records one gradient norm
+    apart, the check refuses."""
     out = tmp_path / "p"
     shutil.copytree(pilot["out"], out)
     plan = pilot["plan"]
@@ -233,6 +234,8 @@ def test_a_lost_trunk_is_made_again_bit_identically_and_checked(pilot, tmp_path)
         torch.set_num_threads(threads)
     again = JsonlLog(metrics_path(out, trunk)).records()
     assert [computed(x) for x in again] == [computed(x) for x in before]
+    remake = [e for e in JsonlLog(out / "pace.jsonl").records() if e["run"] == trunk.name][-1]
+    assert (remake["from_step"], remake["to_step"]) == (0, plan.fork_step)  # paced as the steps it trained
     assert [computed(x) for x in JsonlLog(metrics_path(out, gone)).records()] == [
         computed(x) for x in JsonlLog(metrics_path(pilot["out"], gone)).records()]
     tampered = [dict(x) for x in before]

@@ -10,8 +10,9 @@
 # golden.tier_summary). TIER_MIN: the tier takes ~280 s on an H200 (pytest's own count, the install already
 # done), so 320 s leaves ~15 % over it; a tier cut at the end costs only time that would have idled.
 # PARALLEL=N (default 1): N runs share the GPU at once (`--parallel N`; a proxy run peaks at ~23 GiB of GPU memory,
-# so 3 fit on an H100). Its pace is recorded as N to a GPU, so the first call with a new N has no pace to refuse a
-# run with: use it with WHOLE=0 on a machine the next call finds warm.
+# so 3 fit on an H100, but gain nothing there: three proxy continuations at once made ~1.0x one's tokens a second).
+# Its pace is recorded as N to a GPU, so the first call with a new N has no pace to refuse a run with: use it with
+# WHOLE=0 on a machine the next call finds warm.
 # The working folder is /tmp/$NAME on the GPU machine: a machine kept warm between calls keeps it, and with it
 # a stopped run's checkpoint, so the next call continues that run; a fresh machine starts from the tracked copy.
 set -u

@@ -21,8 +21,8 @@ were made on (``hardware``, None where they name no one model; the reference's f
 lines say so when they differ: a run is computed differently on another model (docs/protocol.md, the fork
 design), so only the spreads compare. GPU-hours: every piece in the folder's ``pace.jsonl`` (wall seconds over
 the runs sharing its GPU). ``deterministic_pace``: how many times longer a step of the deterministic trunk took than
-a step of a continuation (the median tokens per second of each, from their logs): what a fork design's trunks cost
-beyond their steps (``convergence.curves.decision.designs.part_cost_s``).
+a step of a continuation (the median tokens per second of each, from their logs, over the pieces that had their GPU
+alone): what a fork design's trunks cost beyond their steps (``convergence.curves.decision.designs.part_cost_s``).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ import numpy as np
 
 from convergence.curves import power
 from convergence.protocol.folder import PACE_FILE, metrics_path
-from convergence.protocol.plan import ProtocolPlan
+from convergence.protocol.plan import ProtocolPlan, RunSpec
 from convergence.protocol.provenance import runs_hardware_tag
 from convergence.train.checkpoint import JsonlLog
 from numerics.errors import BadInput
@@ -91,12 +91,20 @@ def _gpu_hours(out: Path) -> dict:
             "continuation_s": sum(conts) / len(conts) if conts else None}
 
 
-def _deterministic_pace(conts: list[Path], trunks: list[Path], fork_step: int) -> float | None:
+def _deterministic_pace(out: Path, conts: list[RunSpec], trunks: list[RunSpec], fork_step: int) -> float | None:
     """The continuations' median tokens per second after the fork over the trunks' before it (a continuation's log
-    begins with its trunk's records): module docstring; None without them."""
-    def rate(paths: list[Path], after: bool) -> float | None:
-        seen = [float(r["tokens_per_s"]) for p in paths for r in JsonlLog(p).records()
-                if r.get("tokens_per_s") and (r["step"] > fork_step) == after]
+    begins with its trunk's records), counting only the steps of pieces that had their GPU alone (``pace.jsonl``'s
+    ``per_gpu`` 1: a run sharing it logs a fraction of the rate); None without such steps on either side."""
+    path = Path(out) / PACE_FILE
+    alone: dict[str, list[tuple[int, int]]] = {}
+    for e in (JsonlLog(path).records() if path.is_file() else []):
+        if int(e.get("per_gpu") or 1) == 1:
+            alone.setdefault(str(e.get("run")), []).append((e["from_step"], e["to_step"]))
+
+    def rate(specs: list[RunSpec], after: bool) -> float | None:
+        seen = [float(r["tokens_per_s"]) for s in specs for r in JsonlLog(metrics_path(out, s)).records()
+                if r.get("tokens_per_s") and (r["step"] > fork_step) == after
+                and any(a < r["step"] <= b for a, b in alone.get(s.name, []))]
         return float(np.median(seen)) if seen else None
 
     fast, slow = rate(conts, True), rate(trunks, False)
@@ -151,7 +159,7 @@ def pilot_result(plan: ProtocolPlan, out: Path, reference: Path | str | None = K
             "fork_spread": None if final is None else final["spread"],
             "independent": None if ref is None else ref | {"at_step": {str(k): v for k, v in ref["at_step"].items()}},
             "explained": explained, "gpu_hours": _gpu_hours(out),
-            "deterministic_pace": _deterministic_pace(paths, [metrics_path(out, t) for t in trunks], plan.fork_step)}
+            "deterministic_pace": _deterministic_pace(out, conts, trunks, plan.fork_step)}
 
 
 def pilot_lines(r: dict) -> list[str]:

@@ -211,8 +211,32 @@ def test_pilot_runs_a_trunk_and_its_continuations_and_reports_their_spread(pilot
     assert r["independent"] is None  # the k16 reference is the proxy's: not compared with the tiny model's
     assert r["gpu_hours"]["total"] > 0 and "fork pilot: 3 BF16 continuations" in pilot["printed"]
     rate = [x["tokens_per_s"] for s in conts for x in JsonlLog(metrics_path(out, s)).records() if x["step"] > 4]
-    trunk_rate = [x["tokens_per_s"] for x in JsonlLog(metrics_path(out, plan.runs()[0])).records()]
+    # the trunk's step 1 was made by run_piece outside an executor (the fixture), which records no pace
+    trunk_rate = [x["tokens_per_s"] for x in JsonlLog(metrics_path(out, plan.runs()[0])).records() if x["step"] > 1]
     assert r["deterministic_pace"] == pytest.approx(np.median(rate) / np.median(trunk_rate), rel=1e-12)
+
+
+def test_the_deterministic_pace_counts_only_pieces_that_had_their_gpu_alone(pilot, tmp_path):
+    """A continuation made beside others (``per_gpu`` 3 in pace.jsonl) logs a fraction of the tokens a second it
+    makes alone: its steps are left out of the pace; with no trunk piece alone there is no pace. By hand."""
+    from convergence.protocol.pilot import _deterministic_pace
+
+    out = tmp_path / "p"
+    shutil.copytree(pilot["out"], out)
+    plan = pilot["plan"]
+    trunk, conts = plan.runs()[0], plan.runs()[1:]
+    pace = [json.loads(x) for x in (out / "pace.jsonl").read_text().splitlines()]
+    shared = conts[0].name
+    (out / "pace.jsonl").write_text("".join(json.dumps(e | ({"per_gpu": 3} if e["run"] == shared else {})) + "\n"
+                                            for e in pace))
+    rate = [x["tokens_per_s"] for s in conts[1:] for x in JsonlLog(metrics_path(out, s)).records() if x["step"] > 4]
+    trunk_rate = [x["tokens_per_s"] for x in JsonlLog(metrics_path(out, trunk)).records() if x["step"] > 1]
+    got = _deterministic_pace(out, conts, [trunk], plan.fork_step)
+    assert got == pytest.approx(np.median(rate) / np.median(trunk_rate), rel=1e-12)
+    everything = [x["tokens_per_s"] for s in conts for x in JsonlLog(metrics_path(out, s)).records() if x["step"] > 4]
+    assert np.median(everything) != np.median(rate)  # the control: leaving the shared run out changes the figure
+    (out / "pace.jsonl").write_text("".join(json.dumps(e | {"per_gpu": 2}) + "\n" for e in pace))
+    assert _deterministic_pace(out, conts, [trunk], plan.fork_step) is None
 
 
 def test_a_lost_trunk_is_made_again_bit_identically_and_checked(pilot, tmp_path):

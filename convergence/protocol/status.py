@@ -364,10 +364,13 @@ def pairs(plan: ProtocolPlan, verdicts: dict) -> list[Pairs]:
 def time_left(plan: ProtocolPlan, out: Path, states: dict[str, RunState], per_gpu: int = 1) -> TimeLeft:
     """The compute time the runs not done need at this folder's pace (``expected_wall_s``): a stopped run its
     steps left, a run that starts again (no checkpoint here) all of them; a fork's trunk and continuations their
-    own part of the run (``forks.span``), each priced as a whole run of ``recipes``' seconds."""
-    from convergence.protocol.forks import span
+    own part of the run (``forks.span``), each priced as a whole run of ``recipes``' seconds; a finished trunk
+    whose checkpoint is lost while a continuation needs it (``forks.lost_trunks``) all its steps again."""
+    from convergence.protocol.forks import lost_trunks, span
 
     runs = plan.runs()
+    status = {name: "done" if st.state == "done" else st.steps for name, st in states.items()}
+    states = states | {t.name: RunState("restart", 0) for t in lost_trunks(plan, out, status)}
     total, recipes, no_pace = 0.0, [], []
     for recipe in dict.fromkeys(r.recipe for r in runs):
         todo = [(r, states[r.name]) for r in runs if r.recipe == recipe and states[r.name].state != "done"]

@@ -108,6 +108,23 @@ def test_a_trunks_checkpoint_stays_while_a_continuation_needs_it(tmp_path):
     assert forks.lost_trunks(plan, tmp_path, run_status(plan, tmp_path)) == [trunk]
 
 
+def test_the_time_left_counts_a_lost_trunk_made_again(tmp_path, write_pace):
+    """``--status``'s time left: a finished trunk whose checkpoint is gone while a continuation needs it is made
+    again, all its steps (a third of a run here); the control: with its checkpoint here it costs nothing."""
+    from convergence.protocol.status import time_left
+
+    plan = fork_plan(trunks=1)
+    open_protocol(plan, tmp_path)
+    trunk = plan.runs()[0]
+    _log(run_dir(tmp_path, trunk) / "metrics.jsonl", 4)
+    write_pace(tmp_path, {"run": "x", "recipe": "bf16", "per_gpu": 1, "from_step": 0, "to_step": 8, "wall_s": 80.0})
+    states = LocalExecutor(progress=False).states(plan, tmp_path)
+    lost = time_left(plan, tmp_path, states)
+    (run_dir(tmp_path, trunk) / CHECKPOINT_FILE).write_bytes(b"the trunk at step 4")
+    kept = time_left(plan, tmp_path, LocalExecutor(progress=False).states(plan, tmp_path))
+    assert lost.seconds - kept.seconds == pytest.approx(80.0 * 4 / 8)
+
+
 # a worker piece that makes a run in no time: a trunk its log to the fork step and a checkpoint, after a pause; a
 # continuation its whole log, failing (exit 3) if its trunk's checkpoint is not there when it starts (forks.ready of
 # a continuation without a checkpoint of its own, as each is here). Plain Python, its paths worked out by the test

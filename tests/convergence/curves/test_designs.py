@@ -70,14 +70,18 @@ def test_the_proxy_table_by_design_and_test():
 def test_the_readme_power_table_is_the_one_the_golden_curves_give():
     """README.md's table of runs per arm and H200-hours, row by row, is ``designs.table`` at the spread the golden
     k16 verdicts measure (0.963 %), so the README cannot drift from the code or the curves: the independent rows
-    measured, the fork rows at the assumed within-trunk spread and said to be assumed. The control: a row with
+    measured, the fork rows at the assumed within-trunk spread and said to be assumed, their trunks priced at the
+    projection's deterministic pace. The control: a row with
     another number is told apart."""
     import re
+
+    from convergence.protocol.projection import COSTS
 
     readme = (Path(__file__).resolve().parents[3] / "README.md").read_text()
     ind = k16_design()
     fk = designs.fork(None, ind.se_set, independent_spread=ind.spread, fork_fraction=500 / 1500)
-    rows = designs.table([ind, fk], 0.0025, run_s=K16_RUN_S, startup_s=PROXY_STARTUP_S)
+    rows = designs.table([ind, fk], 0.0025, run_s=K16_RUN_S, startup_s=PROXY_STARTUP_S,
+                         deterministic_pace=COSTS["proxy"]["deterministic_pace"])  # the trunks' steps
     want = {(r["design"], r["test"]): (r["runs_per_arm"], f"{r['gpu_hours']:.1f}") for r in rows}
     row = re.compile(r"^\| (independent runs|fork at step 500) \| (equivalence|non-inferiority|two-ranges)\b[^|]*"
                      r"\| (\d+) \| ([\d.]+) \| ([^|]*)\|$", re.M)

@@ -128,12 +128,12 @@ def earlier_records(out: Path, trunk: RunSpec) -> list[dict] | None:
 def settle_remade(plan: ProtocolPlan, out: Path, trunk: RunSpec) -> None:
     """A trunk made again to its stop: ``check_remade`` against its earlier log; then the earlier logs and
     config.json are put back as its record (the new ones, equal but for timing and environment, go). On
-    ``TrunkChanged``, the same, and its new checkpoint goes too: no run may continue a trunk that is not the one
-    the others continued."""
+    ``TrunkChanged`` (or any failure of the check), the same, and its new checkpoint goes too: no run may continue
+    a trunk that is not the one the others continued."""
     folder, earlier = run_dir(out, trunk), run_dir(out, trunk) / EARLIER
     try:
         check_remade(plan, out, trunk, earlier_records(out, trunk) or [])
-    except TrunkChanged:
+    except BaseException:  # refused, or not checked (a damaged log, an interrupt): only a checked trunk continues
         (folder / CHECKPOINT_FILE).unlink(missing_ok=True)
         raise
     finally:

@@ -344,6 +344,26 @@ def test_a_trunk_made_again_that_differs_leaves_no_checkpoint_to_continue(pilot,
         assert not (run_dir(out, gone) / CHECKPOINT_FILE).exists()
 
 
+def test_a_remade_trunk_whose_check_fails_otherwise_leaves_no_checkpoint_either(pilot, tmp_path, monkeypatch):
+    """The check itself failing (here an OSError reading a log) is no pass: the trunk keeps its first record and
+    no checkpoint, as when it is refused."""
+    out = tmp_path / "p"
+    shutil.copytree(pilot["out"], out)
+    plan = pilot["plan"]
+    trunk, gone = plan.runs()[0], plan.runs()[-1]
+    first = _record(out, trunk)
+    shutil.rmtree(run_dir(out, gone).parent)
+
+    def unreadable(*_args):
+        raise OSError("a log could not be read")
+
+    monkeypatch.setattr(forks, "check_remade", unreadable)
+    with pytest.raises(OSError):
+        _one_thread(lambda: run_piece(plan, trunk, out, stop_after_s=None, progress=False))
+    assert not can_continue(out, trunk) and _record(out, trunk) == first
+    assert not (run_dir(out, trunk) / forks.EARLIER).exists()
+
+
 def test_a_trunk_trains_with_deterministic_algorithms_and_a_plain_run_without(tmp_path, monkeypatch):
     """``RunSpec.deterministic`` reaches torch while the piece trains (``deterministic_mode``) and is put back after
     it; the trunk's config.json records it. The control: a continuation, not deterministic, trains without."""

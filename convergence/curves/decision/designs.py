@@ -7,7 +7,7 @@ delta, margin, ...)``, ``favourable``, ``verdict_chance``, ``aim_of(delta, margi
 
 Designs (n runs per arm: n BF16 and n candidate runs; the estimate's variance ``spread^2 * 2/n + se_set^2``):
 
-* ``independent`` (today's): every run from step 0, runs of one recipe ``spread`` apart (their levels over the
+* ``independent`` (the k16 plan's): every run from step 0, runs of one recipe ``spread`` apart (their levels over the
   endpoint, pooled over both arms); the spread is estimated on ``2n - 2`` degrees of freedom (the pooled number;
   the verdict's Welch degrees of freedom are at most that, and close to it for equal arms and spreads).
 * ``fork``: trunks are BF16 runs to the fork step (``fork_fraction`` of the run), and each trunk is continued by

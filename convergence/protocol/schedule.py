@@ -52,6 +52,7 @@ from convergence.protocol import forks
 from convergence.protocol.folder import (
     PACE_FILE,
     can_continue,
+    compact_run,
     finish_run,
     resumable_status,
     run_dir,
@@ -144,7 +145,8 @@ def run_piece(plan: ProtocolPlan, spec: RunSpec, out: Path, *, stop_after_s: flo
     """Continue one run from its checkpoint (or start it) for at most ``stop_after_s``; True when it is done.
     A finished run keeps no checkpoint (its last step writes none, and an earlier one is deleted) and its logs
     are compacted to gzip (``finish_run``); a stopped one stays plain, for training to append to. A trunk stops at
-    its ``stop_at`` with its checkpoint (``forks``: kept for its continuations); one made again, its checkpoint
+    its ``stop_at`` with its checkpoint (``forks``: kept for its continuations) and its logs compacted (what says
+    a Slurm job of it has nothing left to do); one made again, its checkpoint
     lost, must log what it did before (``forks.set_aside``, ``forks.settle_remade``). A run's ``deterministic``
     holds while it trains."""
     cfg = forks.train_config(plan, spec, out)
@@ -161,6 +163,8 @@ def run_piece(plan: ProtocolPlan, spec: RunSpec, out: Path, *, stop_after_s: flo
     with deterministic_mode(cfg.deterministic, cfg.device):
         done = train_recipe(cfg, spec.recipe, folder, tokens, resume=True, progress=progress,
                             stop_after_s=stop_after_s, final_checkpoint=False, stop_at_step=spec.stop_at)
+    if done and spec.stop_at is not None:  # a trunk at its stop: logs as a finished run's, its checkpoint kept
+        compact_run(folder)
     if remade and done:
         forks.settle_remade(plan, out, spec)
     if done and spec.stop_at is None:

@@ -61,6 +61,13 @@ def run_states(folder_states: dict[str, RunState], jobs: dict[str, slurm.JobStat
     return out
 
 
+def _done_sign(plan: ProtocolPlan, out: Path, spec: RunSpec) -> Path | None:
+    """The file whose existence says a job of ``spec`` has nothing left to do: its compacted log (a finished run's,
+    ``folder.finish_run``, and a trunk's at its stop, ``schedule.run_piece``); none for a lost trunk made again,
+    whose compacted log of record is there before it is (``forks.remaking``)."""
+    return None if forks.remaking(plan, out, spec) else run_dir(out, spec) / "metrics.jsonl.gz"
+
+
 class SlurmExecutor:
     """Runs as Slurm jobs with ``options`` (``SlurmOptions``), each worker with ``threads`` torch threads
     (None: torch's default); ``mixed_environment`` as the command's flag; ``shared``: skip the check that the
@@ -91,9 +98,7 @@ class SlurmExecutor:
         minutes = worker_minutes(self.options.time_minutes, STARTUP_S.get(plan.model, 60.0))
         names = [s.name for s in runs]
         before = slurm.job_states(out, names) if slurm.has_jobs(out) else {}
-        # a finished run's log is compacted (folder.finish_run): its gzip is the sign a job needs to start nothing
-        todo = [slurm.SlurmRun(s.name, tuple(argv(s.name, minutes)), run_dir(out, s) / "metrics.jsonl.gz")
-                for s in runs]
+        todo = [slurm.SlurmRun(s.name, tuple(argv(s.name, minutes)), _done_sign(plan, out, s)) for s in runs]
         sub = self.submission = slurm.submit(out, todo, self.options, shared=self.shared)
         for name, job in sub.submitted.items():
             if name in before:  # what became of its last job: a failure is said, not resubmitted in silence

@@ -344,6 +344,46 @@ def test_a_trunk_made_again_that_differs_leaves_no_checkpoint_to_continue(pilot,
         assert not (run_dir(out, gone) / CHECKPOINT_FILE).exists()
 
 
+@pytest.mark.slurm
+def test_through_slurm_a_lost_trunk_is_made_again_in_a_job_and_its_continuation_after_it(pilot, tmp_path):
+    """The pilot with a continuation gone and its trunk's checkpoint released, made whole again through a real
+    Slurm (``--slurm-wait``): the trunk's job makes it again from step 0 (its worker records that piece from step
+    0, with its job), its record is the first one byte for byte, then the continuation's job continues it to the
+    same curve as the local executor's; nothing of the trunk's checkpoint is left."""
+    out = tmp_path / "p"
+    shutil.copytree(pilot["out"], out)
+    plan = pilot["plan"]
+    trunk, gone = plan.runs()[0], plan.runs()[-1]
+    first = _record(out, trunk)
+    shutil.rmtree(run_dir(out, gone).parent)
+    argv = ["protocol", *PILOT, "--out", str(out), "--executor", "slurm", "--slurm-time", "10", "--slurm-cpus", "1",
+            "--threads", "1", "--slurm-wait"]
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        rc = _one_thread(lambda: convergence_main(argv))
+    assert rc == 0 and _record(out, trunk) == first and not list(out.rglob(CHECKPOINT_FILE))
+    remake = [e for e in JsonlLog(out / "pace.jsonl").records() if e["run"] == trunk.name and "slurm_job" in e]
+    assert [(e["from_step"], e["to_step"]) for e in remake] == [(0, plan.fork_step)]
+    assert [computed(x) for x in JsonlLog(metrics_path(out, gone)).records()] == [
+        computed(x) for x in JsonlLog(metrics_path(pilot["out"], gone)).records()]
+
+
+@pytest.mark.slurm
+def test_through_slurm_a_trunks_job_ends_at_its_fork_step_without_requeueing_itself(tmp_path):
+    """A fork plan made through a real Slurm: the trunk's job ends once the trunk reaches its fork step (its
+    compacted log is the sign a job has nothing left to do), where a job whose run looks unfinished requeues itself
+    (up to ``MAX_REQUEUES`` starts that each found nothing to do); one job per run, and the pilot judged."""
+    out = tmp_path / "p"
+    pilot = [*PILOT]
+    pilot[pilot.index("--pilot") + 1] = "2"
+    argv = ["protocol", *pilot, "--out", str(out), "--executor", "slurm", "--slurm-time", "10", "--slurm-cpus", "1",
+            "--threads", "1", "--slurm-wait"]
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        rc = _one_thread(lambda: convergence_main(argv))
+    logs = sorted((out / "slurm" / "logs").glob("*_log.out"))
+    assert rc == 0 and (out / "results" / "tiny_long_pilot__cpu.json").is_file()
+    assert len(logs) == 3 and not any("requeueing" in p.read_text() for p in logs)
+
+
 def test_a_remade_trunk_whose_check_fails_otherwise_leaves_no_checkpoint_either(pilot, tmp_path, monkeypatch):
     """The check itself failing (here an OSError reading a log) is no pass: the trunk keeps its first record and
     no checkpoint, as when it is refused."""

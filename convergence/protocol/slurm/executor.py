@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from convergence.protocol import forks
-from convergence.protocol.folder import run_dir
+from convergence.protocol.folder import run_dir, run_state
 from convergence.protocol.plan import ProtocolPlan, RunSpec
 from convergence.protocol.schedule import STARTUP_S, LocalExecutor, RunFailed, RunState, protocol_worker
 from convergence.protocol.slurm import jobs as slurm
@@ -61,11 +61,12 @@ def run_states(folder_states: dict[str, RunState], jobs: dict[str, slurm.JobStat
     return out
 
 
-def _done_sign(plan: ProtocolPlan, out: Path, spec: RunSpec) -> Path | None:
+def _done_sign(plan: ProtocolPlan, out: Path, spec: RunSpec, status: dict) -> Path | None:
     """The file whose existence says a job of ``spec`` has nothing left to do: its compacted log (a finished run's,
     ``folder.finish_run``, and a trunk's at its stop, ``schedule.run_piece``); none for a lost trunk made again,
-    whose compacted log of record is there before it is (``forks.remaking``)."""
-    return None if forks.remaking(plan, out, spec) else run_dir(out, spec) / "metrics.jsonl.gz"
+    whose compacted log of record is there before it is (``forks.remaking``; ``status``: the plan's runs' states,
+    read once for all its trunks)."""
+    return None if forks.remaking(plan, out, spec, status) else run_dir(out, spec) / "metrics.jsonl.gz"
 
 
 class SlurmExecutor:
@@ -98,7 +99,8 @@ class SlurmExecutor:
         minutes = worker_minutes(self.options.time_minutes, STARTUP_S.get(plan.model, 60.0))
         names = [s.name for s in runs]
         before = slurm.job_states(out, names) if slurm.has_jobs(out) else {}
-        todo = [slurm.SlurmRun(s.name, tuple(argv(s.name, minutes)), _done_sign(plan, out, s)) for s in runs]
+        status = {s.name: run_state(plan, out, s) for s in plan.runs()} if any(s.stop_at for s in runs) else {}
+        todo = [slurm.SlurmRun(s.name, tuple(argv(s.name, minutes)), _done_sign(plan, out, s, status)) for s in runs]
         sub = self.submission = slurm.submit(out, todo, self.options, shared=self.shared)
         for name, job in sub.submitted.items():
             if name in before:  # what became of its last job: a failure is said, not resubmitted in silence

@@ -3,7 +3,8 @@
 # trees one after another on the same GPU, the A/B tables of docs/studies/bench.md. Run it from the repository root,
 # carrying .whl, dev/gpu/commit and one tarball per other tree (HOWTO.md: `git archive --format=tar.gz -o
 # .NAME.tgz BRANCH`). Its arguments are the trees, this checkout as "." (named main):
-#   bash dev/gpu/ab_profile.sh . .dual.tgz .gatherpad.tgz .combo.tgz
+#   bash dev/gpu/ab_profile.sh . .dual.tgz .combo.tgz
+# (a tarball of this repository is ~15 MB: the carry limit, 64 MiB with the working tree, takes two of them)
 # Back in $OUT, two files a tree (8 at most): NAME_profile_fast.json and NAME_perf.log, NAME the tarball's name
 # without its dot and .tgz. Each perf.log's summary lines are printed at the end. STAGES (default profile-fast),
 # MODEL, DEVICE, KERNEL and QUICK go to perf.sh; ENV_SH=0 skips dev/gpu/env.sh, as in perf.sh (then the trees run

@@ -237,6 +237,8 @@ CASES = [
     ("validate-out-a-file", "mxval", ["validate", "--out", "{existing}"], "{existing}"),
     ("validate-levels", "mxval", ["validate", "--levels", "everything", "--out", "{tmp}/v"], "--levels"),
     ("validate-steps", "mxval", ["validate", "--steps", "5", "--out", "{tmp}/v"], "--steps"),
+    ("validate-progress-every", "mxval", ["validate", "--progress-every", "-1", "--out", "{tmp}/v"],
+     "--progress-every"),
     # seeds: refused while parsing, before any folder is made (torch takes seeds below 2**64 only)
     ("validate-seed", "mxval", ["validate", "--seed", "-1", "--levels", "training", "--out", "{tmp}/v"],
      "--seed"),

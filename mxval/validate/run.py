@@ -8,7 +8,7 @@ and hardware), each level's full output under ``<level>/``, figures under ``figu
 level's log under ``logs/``. Exit code 0 when no level failed (inconclusive and skipped levels are
 named in the report), 1 when one did, 2 on bad input (an existing or unwritable ``--out``).
 
-Public: ``validate(plan, out, levels, console) -> dict`` (the summary), ``main(argv)``.
+Public: ``validate(plan, out, levels, console, progress_every_s=5.0) -> dict`` (the summary), ``main(argv)``.
 """
 
 from __future__ import annotations
@@ -134,14 +134,15 @@ def _run_level(name: str, plan: LadderPlan, out: Path, display: Display, done: d
     return replace(res, seconds=round(time.monotonic() - t0, 1))
 
 
-def validate(plan: LadderPlan, out: Path, levels: Sequence[str], console) -> dict:
-    """Run ``levels`` (in ladder order) into ``out`` (which exists and is empty); returns the summary."""
+def validate(plan: LadderPlan, out: Path, levels: Sequence[str], console, progress_every_s: float = 5.0) -> dict:
+    """Run ``levels`` (in ladder order) into ``out`` (which exists and is empty); returns the summary.
+    ``progress_every_s``: the most often a level's progress is printed where ``console`` is not a terminal."""
     from mxval.validate import report as validate_report
     from numerics.environment import describe
 
     started = datetime.datetime.now().astimezone()
     t0 = time.monotonic()
-    display = Display(console)
+    display = Display(console, progress_every_s)
     chosen = [n for n in LEVELS if n in levels]
     done: dict[str, LevelResult] = {}
     interrupted = None
@@ -247,7 +248,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--seed", type=seed_arg, default=0)
     p.add_argument("--strict", action="store_true", help="known findings (FINDINGS.md) fail their level")
     p.add_argument("--force", action="store_true", help="replace an existing results folder of an earlier run")
+    p.add_argument("--progress-every", type=float, default=5.0, metavar="SECONDS",
+                   help="where stderr is not a terminal (a CI log), print a level's progress at most this often "
+                        "(default 5; 0: every step)")
     args = p.parse_args(argv)
+    if not 0 <= args.progress_every < 1e6:  # NaN too
+        raise CLIError(f"--progress-every {args.progress_every:g}: seconds >= 0")
     given = ",".join(args.levels or LEVELS)  # every --levels counts, not only the last one given
     levels = [v for v in given.split(",") if v]
     unknown = [v for v in levels if v not in LEVELS]
@@ -265,7 +271,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     out = prepare_out(args.out, force=args.force)
     console = sys.stderr
     console.write(f"mxval validate -> {out}  ({plan.device}, {gpus} GPU(s){', deep_ep' if deep_ep else ''})\n")
-    summary = validate(plan, out, levels, console)
+    summary = validate(plan, out, levels, console, args.progress_every)
     for name, rec in summary["levels"].items():
         print(f"{name:<14} {MARK[rec['status']]:<13} {rec['summary']}")
     from mxval.validate.report import counts

@@ -181,6 +181,16 @@ def say(line: str) -> None:
     sys.stderr.write(line + "\n")
 
 
+def _unmark_ctrl_c() -> None:
+    """Let the process end with the code returned for a Ctrl-C that was handled. CPython 3.11-3.13 mark the
+    process as killed by Ctrl-C when a KeyboardInterrupt leaves an ``exec`` or ``eval`` of source text (dataclasses
+    and namedtuples build their methods that way, so a Ctrl-C during an import can), even once it is caught; under
+    ``python -m`` the mark then overrides ``sys.exit(130)`` and the process kills itself with SIGINT. Running any
+    source text clears the mark in those versions; later ones set it only for an uncaught KeyboardInterrupt
+    (FINDINGS.md, C2)."""
+    exec("")
+
+
 def run_main(main: Callable[[Sequence[str] | None], int], argv: Sequence[str] | None = None) -> int:
     """Run a CLI ``main``; user errors become one stderr line and exit code 2, never a traceback; Ctrl-C is the
     line "interrupted" and exit code 130; a closed stdout ends the output, not the command (``_Output``)."""
@@ -202,6 +212,7 @@ def run_main(main: Callable[[Sequence[str] | None], int], argv: Sequence[str] | 
         return 1
     except KeyboardInterrupt:
         say("interrupted")
+        _unmark_ctrl_c()
         return 130
     finally:
         if outer:

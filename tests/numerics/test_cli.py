@@ -34,6 +34,41 @@ def test_exit_process_skips_finalization_only_in_a_torchrun_rank(rank):
     assert ("finalized" in r.stdout) is not rank
 
 
+# A Ctrl-C that arrives while source text runs (dataclasses and namedtuples build their methods with exec), caught,
+# and the process's own exit code; both modules run as ``python -m``, where the interpreter's Ctrl-C mark decides
+HANDLED_IN_PYTHON = """
+import sys
+try:
+    exec("raise KeyboardInterrupt")
+except KeyboardInterrupt:
+    sys.exit(130)
+"""
+HANDLED_BY_RUN_MAIN = """
+import sys
+from numerics.cli import run_main
+sys.exit(run_main(lambda argv: exec("raise KeyboardInterrupt"), []))
+"""
+
+
+def _as_module(tmp_path, name: str, text: str) -> subprocess.CompletedProcess:
+    (tmp_path / f"{name}.py").write_text(text)
+    env = os.environ | {"PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-m", name], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=60)
+
+
+@pytest.mark.xfail(sys.version_info < (3, 14), strict=True,
+                   reason="FINDINGS.md C2: CPython 3.11-3.13 end the process by SIGINT (-2) instead")
+def test_python_exits_with_its_code_after_a_ctrl_c_caught_from_exec(tmp_path):
+    """The interpreter's behaviour that run_main works around; the control for the test below."""
+    assert _as_module(tmp_path, "handled_in_python", HANDLED_IN_PYTHON).returncode == 130
+
+
+def test_a_ctrl_c_caught_from_exec_is_still_interrupted_and_exit_130(tmp_path):
+    r = _as_module(tmp_path, "handled_by_run_main", HANDLED_BY_RUN_MAIN)
+    assert (r.returncode, r.stderr) == (130, "interrupted\n")
+
+
 def _closed_pipe():
     """A writable end whose reader is gone, as ``| head -1`` leaves stdout once head has its line."""
     read, write = os.pipe()

@@ -285,15 +285,14 @@ def test_ctrl_c_in_the_communication_check_is_rank_0s_one_line(tmp_path):
     _interrupted_cleanly(code, err)
 
 
-@pytest.mark.parametrize("level, marker", [("tensor", "[1/1 tensor]"), ("layer", "[1/1 layer]"),
-                                           ("communication", " cases, "),  # a case count: its ranks are running
-                                           ("training", "[1/1 training]")])
-def test_ctrl_c_in_each_level_of_validate_stops_it_with_a_partial_report(tmp_path, level, marker):
-    """Every progress step printed (--progress-every 0): a quick level can end within the default 5 s between
-    progress lines, before the step the marker waits for is shown."""
+@pytest.mark.parametrize("level, marker, every", [
+    ("tensor", "[1/1 tensor]", []), ("layer", "[1/1 layer]", []), ("training", "[1/1 training]", []),
+    # a case count, its ranks running, with every step printed: the quick level can end within the default 5 s
+    # between progress lines, before any is shown
+    ("communication", " cases, ", ["--progress-every", "0"])])
+def test_ctrl_c_in_each_level_of_validate_stops_it_with_a_partial_report(tmp_path, level, marker, every):
     out = tmp_path / "v"
-    code, err = _interrupt(["mxval", "validate", "--quick", "--levels", level, "--out", str(out),
-                            "--progress-every", "0"], marker)
+    code, err = _interrupt(["mxval", "validate", "--quick", "--levels", level, "--out", str(out), *every], marker)
     _interrupted_cleanly(code, err)
     assert f"INTERRUPTED (Ctrl-C); wrote a partial report of the levels that finished: {out}" in err
     assert json.loads((out / "summary.json").read_text())["interrupted"] == level and (out / "report.html").is_file()

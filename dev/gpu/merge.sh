@@ -29,7 +29,15 @@ fi
 rm -f "$src/unfinished.txt"
 find "$src" -type d -empty -delete
 mkdir -p "dev/gpu/$NAME"
+compacted=()
 for f in $(cd "dev/gpu/$NAME" && find . -type f); do
+    if [ ! -f "$src/$f" ] && [ -f "$src/$f.gz" ]; then  # a log tracked plain and compacted since (a fork's trunk
+        # is compacted once its continuations are all done): taken when it holds the tracked bytes
+        gzip -dc "$src/$f.gz" 2>/dev/null | cmp -s - "dev/gpu/$NAME/$f" \
+            || refuse "$f.gz in $tgz is not the tracked $f compressed: not merged"
+        compacted+=("$f")
+        continue
+    fi
     [ -f "$src/$f" ] || refuse "$f is tracked but not in $tgz: not merged"
     if [ "$f" = ./pace.jsonl ]; then  # appended to by every piece: the tracked lines must come first, unchanged
         n=$(stat -c %s "dev/gpu/$NAME/$f")
@@ -40,5 +48,9 @@ for f in $(cd "dev/gpu/$NAME" && find . -type f); do
     fi
 done
 cp -r "$src/." "dev/gpu/$NAME/"
+for f in "${compacted[@]}"; do
+    echo "compacted: $f"
+    git rm -q "dev/gpu/$NAME/$f"
+done
 git add "dev/gpu/$NAME"
 git status --short "dev/gpu/$NAME" | head -40

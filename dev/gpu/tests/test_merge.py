@@ -98,6 +98,37 @@ def test_merge_refuses_a_tarball_that_lost_a_tracked_run(tmp_path):
     assert _run(repo, "git", "status", "--porcelain").stdout == ""
 
 
+@pytest.mark.parametrize("same", [True, False])
+def test_merge_takes_a_tracked_log_compacted_on_the_machine(tmp_path, same):
+    """A log merged plain (a fork's trunk before its continuations were done) and compacted since comes back as
+    its gzip: merged when it decompresses to the tracked bytes, the plain file removed from the index; a gzip of
+    other bytes is refused in one line, nothing copied (the control)."""
+    import gzip
+
+    repo = _repo(tmp_path)
+    trunk = repo / GPU / "proto" / "runs" / "trunk1" / "bf16"
+    trunk.mkdir(parents=True)
+    (trunk / "metrics.jsonl").write_bytes(b'{"step": 1}\n')
+    assert _run(repo, "git", "add", "-A").returncode == 0
+    assert _run(repo, "git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "trunk").returncode == 0
+    sent = b'{"step": 1}\n' if same else b'{"step": 2}\n'
+    tgz = _tarball(tmp_path, repo, drop="runs/trunk1/bf16/metrics.jsonl",
+                   write={"runs/trunk1/bf16/metrics.jsonl.gz": gzip.compress(sent, mtime=0)})
+    done = _run(repo, "bash", "dev/gpu/merge.sh", str(tgz), env={**os.environ, "NAME": "proto"})
+    if same:
+        assert done.returncode == 0, done.stderr
+        assert "compacted: ./runs/trunk1/bf16/metrics.jsonl" in done.stdout
+        assert not (trunk / "metrics.jsonl").exists()
+        assert gzip.decompress((trunk / "metrics.jsonl.gz").read_bytes()) == sent
+        staged = _run(repo, "git", "status", "--porcelain").stdout
+        assert "D  dev/gpu/proto/runs/trunk1/bf16/metrics.jsonl" in staged
+        assert "A  dev/gpu/proto/runs/trunk1/bf16/metrics.jsonl.gz" in staged
+    else:
+        assert done.returncode == 2 and "is not the tracked" in done.stderr and done.stderr.count("\n") == 1
+        assert (trunk / "metrics.jsonl").exists() and not (trunk / "metrics.jsonl.gz").exists()
+        assert _run(repo, "git", "status", "--porcelain").stdout == ""
+
+
 @pytest.mark.parametrize("write, says", [
     ({"runs/bf16/bf16/metrics.jsonl.gz": b"garbage"}, "differs from the tracked one"),
     ({"protocol.json": b"not json"}, "differs from the tracked one"),

@@ -170,6 +170,10 @@ def null_identity(twin: Path, null: Path) -> dict:
 
 
 def _note(name: str, r: dict) -> str:
+    if r.get("kind") == "fork pilot":
+        from convergence.protocol.pilot import pilot_note
+
+        return pilot_note(r)
     sens = r.get("sensitivity") or {}
     hw = f"; interval half-width {sens['half_width']:.3%}" if sens else ""
     if sens.get("intervals_reach") is not None:  # the margin the runs resolve, whatever the one set

@@ -1,7 +1,7 @@
 """A fork pilot's result: how far BF16 continuations of one trunk spread, at each evaluation after the fork and
 over the final window, beside the spread of independent runs.
 
-Public: ``pilot_result(plan, out, reference=K16) -> dict``, ``pilot_lines(r)``, ``K16``.
+Public: ``pilot_result(plan, out, reference=K16) -> dict``, ``pilot_lines(r)``, ``pilot_note(r)``, ``K16``.
 
 The pilot (``python -m convergence protocol --design fork --pilot N --fork-step S``): a BF16 trunk to step S and N
 BF16 continuations of it, rows permuted by 1..N from S on. A continuation's level at an evaluation is its
@@ -39,7 +39,15 @@ from convergence.protocol.provenance import runs_hardware_tag
 from convergence.train.checkpoint import JsonlLog
 from numerics.errors import BadInput
 
-K16 = Path(__file__).resolve().parents[2] / "golden" / "training" / "proxy_long_lr3e-4_k16_{}__h200.json"
+ROOT = Path(__file__).resolve().parents[2]
+K16 = ROOT / "golden" / "training" / "proxy_long_lr3e-4_k16_{}__h200.json"
+
+
+def _shown(path: Path) -> str:
+    """``path`` as a result records it: relative to the repository when inside it (a committed result names no
+    one's checkout), else as given."""
+    path = path.resolve()
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
 
 
 def _val(path: Path) -> dict[int, float]:
@@ -72,7 +80,7 @@ def _reference(template: str, plan: ProtocolPlan) -> dict | None:
     final = _spread([list(v["final_window"]["replicate_levels"]), list(n["final_window"]["candidate_levels"])])
     meta = files[0].with_name(files[0].name + ".meta.json")  # golden's sidecar: the GPU model that made the runs
     hardware = json.loads(meta.read_text()).get("hardware") if meta.is_file() else None
-    return {"source": [str(f) for f in files], "hardware": hardware, "at_step": at, "final_window": final,
+    return {"source": [_shown(f) for f in files], "hardware": hardware, "at_step": at, "final_window": final,
             "runs": len(base) + len(held), "final_window_steps": [v["final_window"]["start_step"],
                                                                   v["final_window"]["end_step"]]}
 
@@ -189,3 +197,18 @@ def pilot_lines(r: dict) -> list[str]:
                  + ("" if r.get("deterministic_pace") is None else
                     f"; a step of the deterministic trunk took {r['deterministic_pace']:.2f}x a continuation's"))
     return lines
+
+
+def pilot_note(r: dict) -> str:
+    """The pilot in one line, for its golden sidecar."""
+    fw, ref = r["final_window"], r.get("independent") or {}
+    if fw.get("spread") is None:
+        return f"fork pilot: {len(r['continuations'])} continuations, no final-window spread"
+    lo, hi = fw["interval_95"]
+    line = (f"fork pilot: {len(r['continuations'])} BF16 continuations from step {r['fork_step']}, final-window "
+            f"within-trunk spread {fw['spread']:.3%} (95 % interval {lo:.3%} to {hi:.3%})")
+    if ref.get("final_window") and r.get("explained") is not None:
+        on = f" on {ref['hardware']}" if ref.get("hardware") else ""
+        line += (f"; independent runs{on} {ref['final_window']['spread']:.3%}: the fork removes "
+                 f"{r['explained']:.0%} of the variance")
+    return line

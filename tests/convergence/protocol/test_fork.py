@@ -444,3 +444,23 @@ def test_pilot_names_its_gpu_model_and_says_when_the_reference_was_made_on_anoth
     assert any("32 BF16 runs on h200" in line for line in on_h100)
     assert any("different GPU models" in line for line in on_h100)
     assert not any("different GPU models" in line for line in pilot_lines(fake | {"hardware": "h200"}))
+
+
+def test_pilot_sidecar_notes_the_spread_and_names_its_reference_inside_the_repository(pilot):
+    """A pilot's golden sidecar says its spread in words (a verdict's note would say "None: None"), and the k16
+    reference it read is named relative to the repository, not by the judging machine's checkout."""
+    from convergence.protocol.pilot import K16, _reference, pilot_note
+
+    res = pilot["out"] / "results"
+    r = json.loads((res / "tiny_long_pilot__cpu.json").read_text())
+    note = json.loads((res / "tiny_long_pilot__cpu.json.meta.json").read_text())["note"]
+    assert note == pilot_note(r) and note.startswith("fork pilot: ") and "within-trunk spread" in note
+    assert "None" not in note
+    proxy = ProtocolPlan(model="proxy", steps=1500, device="cuda", val_percent=20, design="fork", pilot=True,
+                         fork_step=500, replicates=8,
+                         overrides=(("lr", 3e-4), ("val_every", 250.0), ("val_batches", 290.0))).check()
+    ref = _reference(str(K16), proxy)
+    assert ref["source"] == ["golden/training/proxy_long_lr3e-4_k16_verdict__h200.json",
+                             "golden/training/proxy_long_lr3e-4_k16_negative_control__h200.json"]
+    fake = r | {"independent": ref, "explained": 0.5}
+    assert "independent runs on h200" in pilot_note(fake) and "removes 50% of the variance" in pilot_note(fake)

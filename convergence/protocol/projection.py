@@ -11,8 +11,9 @@ freedom (the planning number: ``designs``), and in a fork plan per trunk, over i
 favourable verdict at no true difference (the power) and at +margin (the type-I point, at most alpha). For the
 planted positive control (the held-out runs made ``planted_shift`` margins worse): the chance the test calls it
 unfavourable; for the negative control: its interval covers 0 with probability 1 - alpha. The spread is the plan's
-``planned_spread``, or the model's measured one (``PLANNED``; a fork plan's within-trunk spread is then assumed from
-it, ``designs.fork``, and said so); a model without one has no chances in advance, and says so.
+``planned_spread``, or the model's measured one (``PLANNED``; a fork plan's within-trunk spread is the fork
+pilot's where one was measured at the plan's fork step and length, else assumed from the independent one,
+``designs.fork``, and said so); a model without one has no chances in advance, and says so.
 
 Levels: the plan's nested smaller plans (``ProtocolPlan.levels``), each with its runs, cost and chances. A plan is
 judged once, at the level its compute reached: stopping at a level chosen by the compute time is unbiased,
@@ -33,9 +34,16 @@ from convergence.protocol.plan import PLANTED, ProtocolPlan
 # pooled, each group around its own mean, 46 degrees of freedom (tests/convergence/protocol/test_declared.py
 # re-derives it from the golden verdicts). It holds
 # for plans of that length, learning rate and held-out set; another plan gives its own --planned-spread.
+# A fork plan's within-trunk spread, the same way, from the fork pilot (golden/training/
+# proxy_fork_h100_pilot__h100.json: 8 BF16 continuations of one deterministic trunk from step 500 to 1,500, the k16
+# plan's learning rate and held-out set, one H100; 7 degrees of freedom, 95 % interval 0.211-0.650 %): it holds
+# for a fork at that step of a run of that length; any other fork step plans with the assumed one (designs.fork).
 PLANNED = {"proxy": {"spread": 0.0096264, "se_set": 0.00032849,
                      "source": "the k16 plan's final window (32 BF16, 16 MXFP8 runs of 1,500 steps, lr 3e-4, "
-                               "290 held-out batches; H200)"}}
+                               "290 held-out batches; H200)",
+                     "fork": {"fork_step": 500, "steps": 1500, "spread": 0.0031927,
+                              "source": "the fork pilot's final window (8 BF16 continuations of one trunk from "
+                                        "step 500 to 1,500, lr 3e-4, 290 held-out batches; H100)"}}}
 # GPU-seconds of a whole run and of a start-up on an H200 (proxy, 1,500 steps): 6.6 H200-hours over the k16 plan's
 # 64 runs (BF16, MXFP8 and E2M1 together: 371 s a run); a start-up ~60 s (convergence.protocol.schedule.STARTUP_S),
 # paid again by each trunk and continuation. A deterministic run (fork trunks, the null control and its twin) trains
@@ -57,6 +65,9 @@ def planning_spread(plan: ProtocolPlan) -> tuple[float | None, float, str]:
         return None, 0.0, f"no measured spread for model {plan.model} (declare one with --planned-spread)"
     if plan.design != "fork":
         return known["spread"], se_set, f"measured: {known['source']}"
+    pilot = known.get("fork") or {}
+    if (pilot.get("fork_step"), pilot.get("steps")) == (plan.fork_step, plan.steps):
+        return pilot["spread"], se_set, f"measured (within-trunk spread): {pilot['source']}"
     d = designs.fork(None, se_set, independent_spread=known["spread"])
     return d.spread, se_set, f"{d.source}; the independent one {known['source']}"
 

@@ -29,6 +29,14 @@ def k16_design() -> designs.Design:
     return designs.independent(spread, r["se_set"], source="measured: k16")
 
 
+def pilot_fork(ind: designs.Design, **kw) -> designs.Design:
+    """The proxy's fork design at the golden fork pilot's within-trunk final-window spread (0.319 %, 8
+    continuations of one trunk from step 500)."""
+    spread, dof = designs.pilot_spread(json.loads((GOLDEN / "proxy_fork_h100_pilot__h100.json").read_text()))
+    assert dof == 7
+    return designs.fork(spread, ind.se_set, source="measured: fork pilot", **kw)
+
+
 @pytest.mark.parametrize("test", designs.TEST_ROWS)
 @pytest.mark.parametrize("delta", [0.0, 0.001])
 def test_runs_per_arm_is_the_fewest_that_reach_the_power(test, delta):
@@ -49,28 +57,31 @@ def test_the_proxy_table_by_design_and_test():
     """docs/protocol.md's table (the proxy at 1,500 steps, margin +-0.25 %, alpha 0.05, 80 % power at no true
     difference):
     independent runs need 299 per arm for equivalence, 206 for non-inferiority and 470 under the two-ranges rule
-    (~1.6x TOST's: the 97.5 % intervals); a fork at step 500 with the assumed within-trunk spread (0.527 %) 91, 63
-    and 143, in 12, 8 and 18 trunks of 8 pairs. GPU-hours at the k16 plan's measured 371 s a run and a 60 s
-    start-up paid again by each trunk and continuation: 61.7 and 14.1 for equivalence."""
+    (~1.6x TOST's: the 97.5 % intervals); a fork at step 500 at the fork pilot's within-trunk spread (0.319 %) 34,
+    24 and 54, in 5, 3 and 7 trunks of 8 pairs. GPU-hours at the k16 plan's measured 371 s a run and a 60 s
+    start-up paid again by each trunk and continuation: 61.7 and 5.3 for equivalence. Without a pilot, the fork's
+    spread is assumed (0.55x the independent one, 0.527 %) and said so: 91, 63 and 143 runs per arm."""
     ind = k16_design()
-    fk = designs.fork(None, ind.se_set, independent_spread=ind.spread)
-    assert fk.spread == pytest.approx(math.sqrt(0.3) * ind.spread) and fk.source.startswith("assumed")
+    fk = pilot_fork(ind)
     rows = designs.table([ind, fk], 0.0025, run_s=K16_RUN_S, startup_s=PROXY_STARTUP_S)
     got = {(r["design"], r["test"]): (r["runs_per_arm"], r["trunks"], round(r["gpu_hours"], 1)) for r in rows}
     assert got == {("independent", "equivalence"): (299, None, 61.7),
                    ("independent", "non-inferiority"): (206, None, 42.5),
-                   ("independent", "two-ranges"): (470, None, 96.9), ("fork", "equivalence"): (91, 12, 14.1),
-                   ("fork", "non-inferiority"): (63, 8, 9.7), ("fork", "two-ranges"): (143, 18, 22.1)}
+                   ("independent", "two-ranges"): (470, None, 96.9), ("fork", "equivalence"): (34, 5, 5.3),
+                   ("fork", "non-inferiority"): (24, 3, 3.7), ("fork", "two-ranges"): (54, 7, 8.3)}
     for r in rows:  # the type-I point: a candidate a margin worse is favourable at most alpha (two-ranges: 1.25 %)
         assert r["favourable_at_margin"] <= (0.0125 if r["test"] == "two-ranges" else 0.05) + 1e-4
     text = designs.report_table(rows, 0.0025, 0.8, 0.05)
-    assert "| fork | equivalence | +0.000% | favourable | 91 | 12 | 194 | 14.1 | 5.0% |" in text and "assumed" in text
+    assert "| fork | equivalence | +0.000% | favourable | 34 | 5 | 73 | 5.3 | 4.9% |" in text
+    assumed = designs.fork(None, ind.se_set, independent_spread=ind.spread)
+    assert assumed.spread == pytest.approx(math.sqrt(0.3) * ind.spread) and assumed.source.startswith("assumed")
+    assert [designs.runs_per_arm(assumed, t, 0.0, 0.0025) for t in designs.TEST_ROWS] == [91, 63, 143]
 
 
 def test_the_readme_power_table_is_the_one_the_golden_curves_give():
     """README.md's table of runs per arm and H200-hours, row by row, is ``designs.table`` at the spread the golden
     k16 verdicts measure (0.963 %), so the README cannot drift from the code or the curves: the independent rows
-    measured, the fork rows at the assumed within-trunk spread and said to be assumed, their trunks priced at the
+    measured, the fork rows at the golden fork pilot's within-trunk spread, their trunks priced at the
     projection's deterministic pace. The control: a row with
     another number is told apart."""
     import re
@@ -79,7 +90,7 @@ def test_the_readme_power_table_is_the_one_the_golden_curves_give():
 
     readme = (Path(__file__).resolve().parents[3] / "README.md").read_text()
     ind = k16_design()
-    fk = designs.fork(None, ind.se_set, independent_spread=ind.spread, fork_fraction=500 / 1500)
+    fk = pilot_fork(ind, fork_fraction=500 / 1500)
     rows = designs.table([ind, fk], 0.0025, run_s=K16_RUN_S, startup_s=PROXY_STARTUP_S,
                          deterministic_pace=COSTS["proxy"]["deterministic_pace"])  # the trunks' steps
     want = {(r["design"], r["test"]): (r["runs_per_arm"], f"{r['gpu_hours']:.1f}") for r in rows}
@@ -92,8 +103,9 @@ def test_the_readme_power_table_is_the_one_the_golden_curves_give():
 
     got = found(readme)
     assert len(got) == 5 and all(got[key] == want[key] for key in got), (got, want)
-    assert all(("assumed, pilot pending" in src) == d.startswith("fork") for d, _, _, _, src in row.findall(readme))
-    assert f"{ind.spread:.3%}".replace("%", " %") in readme  # the spread the table names
+    assert all(src.startswith("measured") for _, _, _, _, src in row.findall(readme))
+    for d in (ind, fk):  # the spreads the table names
+        assert f"{d.spread:.3%}".replace("%", " %") in readme
     assert found(readme.replace("| 206 | 42.5 |", "| 205 | 42.5 |"))[("independent", "non-inferiority")] != want[
         ("independent", "non-inferiority")]
 

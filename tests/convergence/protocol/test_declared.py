@@ -176,8 +176,25 @@ def test_projection_gives_the_tests_and_the_controls_chances_by_the_exact_formul
     fork = ProtocolPlan(model="proxy", steps=1500, design="fork", trunks=4, fork_step=500, replicates=8,
                         candidate_replicates=8).check()
     f = projection(fork)
-    assert "assumed" in f["spread_source"] and f["levels"][-1]["dof"] == 4 * 14
+    assert f["spread_source"].startswith("measured") and f["levels"][-1]["dof"] == 4 * 14
+    assert f["spread"] == PLANNED["proxy"]["fork"]["spread"]
     assert f["verdict"]["chance_equivalent_at_0"] > f["levels"][0]["verdict"]["chance_equivalent_at_0"]
+    elsewhere = projection(ProtocolPlan(model="proxy", steps=1500, design="fork", trunks=4, fork_step=250,
+                                        replicates=8, candidate_replicates=8).check())
+    assert "assumed" in elsewhere["spread_source"]  # the pilot's spread is for a fork at its step only
+
+
+def test_the_proxy_fork_spread_is_the_fork_pilots():
+    """PLANNED's within-trunk spread for the proxy is the golden fork pilot's final-window spread, at its fork step
+    and length, to the five significant figures it is written with."""
+    from convergence.curves.decision.designs import pilot_spread
+
+    golden = Path(__file__).resolve().parents[3] / "golden" / "training" / "proxy_fork_h100_pilot__h100.json"
+    r = json.loads(golden.read_text())
+    spread, dof = pilot_spread(r)
+    mine = PLANNED["proxy"]["fork"]
+    assert (mine["fork_step"], mine["steps"], dof) == (r["fork_step"], r["steps"], 7)
+    assert mine["spread"] == pytest.approx(spread, abs=5e-8)
 
 
 def test_a_pilots_projection_gives_its_runs_and_their_cost_and_no_chances():
@@ -197,8 +214,8 @@ def test_a_pilots_projection_gives_its_runs_and_their_cost_and_no_chances():
 def test_the_confirmatory_plan_in_docs_is_what_its_command_declares_and_projects():
     """docs/studies/confirmatory/: its protocol.json is the plan the Slurm command in confirmatory.md declares (that
     command parsed by the protocol's own parser, less where and how it runs), and its projection.json's whole-plan
-    numbers (runs, GPU-hours, the test's and the controls' chances) are what the code projects for that plan now.
-    Only the whole plan is projected again here (its 206 levels take ~20 s)."""
+    numbers (runs, GPU-hours, the test's and the controls' chances) are what the code projects for that plan now:
+    the fork design at the fork pilot's measured spread, the fewest trunks that give 80 % power."""
     import re
     import shlex
 
@@ -223,9 +240,10 @@ def test_the_confirmatory_plan_in_docs_is_what_its_command_declares_and_projects
         assert committed[key].keys() == now[key].keys(), key
         for name, value in now[key].items():
             assert committed[key][name] == (value if isinstance(value, str) else pytest.approx(value, rel=1e-9))
-    assert committed["levels"][-1]["runs"] == committed["runs"] == 619
+    assert plan.design == "fork" and committed["spread_source"].startswith("measured")
+    assert committed["levels"][-1]["runs"] == committed["runs"] == 76
     assert committed["verdict"]["chance_non_inferior_at_0"] >= 0.8 > committed["levels"][-2]["verdict"][
-        "chance_non_inferior_at_0"]  # the fewest runs for 80 % power, as `convergence power` says (206 an arm)
+        "chance_non_inferior_at_0"]  # the fewest trunks for 80 % power, as `convergence power` says (3 of 8 pairs)
 
 
 def test_declare_only_writes_the_plan_and_its_projection_and_trains_nothing(tmp_path, capsys):

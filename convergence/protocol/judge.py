@@ -171,9 +171,7 @@ def null_identity(twin: Path, null: Path) -> dict:
 
 def _note(name: str, r: dict) -> str:
     if r.get("kind") == "fork pilot":
-        from convergence.protocol.pilot import pilot_note
-
-        return pilot_note(r)
+        return _pilot_note(r)
     sens = r.get("sensitivity") or {}
     hw = f"; interval half-width {sens['half_width']:.3%}" if sens else ""
     if sens.get("intervals_reach") is not None:  # the margin the runs resolve, whatever the one set
@@ -182,6 +180,21 @@ def _note(name: str, r: dict) -> str:
     exp, ok = proto.get("expected"), proto.get("as_expected")
     tail = "" if exp is None else f" (a control: expected {exp}, {'as' if ok else 'NOT as'} expected)"
     return f"{name}: {r.get('verdict')}: {r.get('reason')}{hw}{tail}"
+
+
+def _pilot_note(r: dict) -> str:
+    """A fork pilot's result (``convergence.protocol.pilot``) in one line."""
+    fw, ref = r["final_window"], r.get("independent") or {}
+    if fw.get("spread") is None:
+        return f"fork pilot: {len(r['continuations'])} continuations, no final-window spread"
+    lo, hi = fw["interval_95"]
+    line = (f"fork pilot: {len(r['continuations'])} BF16 continuations from step {r['fork_step']}, final-window "
+            f"within-trunk spread {fw['spread']:.3%} (95 % interval {lo:.3%} to {hi:.3%})")
+    if ref.get("final_window") and r.get("explained") is not None:
+        on = f" on {ref['hardware']}" if ref.get("hardware") else ""
+        line += (f"; independent runs{on} {ref['final_window']['spread']:.3%}: the fork removes "
+                 f"{r['explained']:.0%} of the variance")
+    return line
 
 
 def write_results(plan: ProtocolPlan, out: Path, verdicts: dict[str, dict], command: str, hardware: str) -> list[Path]:

@@ -1,7 +1,7 @@
 """A fork pilot's result: how far BF16 continuations of one trunk spread, at each evaluation after the fork and
 over the final window, beside the spread of independent runs.
 
-Public: ``pilot_result(plan, out, reference=K16) -> dict``, ``pilot_lines(r)``, ``pilot_note(r)``, ``K16``.
+Public: ``pilot_result(plan, out, reference=K16) -> dict``, ``pilot_lines(r)``, ``K16``.
 
 The pilot (``python -m convergence protocol --design fork --pilot N --fork-step S``): a BF16 trunk to step S and N
 BF16 continuations of it, rows permuted by 1..N from S on. A continuation's level at an evaluation is its
@@ -198,17 +198,3 @@ def pilot_lines(r: dict) -> list[str]:
                     f"; a step of the deterministic trunk took {r['deterministic_pace']:.2f}x a continuation's"))
     return lines
 
-
-def pilot_note(r: dict) -> str:
-    """The pilot in one line, for its golden sidecar."""
-    fw, ref = r["final_window"], r.get("independent") or {}
-    if fw.get("spread") is None:
-        return f"fork pilot: {len(r['continuations'])} continuations, no final-window spread"
-    lo, hi = fw["interval_95"]
-    line = (f"fork pilot: {len(r['continuations'])} BF16 continuations from step {r['fork_step']}, final-window "
-            f"within-trunk spread {fw['spread']:.3%} (95 % interval {lo:.3%} to {hi:.3%})")
-    if ref.get("final_window") and r.get("explained") is not None:
-        on = f" on {ref['hardware']}" if ref.get("hardware") else ""
-        line += (f"; independent runs{on} {ref['final_window']['spread']:.3%}: the fork removes "
-                 f"{r['explained']:.0%} of the variance")
-    return line

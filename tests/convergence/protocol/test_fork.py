@@ -21,7 +21,7 @@ from filelock import FileLock
 
 from convergence.__main__ import main as convergence_main
 from convergence.protocol import forks
-from convergence.protocol.folder import can_continue, metrics_path, open_protocol, run_dir, run_status
+from convergence.protocol.folder import can_continue, gzipped, metrics_path, open_protocol, run_dir, run_status
 from convergence.protocol.plan import ProtocolPlan
 from convergence.protocol.schedule import LocalExecutor, execute, run_piece
 from convergence.train.checkpoint import JsonlLog
@@ -246,6 +246,11 @@ def test_the_deterministic_pace_counts_only_pieces_that_had_their_gpu_alone(pilo
     shared = conts[0].name
     (out / "pace.jsonl").write_text("".join(json.dumps(e | ({"per_gpu": 3} if e["run"] == shared else {})) + "\n"
                                             for e in pace))
+    log = metrics_path(out, conts[0])  # what it logs: a fraction of the rate (a hundredth, below every other
+    slow = [r | {"tokens_per_s": r["tokens_per_s"] / 100} if r.get("tokens_per_s") else r  # run's: the control
+            for r in JsonlLog(log).records()]                                             # below cannot tie)
+    text = "".join(json.dumps(r) + "\n" for r in slow).encode()
+    log.write_bytes(gzipped(text) if log.name.endswith(".gz") else text)
     rate = [x["tokens_per_s"] for s in conts[1:] for x in JsonlLog(metrics_path(out, s)).records() if x["step"] > 4]
     trunk_rate = [x["tokens_per_s"] for x in JsonlLog(metrics_path(out, trunk)).records() if x["step"] > 1]
     got = _deterministic_pace(out, conts, [trunk], plan.fork_step)
@@ -449,7 +454,8 @@ def test_pilot_names_its_gpu_model_and_says_when_the_reference_was_made_on_anoth
 def test_pilot_sidecar_notes_the_spread_and_names_its_reference_inside_the_repository(pilot):
     """A pilot's golden sidecar says its spread in words (a verdict's note would say "None: None"), and the k16
     reference it read is named relative to the repository, not by the judging machine's checkout."""
-    from convergence.protocol.pilot import K16, _reference, pilot_note
+    from convergence.protocol.judge import _pilot_note as pilot_note
+    from convergence.protocol.pilot import K16, _reference
 
     res = pilot["out"] / "results"
     r = json.loads((res / "tiny_long_pilot__cpu.json").read_text())

@@ -197,4 +197,3 @@ def pilot_lines(r: dict) -> list[str]:
                  + ("" if r.get("deterministic_pace") is None else
                     f"; a step of the deterministic trunk took {r['deterministic_pace']:.2f}x a continuation's"))
     return lines
-

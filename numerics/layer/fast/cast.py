@@ -13,7 +13,10 @@ is the transpose's (``out.transpose(-2, -1).is_contiguous()``), what torchao's `
 then ``to_mx`` then ``.t()`` leaves for the GEMM. Scale bytes come shaped like the blocks (``[..., R, C/32]``
 or ``[..., R/32, C]``, the latter transposed in memory the same way); element bytes like the result.
 
-Public: ``mx_dequantize``, ``available``, ``FLAVOURS``, ``TORCHAO_ELEMENTS``.
+``mx_dequantize_both`` gives both layouts from one read of the operand: what ``dim=-1`` and ``dim=-2`` give, bit
+for bit, for an operand the GEMMs take blocked both ways (forward and backward).
+
+Public: ``mx_dequantize``, ``mx_dequantize_both``, ``available``, ``FLAVOURS``, ``TORCHAO_ELEMENTS``.
 """
 
 from __future__ import annotations
@@ -116,6 +119,26 @@ def mx_dequantize(
     return _dequantize_op(x, elem, mode, -2 if along_rows else -1, flavour, out_dtype)
 
 
+def mx_dequantize_both(
+    x: torch.Tensor,
+    *,
+    elem: str = "e4m3",
+    mode: str = "rceil",
+    flavour: str = "torchao",
+    out_dtype: torch.dtype = torch.bfloat16,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(mx_dequantize(x, dim=-1, ...), mx_dequantize(x, dim=-2, ...))`` from one pass of the kernel over ``x``: the
+    same values in the same layouts, with one read of ``x`` instead of two. ``x`` needs at least two dims, the last
+    two multiples of 32. One opaque op to ``torch.compile`` (``mxval::fast_mx_dequantize_both``)."""
+    _validate(x, elem, mode, -1, flavour, out_dtype)
+    if x.ndim < 2:
+        raise BadInput(f"mx_dequantize_both needs at least two dims, got shape {tuple(x.shape)}")
+    _validate(x, elem, mode, -2, flavour, out_dtype)
+    if not torch.compiler.is_compiling():
+        return _cast_both(x, elem, mode, flavour, out_dtype)
+    return _dequantize_both_op(x, elem, mode, flavour, out_dtype)
+
+
 def _validate(x, elem, mode, dim, flavour, out_dtype) -> bool:
     """Whether blocks run along the rows (dim -2); BadInput naming what is wrong otherwise."""
     if not isinstance(x, torch.Tensor) or x.dtype not in (torch.bfloat16, torch.float32):
@@ -172,6 +195,19 @@ def _cast(x, elem, mode, along_rows, flavour, out_dtype, *, return_bytes: bool, 
     return out, scales.reshape(scale_shape), codes
 
 
+def _cast_both(x, elem, mode, flavour, out_dtype, *, config=None):
+    reason = available(x.device)
+    if reason:
+        raise FastUnavailable(reason)
+    along_cols, along_rows = _empty_result(x, False, out_dtype), _empty_result(x, True, out_dtype)
+    x3 = _as_3d(x)
+    if x3.numel():
+        _run(x3, _as_3d(along_cols, output=True), None, None, along_rows=False, elem=elem, mode=mode,
+             torchao=flavour == "torchao", config=config,
+             second=_as_3d(along_rows, output=True).transpose(-2, -1))
+    return along_cols, along_rows
+
+
 # One opaque op for torch.compile (its fake gives the result's shape and strides), in mxval's own namespace:
 # registered when this module is imported, since a model being compiled may call it first.
 @torch.library.custom_op("mxval::fast_mx_dequantize", mutates_args=(),
@@ -185,8 +221,21 @@ def _(x, elem, mode, dim, flavour, out_dtype):
     return _empty_result(x, dim == -2, out_dtype)
 
 
+@torch.library.custom_op("mxval::fast_mx_dequantize_both", mutates_args=(),
+                         schema="(Tensor x, str elem, str mode, str flavour, ScalarType out_dtype) -> (Tensor, Tensor)")
+def _dequantize_both_op(x, elem, mode, flavour, out_dtype):
+    return _cast_both(x, elem, mode, flavour, out_dtype)
+
+
+@_dequantize_both_op.register_fake
+def _(x, elem, mode, flavour, out_dtype):
+    return _empty_result(x, False, out_dtype), _empty_result(x, True, out_dtype)
+
+
 def _run(x3, store, scale_store, codes_store, *, along_rows: bool, elem: str, mode: str, torchao: bool,
-         config=None) -> None:
+         config=None, second=None) -> None:
+    """One launch of the kernel over x3 [B, R, C]; ``second`` (a [B, C, R] contiguous store) asks for the blocks
+    along R too, from the same read (``store`` then takes the blocks along C)."""
     from numerics.layer.fast.kernel import MODE_IDS, cast_kernel
 
     fmt = ELEMENTS[elem]
@@ -194,7 +243,8 @@ def _run(x3, store, scale_store, codes_store, *, along_rows: bool, elem: str, mo
     batch, rows, cols = x3.shape
     thresholds = (rceil_thresholds(x3.device, elem) if torchao and mode == "rceil" else
                   exact_thresholds(x3.device, elem))
-    br, bc, warps = config or _launch_config(device_type, along_rows, rows, cols)
+    both = second is not None
+    br, bc, warps = config or _launch_config(device_type, along_rows or both, rows, cols)
     grid = (triton_cdiv(rows, br), triton_cdiv(cols, bc), batch)
     x_bits = x3.view(torch.int16 if x3.dtype == torch.bfloat16 else torch.int32)
     out_bits = store.view(torch.int16 if store.dtype == torch.bfloat16 else torch.int32)
@@ -208,10 +258,11 @@ def _run(x3, store, scale_store, codes_store, *, along_rows: bool, elem: str, mo
         kernel[grid](
             x_bits, out_bits, store if scale_store is None else scale_store,  # unused pointers when not writing bytes
             store if codes_store is None else codes_store, thresholds,
+            out_bits if second is None else second.view(out_bits.dtype),
             rows, cols, *x3.stride(),
             MODE_IDS[mode], int(torchao), fmt.mbits, fmt.emax, fmt.bias, max_bits, fmt.nan_code, fmt.width,
             IN_BF16=x3.dtype == torch.bfloat16, OUT_BF16=store.dtype == torch.bfloat16,
-            WRITE_BYTES=scale_store is not None, ALONG_ROWS=along_rows, INDEX64=index64, BR=br, BC=bc,
+            WRITE_BYTES=scale_store is not None, ALONG_ROWS=along_rows, INDEX64=index64, BR=br, BC=bc, BOTH=both,
             num_warps=warps,
         )
 

@@ -5,9 +5,12 @@ and the same ops for those it has not (E5M2 or E2M1 elements: the convergence pr
 controls; the identity cast: its null control).
 
 Only torchao's cast work (``to_mx``, the transposing copies before it, and the dequantize after it) is
-replaced, by one ``mx_dequantize`` per operand; the GEMMs are the same ops (``torch.mm``,
-``torch._grouped_mm``) on operands of the same dtype, shape and strides, which is what makes cuBLAS
-pick the same kernel and return the same bits. Where torchao quantizes along which dim:
+replaced: each operand is read once by the fast kernel, which writes every layout the step's GEMMs take of it
+(``mx_dequantize_both`` for x, W and dY; one layout where dW is computed in high precision). The layouts backward
+takes of x and W are cast in forward and kept for it in place of x and W: more saved memory than torchao's ops,
+which keep x and W and cast them again (the null control's identity cast keeps x and W themselves). The GEMMs are
+the same ops (``torch.mm``, ``torch._grouped_mm``) on operands of the same dtype, shape and strides, which is what
+makes cuBLAS pick the same kernel and return the same bits. Where torchao quantizes along which dim:
 
 =========  ===========================  ====================================  ======================
 GEMM       linear                       grouped (w_t [E, K, N], w = w_t^T)    operand layout seen
@@ -34,8 +37,13 @@ import torch
 
 from numerics.errors import BadInput
 from numerics.layer.fast import padding
-from numerics.layer.fast.cast import TORCHAO_ELEMENTS, mx_dequantize
+from numerics.layer.fast.cast import TORCHAO_ELEMENTS, mx_dequantize, mx_dequantize_both
 from numerics.layer.op_recipe import MXFP8, OpRecipe
+
+
+def _flavour(op: OpRecipe) -> str:
+    """torchao's casts where torchao has the element (its ops take E4M3; E5M2 through its to_mx), else the spec's."""
+    return "torchao" if op.elements in TORCHAO_ELEMENTS else "spec"
 
 
 def _cast(t: torch.Tensor, dim: int, op: OpRecipe, out_dtype: torch.dtype) -> torch.Tensor:
@@ -44,36 +52,47 @@ def _cast(t: torch.Tensor, dim: int, op: OpRecipe, out_dtype: torch.dtype) -> to
     takes it."""
     if op.cast == "identity":
         return t.to(out_dtype)
-    # torchao's casts where torchao has the element (its ops take E4M3; E5M2 through its to_mx), else the spec's
-    flavour = "torchao" if op.elements in TORCHAO_ELEMENTS else "spec"
-    return mx_dequantize(t, elem=op.elements, mode=op.scale_calculation_mode.lower(), dim=dim, flavour=flavour,
+    return mx_dequantize(t, elem=op.elements, mode=op.scale_calculation_mode.lower(), dim=dim, flavour=_flavour(op),
                          out_dtype=out_dtype)
+
+
+def _cast_both(t: torch.Tensor, op: OpRecipe, out_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(_cast(t, -1, ...), _cast(t, -2, ...))`` from one read of ``t``, for an operand one step casts both ways."""
+    if op.cast == "identity":
+        return t.to(out_dtype), t.to(out_dtype)
+    return mx_dequantize_both(t, elem=op.elements, mode=op.scale_calculation_mode.lower(), flavour=_flavour(op),
+                              out_dtype=out_dtype)
 
 
 class _Linear(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, op: OpRecipe):
-        ctx.save_for_backward(x, weight)
         ctx.op = op
         x2 = x.reshape(-1, x.shape[-1])
-        a = _cast(x2, -1, op, x.dtype)  # [M, K] contiguous
-        b = _cast(weight, -1, op, weight.dtype).t()  # [K, N], W's layout transposed
-        return torch.mm(a, b).reshape(*x.shape[:-1], weight.shape[0])
+        # each operand read once: the layout backward takes is cast with the forward's and kept for it
+        b, w_n = _cast_both(weight, op, weight.dtype)  # along K [N, K]; along N, [K, N] in memory
+        if op.wgrad_with_hp:
+            a, x_m = _cast(x2, -1, op, x.dtype), x2
+        else:
+            a, x_m = _cast_both(x2, op, x.dtype)  # along K [M, K] contiguous; along the tokens M
+        ctx.save_for_backward(x_m, w_n)
+        ctx.x_shape = x.shape
+        return torch.mm(a, b.t()).reshape(*x.shape[:-1], weight.shape[0])
 
     @staticmethod
     def backward(ctx, grad_out):
-        x, weight = ctx.saved_tensors
+        x_m, w_n = ctx.saved_tensors
         op = ctx.op
         g2 = grad_out.reshape(-1, grad_out.shape[-1])
-        x2 = x.reshape(-1, x.shape[-1])
-        # dX = dY @ W, both along N; W's dequantized copy is [K, N] in memory, seen as [N, K]
-        grad_x = torch.mm(_cast(g2, -1, op, grad_out.dtype), _cast(weight, -2, op, weight.dtype))
-        grad_x = grad_x.reshape(*grad_out.shape[:-1], weight.shape[1])
         if op.wgrad_with_hp:
+            g_n = _cast(g2, -1, op, grad_out.dtype)
             # torchao multiplies its contiguous copy of dY; the same layout gives the same GEMM
-            grad_w = torch.mm(grad_out.contiguous().reshape(-1, grad_out.shape[-1]).t(), x2)
+            grad_w = torch.mm(grad_out.contiguous().reshape(-1, grad_out.shape[-1]).t(), x_m)
         else:  # dW = dY^T @ x, both along the tokens M
-            grad_w = torch.mm(_cast(g2, -2, op, grad_out.dtype).t(), _cast(x2, -2, op, x.dtype))
+            g_n, g_m = _cast_both(g2, op, grad_out.dtype)
+            grad_w = torch.mm(g_m.t(), x_m)
+        # dX = dY @ W, both along N; W's dequantized copy is [K, N] in memory, seen as [N, K]
+        grad_x = torch.mm(g_n, w_n).reshape(*grad_out.shape[:-1], ctx.x_shape[-1])
         return grad_x, grad_w, None
 
 
@@ -98,30 +117,33 @@ class _GroupedMM(torch.autograd.Function):
         if pad_groups:  # torchao's padded layout, computed on the device once for forward and backward
             dest, _, offs_p = padding.destinations(offs, x.shape[0])
             xp = padding.pad(x, dest, padding.padded_rows(x.shape[0], offs.shape[0]))
-        a = _cast(xp, -1, op, torch.bfloat16)  # [M, K] contiguous
+        # each operand read once: the layout backward takes is cast with the forward's and kept for it
+        if op.wgrad_with_hp:
+            a, x_m = _cast(xp, -1, op, torch.bfloat16), xp
+        else:
+            a, x_m = _cast_both(xp, op, torch.bfloat16)  # along K [M, K] contiguous; along the tokens M
         w = w_t.transpose(-2, -1)  # [E, N, K]
-        b = _cast(w, -1, op, torch.bfloat16).transpose(-2, -1)  # [E, K, N], memory [E, N, K]
-        out = torch._grouped_mm(a, b, offs=offs_p, out_dtype=torch.bfloat16)
+        b, w_n = _cast_both(w, op, torch.bfloat16)  # along K; along N, [E, K, N] in memory, seen as [E, N, K]
+        out = torch._grouped_mm(a, b.transpose(-2, -1), offs=offs_p, out_dtype=torch.bfloat16)
         if pad_groups:
             out = padding.unpad(out, dest)
-        ctx.save_for_backward(xp, w_t, offs_p, dest)
+        ctx.save_for_backward(x_m, w_n, offs_p, dest)
         ctx.op = op
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        xp, w_t, offs_p, dest = ctx.saved_tensors
+        x_m, w_n, offs_p, dest = ctx.saved_tensors
         op = ctx.op
-        g = grad_out if dest is None else padding.pad(grad_out, dest, xp.shape[0])
-        # dX = dY @ w, both along N; w's dequantized copy is [E, K, N] in memory, seen as [E, N, K]
-        w = w_t.transpose(-2, -1)
-        grad_x = torch._grouped_mm(_cast(g, -1, op, torch.bfloat16), _cast(w, -2, op, torch.bfloat16), offs=offs_p,
-                                   out_dtype=torch.bfloat16)
+        g = grad_out if dest is None else padding.pad(grad_out, dest, x_m.shape[0])
         if op.wgrad_with_hp:
-            grad_w = torch._grouped_mm(g.contiguous().transpose(-2, -1), xp, offs=offs_p, out_dtype=torch.bfloat16)
+            g_n = _cast(g, -1, op, torch.bfloat16)
+            grad_w = torch._grouped_mm(g.contiguous().transpose(-2, -1), x_m, offs=offs_p, out_dtype=torch.bfloat16)
         else:  # dW = dY^T @ x per group, both along the tokens (blocks may span groups: FINDINGS L3)
-            grad_w = torch._grouped_mm(_cast(g, -2, op, torch.bfloat16).transpose(-2, -1),
-                                       _cast(xp, -2, op, torch.bfloat16), offs=offs_p, out_dtype=torch.bfloat16)
+            g_n, g_m = _cast_both(g, op, torch.bfloat16)
+            grad_w = torch._grouped_mm(g_m.transpose(-2, -1), x_m, offs=offs_p, out_dtype=torch.bfloat16)
+        # dX = dY @ w, both along N
+        grad_x = torch._grouped_mm(g_n, w_n, offs=offs_p, out_dtype=torch.bfloat16)
         if dest is not None:
             grad_x = padding.unpad(grad_x, dest)
         return grad_x, grad_w.transpose(-2, -1), None, None, None

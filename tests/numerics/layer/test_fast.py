@@ -166,12 +166,14 @@ def test_fast_ops_take_non_contiguous_upstream_gradients(kind, device):
 
 
 def _planted(cast):
-    """``ops._cast`` with one ulp added to every nonzero finite value: a cast that rounds one step off."""
+    """``ops._cast`` (or ``ops._cast_both``) with one ulp added to every nonzero finite value it gives: a cast that
+    rounds one step off."""
     def off_by_one_ulp(*args):
-        t = cast(*args)
-        bits = t.view(torch.int16) if t.dtype == torch.bfloat16 else t.view(torch.int32)
-        bits += ((bits != 0) & t.isfinite()).to(bits.dtype)
-        return t
+        out = cast(*args)
+        for t in out if isinstance(out, tuple) else (out,):
+            bits = t.view(torch.int16) if t.dtype == torch.bfloat16 else t.view(torch.int32)
+            bits += ((bits != 0) & t.isfinite()).to(bits.dtype)
+        return out
     return off_by_one_ulp
 
 
@@ -181,6 +183,7 @@ def test_fast_ops_checks_fail_on_a_planted_one_ulp_cast_error(monkeypatch, hp):
     _check_linear((64, 64, 64), hp, "spread", 7, "cpu")
     _check_grouped((32, 0, 64), (0, 64, 64), hp, False, "spread", 8, "cpu")
     monkeypatch.setattr(ops, "_cast", _planted(ops._cast))
+    monkeypatch.setattr(ops, "_cast_both", _planted(ops._cast_both))
     caught = ("output", "dX") + (() if hp else ("dW",))
     for check in (lambda: _check_linear((64, 64, 64), hp, "spread", 7, "cpu"),
                   lambda: _check_grouped((32, 0, 64), (0, 64, 64), hp, False, "spread", 8, "cpu")):
@@ -213,7 +216,7 @@ def test_fast_bench_quick_run_prints_every_figure_and_keeps_an_existing_json(tmp
     assert bench.main(argv) == 0
     result = json.loads(out.read_text())
     assert result["kind"] == bench.KIND and result["version"] == 2 and result["repeats"] == 2
-    assert {c["dim"] for c in result["casts"]} == {-1, -2} and [o["op"] for o in result["ops"]] == ["linear",
+    assert {c["dim"] for c in result["casts"]} == {-1, -2, "both"} and [o["op"] for o in result["ops"]] == ["linear",
                                                                                                      "grouped_mm"]
     assert all(c["fast_ms"] > 0 and c["floor_ms"] > 0 for c in result["casts"])
     for row, key in [(c, "fast_ms") for c in result["casts"]] + [(o, k) for o in result["ops"]

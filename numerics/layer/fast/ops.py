@@ -64,36 +64,41 @@ def _cast_both(t: torch.Tensor, op: OpRecipe, out_dtype: torch.dtype) -> tuple[t
                               out_dtype=out_dtype)
 
 
+def _layouts(t: torch.Tensor, op: OpRecipe, out_dtype: torch.dtype, along_last: bool, along_rows: bool):
+    """``(t cast along -1, t cast along -2)``, each only where asked (else None); from one read when both are."""
+    if along_last and along_rows:
+        return _cast_both(t, op, out_dtype)
+    return (_cast(t, -1, op, out_dtype) if along_last else None, _cast(t, -2, op, out_dtype) if along_rows else None)
+
+
 class _Linear(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, op: OpRecipe):
-        ctx.op = op
+    def forward(ctx, x, weight, op: OpRecipe, want_dx: bool, want_dw: bool):
+        ctx.op, ctx.x_shape = op, x.shape
         x2 = x.reshape(-1, x.shape[-1])
-        # each operand read once: the layout backward takes is cast with the forward's and kept for it
-        b, w_n = _cast_both(weight, op, weight.dtype)  # along K [N, K]; along N, [K, N] in memory
-        if op.wgrad_with_hp:
-            a, x_m = _cast(x2, -1, op, x.dtype), x2
-        else:
-            a, x_m = _cast_both(x2, op, x.dtype)  # along K [M, K] contiguous; along the tokens M
-        ctx.save_for_backward(x_m, w_n)
-        ctx.x_shape = x.shape
+        # each operand read once: the layouts backward will take are cast with the forward's and kept for it (only
+        # those of the gradients asked for: an evaluation's forward casts one layout)
+        b, w_n = _layouts(weight, op, weight.dtype, True, want_dx)  # along K [N, K]; along N, [K, N] in memory
+        a, x_m = _layouts(x2, op, x.dtype, True, want_dw and not op.wgrad_with_hp)  # along K; along the tokens M
+        ctx.save_for_backward(x2 if want_dw and op.wgrad_with_hp else x_m, w_n)
         return torch.mm(a, b.t()).reshape(*x.shape[:-1], weight.shape[0])
 
     @staticmethod
     def backward(ctx, grad_out):
         x_m, w_n = ctx.saved_tensors
         op = ctx.op
+        want_dx, want_dw = w_n is not None, x_m is not None
         g2 = grad_out.reshape(-1, grad_out.shape[-1])
-        if op.wgrad_with_hp:
-            g_n = _cast(g2, -1, op, grad_out.dtype)
+        g_n, g_m = _layouts(g2, op, grad_out.dtype, want_dx, want_dw and not op.wgrad_with_hp)
+        grad_x = grad_w = None
+        if want_dx:  # dX = dY @ W, both along N; W's dequantized copy is [K, N] in memory, seen as [N, K]
+            grad_x = torch.mm(g_n, w_n).reshape(*grad_out.shape[:-1], ctx.x_shape[-1])
+        if want_dw and op.wgrad_with_hp:
             # torchao multiplies its contiguous copy of dY; the same layout gives the same GEMM
             grad_w = torch.mm(grad_out.contiguous().reshape(-1, grad_out.shape[-1]).t(), x_m)
-        else:  # dW = dY^T @ x, both along the tokens M
-            g_n, g_m = _cast_both(g2, op, grad_out.dtype)
+        elif want_dw:  # dW = dY^T @ x, both along the tokens M
             grad_w = torch.mm(g_m.t(), x_m)
-        # dX = dY @ W, both along N; W's dequantized copy is [K, N] in memory, seen as [N, K]
-        grad_x = torch.mm(g_n, w_n).reshape(*grad_out.shape[:-1], ctx.x_shape[-1])
-        return grad_x, grad_w, None
+        return grad_x, grad_w, None, None, None
 
 
 def _check_op(op) -> None:
@@ -107,46 +112,48 @@ def linear(x: torch.Tensor, weight: torch.Tensor, op: OpRecipe = MXFP8) -> torch
     _check_op(op)
     if weight.ndim != 2 or x.ndim < 1 or x.shape[-1] != weight.shape[1]:
         raise BadInput(f"linear needs x [..., K] and weight [N, K], got {tuple(x.shape)} and {tuple(weight.shape)}")
-    return _Linear.apply(x, weight, op)
+    grad = torch.is_grad_enabled()  # off inside Function.forward: asked here
+    return _Linear.apply(x, weight, op, grad and x.requires_grad, grad and weight.requires_grad)
 
 
 class _GroupedMM(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, w_t, offs, op: OpRecipe, pad_groups: bool):
+    def forward(ctx, x, w_t, offs, op: OpRecipe, pad_groups: bool, want_dx: bool, want_dw: bool):
         xp, offs_p, dest = x, offs, None
         if pad_groups:  # torchao's padded layout, computed on the device once for forward and backward
             dest, _, offs_p = padding.destinations(offs, x.shape[0])
             xp = padding.pad(x, dest, padding.padded_rows(x.shape[0], offs.shape[0]))
-        # each operand read once: the layout backward takes is cast with the forward's and kept for it
-        if op.wgrad_with_hp:
-            a, x_m = _cast(xp, -1, op, torch.bfloat16), xp
-        else:
-            a, x_m = _cast_both(xp, op, torch.bfloat16)  # along K [M, K] contiguous; along the tokens M
+        # each operand read once: the layouts backward will take are cast with the forward's and kept for it (only
+        # those of the gradients asked for)
+        a, x_m = _layouts(xp, op, torch.bfloat16, True, want_dw and not op.wgrad_with_hp)  # along K; along M
         w = w_t.transpose(-2, -1)  # [E, N, K]
-        b, w_n = _cast_both(w, op, torch.bfloat16)  # along K; along N, [E, K, N] in memory, seen as [E, N, K]
+        b, w_n = _layouts(w, op, torch.bfloat16, True, want_dx)  # along K; along N, [E, K, N] in memory
         out = torch._grouped_mm(a, b.transpose(-2, -1), offs=offs_p, out_dtype=torch.bfloat16)
         if pad_groups:
             out = padding.unpad(out, dest)
-        ctx.save_for_backward(x_m, w_n, offs_p, dest)
-        ctx.op = op
+        ctx.save_for_backward(xp if want_dw and op.wgrad_with_hp else x_m, w_n, offs_p, dest)
+        ctx.op, ctx.rows = op, xp.shape[0]
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
         x_m, w_n, offs_p, dest = ctx.saved_tensors
         op = ctx.op
-        g = grad_out if dest is None else padding.pad(grad_out, dest, x_m.shape[0])
-        if op.wgrad_with_hp:
-            g_n = _cast(g, -1, op, torch.bfloat16)
-            grad_w = torch._grouped_mm(g.contiguous().transpose(-2, -1), x_m, offs=offs_p, out_dtype=torch.bfloat16)
-        else:  # dW = dY^T @ x per group, both along the tokens (blocks may span groups: FINDINGS L3)
-            g_n, g_m = _cast_both(g, op, torch.bfloat16)
-            grad_w = torch._grouped_mm(g_m.transpose(-2, -1), x_m, offs=offs_p, out_dtype=torch.bfloat16)
-        # dX = dY @ w, both along N
-        grad_x = torch._grouped_mm(g_n, w_n, offs=offs_p, out_dtype=torch.bfloat16)
-        if dest is not None:
-            grad_x = padding.unpad(grad_x, dest)
-        return grad_x, grad_w.transpose(-2, -1), None, None, None
+        want_dx, want_dw = w_n is not None, x_m is not None
+        g = grad_out if dest is None else padding.pad(grad_out, dest, ctx.rows)
+        g_n, g_m = _layouts(g, op, torch.bfloat16, want_dx, want_dw and not op.wgrad_with_hp)
+        grad_x = grad_w = None
+        if want_dx:  # dX = dY @ w, both along N
+            grad_x = torch._grouped_mm(g_n, w_n, offs=offs_p, out_dtype=torch.bfloat16)
+            if dest is not None:
+                grad_x = padding.unpad(grad_x, dest)
+        if want_dw and op.wgrad_with_hp:
+            grad_w = torch._grouped_mm(g.contiguous().transpose(-2, -1), x_m, offs=offs_p,
+                                       out_dtype=torch.bfloat16).transpose(-2, -1)
+        elif want_dw:  # dW = dY^T @ x per group, both along the tokens (blocks may span groups: FINDINGS L3)
+            grad_w = torch._grouped_mm(g_m.transpose(-2, -1), x_m, offs=offs_p,
+                                       out_dtype=torch.bfloat16).transpose(-2, -1)
+        return grad_x, grad_w, None, None, None, None, None
 
 
 def grouped_mm(x: torch.Tensor, w_t: torch.Tensor, offs: torch.Tensor, op: OpRecipe = MXFP8, *,
@@ -157,4 +164,5 @@ def grouped_mm(x: torch.Tensor, w_t: torch.Tensor, offs: torch.Tensor, op: OpRec
     if x.ndim != 2 or w_t.ndim != 3 or x.shape[1] != w_t.shape[1] or offs.ndim != 1 or offs.numel() != w_t.shape[0]:
         raise BadInput(f"grouped_mm needs x [M, K], w_t [E, K, N] and offs [E], got {tuple(x.shape)}, "
                        f"{tuple(w_t.shape)} and {tuple(offs.shape)}")
-    return _GroupedMM.apply(x, w_t, offs, op, pad_groups)
+    grad = torch.is_grad_enabled()  # off inside Function.forward: asked here
+    return _GroupedMM.apply(x, w_t, offs, op, pad_groups, grad and x.requires_grad, grad and w_t.requires_grad)

@@ -195,7 +195,7 @@ def _cast(x, elem, mode, along_rows, flavour, out_dtype, *, return_bytes: bool, 
     return out, scales.reshape(scale_shape), codes
 
 
-def _cast_both(x, elem, mode, flavour, out_dtype, *, config=None):
+def _cast_both(x, elem, mode, flavour, out_dtype, *, config=None, reload=False):
     reason = available(x.device)
     if reason:
         raise FastUnavailable(reason)
@@ -204,7 +204,7 @@ def _cast_both(x, elem, mode, flavour, out_dtype, *, config=None):
     if x3.numel():
         _run(x3, _as_3d(along_cols, output=True), None, None, along_rows=False, elem=elem, mode=mode,
              torchao=flavour == "torchao", config=config,
-             second=_as_3d(along_rows, output=True).transpose(-2, -1))
+             second=_as_3d(along_rows, output=True).transpose(-2, -1), reload=reload)
     return along_cols, along_rows
 
 
@@ -233,7 +233,7 @@ def _(x, elem, mode, flavour, out_dtype):
 
 
 def _run(x3, store, scale_store, codes_store, *, along_rows: bool, elem: str, mode: str, torchao: bool,
-         config=None, second=None) -> None:
+         config=None, second=None, reload: bool = False) -> None:
     """One launch of the kernel over x3 [B, R, C]; ``second`` (a [B, C, R] contiguous store) asks for the blocks
     along R too, from the same read (``store`` then takes the blocks along C)."""
     from numerics.layer.fast.kernel import MODE_IDS, cast_kernel
@@ -263,7 +263,7 @@ def _run(x3, store, scale_store, codes_store, *, along_rows: bool, elem: str, mo
             MODE_IDS[mode], int(torchao), fmt.mbits, fmt.emax, fmt.bias, max_bits, fmt.nan_code, fmt.width,
             IN_BF16=x3.dtype == torch.bfloat16, OUT_BF16=store.dtype == torch.bfloat16,
             WRITE_BYTES=scale_store is not None, ALONG_ROWS=along_rows, INDEX64=index64, BR=br, BC=bc, BOTH=both,
-            num_warps=warps,
+            RELOAD=reload, num_warps=warps,
         )
 
 

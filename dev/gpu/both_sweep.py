@@ -2,8 +2,7 @@
 
 Run from a tree that has ``numerics.layer.fast.cast._cast_both``:  python3 dev/gpu/both_sweep.py
 For each 16B cast shape: the single casts (dim -1, dim -2) at their default tiles, then the both-layouts
-cast at each tile of ``TILES``, its second layout regrouped from the
-first's registers or loaded again, each checked bit for bit against the singles; device ms (median of the
+cast at each tile of ``TILES``, each checked bit for bit against the singles; device ms (median of the
 bench's timer) and the both/singles ratio. A development probe: nothing here is a product figure.
 """
 
@@ -30,14 +29,12 @@ def main() -> None:
         total = singles[-1] + singles[-2]
         print(f"{m}x{k}: dim -1 {singles[-1]:.4f} ms, dim -2 {singles[-2]:.4f} ms, sum {total:.4f} ms")
         for tile in TILES:
-            for reload in (False, True):
-                fn = lambda t=tile, r=reload, x=x: _cast_both(x, "e4m3", "rceil", "torchao", torch.bfloat16,  # noqa: E731
-                                                              config=t, reload=r)
-                got = fn()
-                same = all(torch.equal(a.view(torch.int16), b.view(torch.int16)) for a, b in zip(got, ref))
-                ms = measure(fn)["ms"]
-                print(f"  both {'x'.join(map(str, tile)):>10} {'reload ' if reload else 'regroup'}: {ms:.4f} ms  "
-                      f"both/sum {ms / total:.2f}  {'bit-identical' if same else 'DIFFERS'}", flush=True)
+            fn = lambda t=tile, x=x: _cast_both(x, "e4m3", "rceil", "torchao", torch.bfloat16, config=t)  # noqa: E731
+            got = fn()
+            same = all(torch.equal(a.view(torch.int16), b.view(torch.int16)) for a, b in zip(got, ref))
+            ms = measure(fn)["ms"]
+            print(f"  both {'x'.join(map(str, tile)):>10}: {ms:.4f} ms  both/sum {ms / total:.2f}  "
+                  f"{'bit-identical' if same else 'DIFFERS'}", flush=True)
 
 
 if __name__ == "__main__":

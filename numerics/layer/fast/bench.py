@@ -2,7 +2,7 @@
 
 Casts (E4M3, RCEIL, BF16 in and out) of 16384x2048, 16384x1408 and 8192x7168 along both dims: torchao's
 eager ``to_mx`` + dequantize, the same under ``torch.compile``, and the fast kernel; and the fast kernel's both
-layouts from one read (dim ``both``, what the ops cast). Each beside its memory floor, (bytes read + bytes
+layouts in one launch (dim ``both``, what the ops cast). Each beside its memory floor, (bytes read + bytes
 written) / the device's measured copy bandwidth. Then linear and grouped GEMM forward + backward at the 16B expert
 shape (16384 x 2048 -> 1408 over 8 experts, even groups): fast, torchao emulated and BF16, with the floor of their
 cast traffic. Device times are CUDA-event medians of ``--iters`` (default 50) after ``--warmup`` runs, each timed
@@ -183,8 +183,8 @@ def _cast_rows(shapes, device, measure, bandwidth, compile_: bool, sweep, progre
             rows.append(row)
             progress(f"cast {m}x{k} dim {dim}: fast {row['fast_ms']:.3f} ms ({_span(row, 'fast_ms')}), "
                      f"floor {floor:.3f} ms")
-        # both layouts from one read (the ops' casts): 2 bytes read and 4 written per element, against the two
-        # single casts' 8
+        # both layouts in one launch (the ops' casts): 2 bytes read from memory (the floor takes the second
+        # pass's read of a tile just read as served by L2) and 4 written per element, against the two single casts' 8
         row = {"shape": [m, k], "dim": "both", "floor_ms": 6 * x.numel() / bandwidth}
         _repeated(row, {"fast": lambda t=x: mx_dequantize_both(t)}, measure, repeats)
         rows.append(row)

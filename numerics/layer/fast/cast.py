@@ -13,7 +13,7 @@ is the transpose's (``out.transpose(-2, -1).is_contiguous()``), what torchao's `
 then ``to_mx`` then ``.t()`` leaves for the GEMM. Scale bytes come shaped like the blocks (``[..., R, C/32]``
 or ``[..., R/32, C]``, the latter transposed in memory the same way); element bytes like the result.
 
-``mx_dequantize_both`` gives both layouts from one read of the operand: what ``dim=-1`` and ``dim=-2`` give, bit
+``mx_dequantize_both`` gives both layouts in one launch over the operand: what ``dim=-1`` and ``dim=-2`` give, bit
 for bit, for an operand the GEMMs take blocked both ways (forward and backward).
 
 Public: ``mx_dequantize``, ``mx_dequantize_both``, ``available``, ``FLAVOURS``, ``TORCHAO_ELEMENTS``.
@@ -127,9 +127,10 @@ def mx_dequantize_both(
     flavour: str = "torchao",
     out_dtype: torch.dtype = torch.bfloat16,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(mx_dequantize(x, dim=-1, ...), mx_dequantize(x, dim=-2, ...))`` from one pass of the kernel over ``x``: the
-    same values in the same layouts, with one read of ``x`` instead of two. ``x`` needs at least two dims, the last
-    two multiples of 32. One opaque op to ``torch.compile`` (``mxval::fast_mx_dequantize_both``)."""
+    """``(mx_dequantize(x, dim=-1, ...), mx_dequantize(x, dim=-2, ...))`` from one launch of the kernel over
+    ``x``: the same values in the same layouts, each tile read twice in a row by one program (the second read, of
+    a tile just read, can come from L2). ``x`` needs at least two dims, the last two multiples of 32. One opaque
+    op to ``torch.compile`` (``mxval::fast_mx_dequantize_both``)."""
     _validate(x, elem, mode, -1, flavour, out_dtype)
     if x.ndim < 2:
         raise BadInput(f"mx_dequantize_both needs at least two dims, got shape {tuple(x.shape)}")
@@ -195,7 +196,7 @@ def _cast(x, elem, mode, along_rows, flavour, out_dtype, *, return_bytes: bool, 
     return out, scales.reshape(scale_shape), codes
 
 
-def _cast_both(x, elem, mode, flavour, out_dtype, *, config=None, reload=False):
+def _cast_both(x, elem, mode, flavour, out_dtype, *, config=None):
     reason = available(x.device)
     if reason:
         raise FastUnavailable(reason)
@@ -204,7 +205,7 @@ def _cast_both(x, elem, mode, flavour, out_dtype, *, config=None, reload=False):
     if x3.numel():
         _run(x3, _as_3d(along_cols, output=True), None, None, along_rows=False, elem=elem, mode=mode,
              torchao=flavour == "torchao", config=config,
-             second=_as_3d(along_rows, output=True).transpose(-2, -1), reload=reload)
+             second=_as_3d(along_rows, output=True).transpose(-2, -1))
     return along_cols, along_rows
 
 
@@ -233,9 +234,9 @@ def _(x, elem, mode, flavour, out_dtype):
 
 
 def _run(x3, store, scale_store, codes_store, *, along_rows: bool, elem: str, mode: str, torchao: bool,
-         config=None, second=None, reload: bool = False) -> None:
+         config=None, second=None) -> None:
     """One launch of the kernel over x3 [B, R, C]; ``second`` (a [B, C, R] contiguous store) asks for the blocks
-    along R too, from the same read (``store`` then takes the blocks along C)."""
+    along R too, in the same launch (``store`` then takes the blocks along C)."""
     from numerics.layer.fast.kernel import MODE_IDS, cast_kernel
 
     fmt = ELEMENTS[elem]
@@ -263,7 +264,7 @@ def _run(x3, store, scale_store, codes_store, *, along_rows: bool, elem: str, mo
             MODE_IDS[mode], int(torchao), fmt.mbits, fmt.emax, fmt.bias, max_bits, fmt.nan_code, fmt.width,
             IN_BF16=x3.dtype == torch.bfloat16, OUT_BF16=store.dtype == torch.bfloat16,
             WRITE_BYTES=scale_store is not None, ALONG_ROWS=along_rows, INDEX64=index64, BR=br, BC=bc, BOTH=both,
-            RELOAD=reload, num_warps=warps,
+            num_warps=warps,
         )
 
 

@@ -45,14 +45,16 @@ def _mx_cast(
     mode, torchao, mbits, emax, bias, max_bits, nan_code, width,
     IN_BF16: tl.constexpr, OUT_BF16: tl.constexpr, WRITE_BYTES: tl.constexpr,
     ALONG_ROWS: tl.constexpr, INDEX64: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr,
-    BOTH: tl.constexpr = False, RELOAD: tl.constexpr = False,
+    BOTH: tl.constexpr = False,
 ):
     """One [BR, BC] tile of batch b of a [B, R, C] operand (strides s_b, s_r, s_c, in elements).
 
     ALONG_ROWS=False: blocks of 32 along C; out, codes [B, R, C] and scales [B, R, C/32], contiguous.
     ALONG_ROWS=True: blocks of 32 along R; out, codes [B, C, R] and scales [B, C, R/32], contiguous.
-    BOTH=True (ALONG_ROWS=False, no bytes): both, from one read of the tile; along C into out, along R into out2.
-    RELOAD=True (with BOTH): the second pass loads the tile again (from L2, just read) instead of regrouping it.
+    BOTH=True (ALONG_ROWS=False, no bytes): both in one launch; along C into out, then along R into out2, the second
+    pass loading the tile again (from L2, just read): regrouping the first pass's tile in registers instead kept
+    it live through the second pass and measured 1.35-1.41x the two single casts' time on an H100, loading it
+    again 0.85-0.87x (docs/studies/bench.md).
     """
     pid_r = tl.program_id(0)
     pid_c = tl.program_id(1)
@@ -74,9 +76,7 @@ def _mx_cast(
             cols = cols.to(tl.int64)
             blk = blk.to(tl.int64)
         mask = (rows < R) & (cols < C)
-        if p == 1 and not RELOAD:  # the first pass's tile, its rows regrouped in blocks of 32: the same values in the same order
-            u = tl.reshape(u, (BR // 32, 32, BC))  # noqa: F821 (u: the first pass's, the loop is unrolled)
-        elif IN_BF16:  # bf16 bits in an int16 view: the high half of the float32 bits
+        if IN_BF16:  # bf16 bits in an int16 view: the high half of the float32 bits
             u = tl.load(x_ptr + b * s_b + rows * s_r + cols * s_c, mask=mask, other=0).to(tl.int32) << 16
         else:
             u = tl.load(x_ptr + b * s_b + rows * s_r + cols * s_c, mask=mask, other=0)

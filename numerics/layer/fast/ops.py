@@ -57,7 +57,7 @@ def _cast(t: torch.Tensor, dim: int, op: OpRecipe, out_dtype: torch.dtype) -> to
 
 
 def _cast_both(t: torch.Tensor, op: OpRecipe, out_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(_cast(t, -1, ...), _cast(t, -2, ...))`` from one read of ``t``, for an operand one step casts both ways."""
+    """``(_cast(t, -1, ...), _cast(t, -2, ...))`` in one launch over ``t``, for an operand one step casts both ways."""
     if op.cast == "identity":
         return t.to(out_dtype), t.to(out_dtype)
     return mx_dequantize_both(t, elem=op.elements, mode=op.scale_calculation_mode.lower(), flavour=_flavour(op),
@@ -65,7 +65,7 @@ def _cast_both(t: torch.Tensor, op: OpRecipe, out_dtype: torch.dtype) -> tuple[t
 
 
 def _layouts(t: torch.Tensor, op: OpRecipe, out_dtype: torch.dtype, along_last: bool, along_rows: bool):
-    """``(t cast along -1, t cast along -2)``, each only where asked (else None); from one read when both are."""
+    """``(t cast along -1, t cast along -2)``, each only where asked (else None); in one launch when both are."""
     if along_last and along_rows:
         return _cast_both(t, op, out_dtype)
     return (_cast(t, -1, op, out_dtype) if along_last else None, _cast(t, -2, op, out_dtype) if along_rows else None)

@@ -151,7 +151,7 @@ def _families_tensor() -> np.ndarray:
 
 
 def _check_both(x: torch.Tensor, elem, mode, flavour, out_dtype, *, cast=None) -> None:
-    """The property: both layouts from one read are the two casts along -1 and -2 (each held to its reference
+    """The property: both layouts from one launch are the two casts along -1 and -2 (each held to its reference
     above), bit for bit, in their memory layouts."""
     got = (cast or fast.mx_dequantize_both)(x, elem=elem, mode=mode, flavour=flavour, out_dtype=out_dtype)
     for dim, g in zip((-1, -2), got):
@@ -185,7 +185,7 @@ def both_cases(draw):
 # (one source of arithmetic) is the second layout's indexing, which shapes, dtypes and strides vary
 @settings(max_examples=max(20, settings().max_examples // 3))
 @given(case=both_cases())
-def test_fast_cast_both_layouts_from_one_read_are_the_two_casts(device, case):
+def test_fast_cast_both_layouts_in_one_launch_are_the_two_casts(device, case):
     values, elem, mode, flavour, dtype, out_dtype, layout = case
     x = torch.from_numpy(values).to(device=device, dtype=DTYPES[dtype])
     if layout == "transposed":

@@ -94,25 +94,26 @@ def linear(x: torch.Tensor, weight: torch.Tensor, op: OpRecipe = MXFP8) -> torch
 class _GroupedMM(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, w_t, offs, op: OpRecipe, pad_groups: bool):
-        xp, offs_p, dest = x, offs, None
+        xp, offs_p, dest, src, blank = x, offs, None, None, None
         if pad_groups:  # torchao's padded layout, computed on the device once for forward and backward
             dest, _, offs_p = padding.destinations(offs, x.shape[0])
-            xp = padding.pad(x, dest, padding.padded_rows(x.shape[0], offs.shape[0]))
+            src, blank = padding.sources(offs, dest, padding.padded_rows(x.shape[0], offs.shape[0]))
+            xp = padding.pad(x, src, blank)
         a = _cast(xp, -1, op, torch.bfloat16)  # [M, K] contiguous
         w = w_t.transpose(-2, -1)  # [E, N, K]
         b = _cast(w, -1, op, torch.bfloat16).transpose(-2, -1)  # [E, K, N], memory [E, N, K]
         out = torch._grouped_mm(a, b, offs=offs_p, out_dtype=torch.bfloat16)
         if pad_groups:
             out = padding.unpad(out, dest)
-        ctx.save_for_backward(xp, w_t, offs_p, dest)
+        ctx.save_for_backward(xp, w_t, offs_p, dest, src, blank)
         ctx.op = op
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        xp, w_t, offs_p, dest = ctx.saved_tensors
+        xp, w_t, offs_p, dest, src, blank = ctx.saved_tensors
         op = ctx.op
-        g = grad_out if dest is None else padding.pad(grad_out, dest, xp.shape[0])
+        g = grad_out if dest is None else padding.pad(grad_out, src, blank)
         # dX = dY @ w, both along N; w's dequantized copy is [E, K, N] in memory, seen as [E, N, K]
         w = w_t.transpose(-2, -1)
         grad_x = torch._grouped_mm(_cast(g, -1, op, torch.bfloat16), _cast(w, -2, op, torch.bfloat16), offs=offs_p,

@@ -28,10 +28,10 @@ def main() -> None:
     picks = torch.multinomial(torch.ones(cfg.n_routed_experts), tokens, replacement=True, generator=g)
     offs = torch.bincount(picks, minlength=cfg.n_routed_experts).cumsum(0).to(torch.int32).to(dev)
     rows = padding.padded_rows(tokens, cfg.n_routed_experts)
-    dest, _, _ = padding.destinations(offs, tokens)
-    src, blank = padding.sources(offs, dest, rows)
+    dest, _, ends = padding.destinations(offs, tokens)
+    src, blank = padding.sources(offs, dest, ends, rows)
     print(torch.cuda.get_device_name(dev), torch.__version__, f"{tokens} routed rows, {rows} padded")
-    print(f"maps (sources): {measure(lambda: padding.sources(offs, dest, rows))['ms']:.4f} ms")
+    print(f"maps (sources): {measure(lambda: padding.sources(offs, dest, ends, rows))['ms']:.4f} ms")
     for width in (cfg.dim, cfg.moe_hidden):
         x = torch.randn(tokens, width, device=dev).to(torch.bfloat16)
         same = torch.equal(scatter_pad(x, dest, rows).view(torch.int16), padding.pad(x, src, blank).view(torch.int16))

@@ -97,7 +97,7 @@ class _GroupedMM(torch.autograd.Function):
         xp, offs_p, dest, src, blank = x, offs, None, None, None
         if pad_groups:  # torchao's padded layout, computed on the device once for forward and backward
             dest, _, offs_p = padding.destinations(offs, x.shape[0])
-            src, blank = padding.sources(offs, dest, padding.padded_rows(x.shape[0], offs.shape[0]))
+            src, blank = padding.sources(offs, dest, offs_p, padding.padded_rows(x.shape[0], offs.shape[0]))
             xp = padding.pad(x, src, blank)
         a = _cast(xp, -1, op, torch.bfloat16)  # [M, K] contiguous
         w = w_t.transpose(-2, -1)  # [E, N, K]

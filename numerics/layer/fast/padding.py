@@ -41,7 +41,7 @@ def destinations(offs: torch.Tensor, tokens: int,
     A row's group is the first whose end lies after it (``searchsorted``), which needs no group size on the host.
     """
     sizes = torch.diff(offs, prepend=offs.new_zeros(1))
-    padded = (sizes + block - 1) // block * block
+    padded = (sizes + block - 1) & -block  # rounded up to a multiple of block (a power of two)
     ends = torch.cumsum(padded, 0, dtype=torch.int32)
     starts = ends - padded
     rows = torch.arange(tokens, device=offs.device)
@@ -50,24 +50,23 @@ def destinations(offs: torch.Tensor, tokens: int,
     return rows + shift.index_select(0, group), starts, ends
 
 
-def sources(offs: torch.Tensor, dest: torch.Tensor, rows: int,
-            block: int = BLOCK) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(src, blank)`` for a padded layout of ``rows`` rows (``padded_rows``) whose routed rows go to ``dest``: the
-    routed row each padded row holds (0 where it holds none), and the ``rows - len(dest)`` rows that hold none, in
-    increasing order (int64, on ``offs``'s device, no host read).
+def sources(offs: torch.Tensor, dest: torch.Tensor, ends: torch.Tensor, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(src, blank)`` for a padded layout of ``rows`` rows (``padded_rows``) whose routed rows go to ``dest`` and
+    whose groups end at ``ends`` (both from ``destinations``): the routed row each padded row holds (0 where it
+    holds none), and the ``rows - len(dest)`` rows that hold none, in increasing order (int64, on ``offs``'s
+    device, no host read; 9 small ops, for a pad that is then one gather).
 
-    The blank rows are group e's last ``gaps[e]`` rows (its rounding up to ``block``), then the buffer's tail. With
-    ``cum`` the running sum of the gaps, the k-th blank row lies in the first group whose ``cum`` exceeds k (the
-    tail when none does) and is row ``offs[e] + k``: the group's padded end is ``offs[e] + cum[e]``, and its blank
-    rows are the ``gaps[e]`` rows before it."""
+    The blank rows are group e's last ``gaps[e]`` rows (its rounding up), then the buffer's tail. With ``cum =
+    ends - offs`` the running sum of the gaps, the k-th blank row lies in the first group whose ``cum`` exceeds k
+    and is row ``offs[e] + k``: the group's padded end is ``offs[e] + cum[e]``, and its blank rows are the
+    ``gaps[e]`` rows before it. Past the last group (none exceeds k) it is row ``tokens + k``, which is
+    ``offs[-1] + k`` as ``offs[-1] == tokens``: so the group index is clamped to the last."""
     tokens = dest.numel()
     src = torch.zeros(rows, dtype=torch.int64, device=dest.device).index_copy_(
         0, dest, torch.arange(tokens, device=dest.device))
-    sizes = torch.diff(offs, prepend=offs.new_zeros(1)).to(torch.int64)
-    cum = torch.cumsum((sizes + block - 1) // block * block - sizes, 0)
     k = torch.arange(rows - tokens, device=offs.device)
-    ends = torch.cat([offs.to(torch.int64), torch.full((1,), tokens, dtype=torch.int64, device=offs.device)])
-    return src, ends.index_select(0, torch.searchsorted(cum, k, right=True)) + k
+    group = torch.searchsorted(ends - offs, k, right=True).clamp_(max=offs.numel() - 1)
+    return src, offs.index_select(0, group) + k
 
 
 def pad(x: torch.Tensor, src: torch.Tensor, blank: torch.Tensor) -> torch.Tensor:

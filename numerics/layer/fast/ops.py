@@ -119,10 +119,11 @@ def linear(x: torch.Tensor, weight: torch.Tensor, op: OpRecipe = MXFP8) -> torch
 class _GroupedMM(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, w_t, offs, op: OpRecipe, pad_groups: bool, want_dx: bool, want_dw: bool):
-        xp, offs_p, dest = x, offs, None
+        xp, offs_p, dest, src, blank = x, offs, None, None, None
         if pad_groups:  # torchao's padded layout, computed on the device once for forward and backward
             dest, _, offs_p = padding.destinations(offs, x.shape[0])
-            xp = padding.pad(x, dest, padding.padded_rows(x.shape[0], offs.shape[0]))
+            src, blank = padding.sources(offs, dest, offs_p, padding.padded_rows(x.shape[0], offs.shape[0]))
+            xp = padding.pad(x, src, blank)
         # each operand read once: the layouts backward will take are cast with the forward's and kept for it (only
         # those of the gradients asked for)
         a, x_m = _layouts(xp, op, torch.bfloat16, True, want_dw and not op.wgrad_with_hp)  # along K; along M
@@ -131,16 +132,16 @@ class _GroupedMM(torch.autograd.Function):
         out = torch._grouped_mm(a, b.transpose(-2, -1), offs=offs_p, out_dtype=torch.bfloat16)
         if pad_groups:
             out = padding.unpad(out, dest)
-        ctx.save_for_backward(xp if want_dw and op.wgrad_with_hp else x_m, w_n, offs_p, dest)
-        ctx.op, ctx.rows = op, xp.shape[0]
+        ctx.save_for_backward(xp if want_dw and op.wgrad_with_hp else x_m, w_n, offs_p, dest, src, blank)
+        ctx.op = op
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        x_m, w_n, offs_p, dest = ctx.saved_tensors
+        x_m, w_n, offs_p, dest, src, blank = ctx.saved_tensors
         op = ctx.op
         want_dx, want_dw = w_n is not None, x_m is not None
-        g = grad_out if dest is None else padding.pad(grad_out, dest, ctx.rows)
+        g = grad_out if dest is None else padding.pad(grad_out, src, blank)
         g_n, g_m = _layouts(g, op, torch.bfloat16, want_dx, want_dw and not op.wgrad_with_hp)
         grad_x = grad_w = None
         if want_dx:  # dX = dY @ w, both along N

@@ -54,7 +54,7 @@ def _check_against_torchao(sizes, dtype, offs_dtype, seed) -> None:
     x = _random_bits(tokens, 64, dtype, g)
     want, want_starts, want_ends = torch_pad(x, offs, 32)
     dest, starts, ends = padding.destinations(offs, tokens)
-    got = padding.pad(x, dest, padding.padded_rows(tokens, len(sizes)))
+    got = padding.pad(x, *padding.sources(offs, dest, ends, padding.padded_rows(tokens, len(sizes))))
     for name, w, o in (("padded", want, got), ("starts", want_starts, starts), ("ends", want_ends, ends)):
         assert (o.shape, o.dtype) == (w.shape, w.dtype), f"{sizes} {name}: {o.shape} {o.dtype}, not {w.shape} {w.dtype}"
         assert_bits_equal(w, o, what=f"{sizes} {dtype} offs {offs_dtype}: {name}")
@@ -85,6 +85,10 @@ def test_fast_padding_is_torchaos_padding_bit_for_bit(sizes, dtype, offs_dtype):
     dest, got_starts, got_ends = padding.destinations(offs, sum(sizes))
     assert (got_starts.tolist(), got_ends.tolist(), padding.padded_rows(sum(sizes), len(sizes))) == (starts, ends, rows)
     assert sorted(set(dest.tolist())) == dest.tolist()  # rows keep their order, none shares a destination
+    # the gather's maps: each destination holds its routed row, the blank rows are every other row, in order
+    src, blank = padding.sources(offs, dest, got_ends, rows)
+    assert src[dest].tolist() == list(range(sum(sizes)))
+    assert blank.tolist() == sorted(set(range(rows)) - set(dest.tolist()))
 
 
 @given(sizes=ls.group_sizes(max_experts=8, max_tokens=300), dtype=st.sampled_from((torch.bfloat16, torch.float32)),
@@ -119,7 +123,7 @@ def _host_reads(graphs) -> list[str]:
 
 def _pad_unpad(x, offs):
     dest, starts, ends = padding.destinations(offs, x.shape[0])
-    padded = padding.pad(x, dest, padding.padded_rows(x.shape[0], offs.shape[0]))
+    padded = padding.pad(x, *padding.sources(offs, dest, ends, padding.padded_rows(x.shape[0], offs.shape[0])))
     return padding.unpad(padded * 2, dest), padded, starts, ends
 
 

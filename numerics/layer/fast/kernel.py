@@ -40,12 +40,12 @@ MODE_IDS = {"floor": 0, "rceil": 1, "ceil": 2, "even": 3}
 
 
 def _mx_cast(
-    x_ptr, out_ptr, scale_ptr, code_ptr, thr_ptr, out2_ptr,
+    x_ptr, out_ptr, scale_ptr, code_ptr, thr_ptr, out2_ptr, src_ptr,
     R, C, s_b, s_r, s_c,
     mode, torchao, mbits, emax, bias, max_bits, nan_code, width,
     IN_BF16: tl.constexpr, OUT_BF16: tl.constexpr, WRITE_BYTES: tl.constexpr,
     ALONG_ROWS: tl.constexpr, INDEX64: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr,
-    BOTH: tl.constexpr = False,
+    BOTH: tl.constexpr = False, GATHER: tl.constexpr = False,
 ):
     """One [BR, BC] tile of batch b of a [B, R, C] operand (strides s_b, s_r, s_c, in elements).
 
@@ -55,6 +55,8 @@ def _mx_cast(
     pass loading the tile again (from L2, just read): regrouping the first pass's tile in registers instead kept
     it live through the second pass and measured 1.35-1.41x the two single casts' time on an H100, loading it
     again 0.85-0.87x (docs/studies/bench.md).
+    GATHER=True (batch 1): row r of the operand is row src[r] of x (int64 [R]), or zeros where src[r] < 0: a
+    gather of x's rows (the grouped GEMM's padding) folded into the loads, the operand itself never written.
     """
     pid_r = tl.program_id(0)
     pid_c = tl.program_id(1)
@@ -76,10 +78,17 @@ def _mx_cast(
             cols = cols.to(tl.int64)
             blk = blk.to(tl.int64)
         mask = (rows < R) & (cols < C)
-        if IN_BF16:  # bf16 bits in an int16 view: the high half of the float32 bits
-            u = tl.load(x_ptr + b * s_b + rows * s_r + cols * s_c, mask=mask, other=0).to(tl.int32) << 16
+        if GATHER:  # the rows read: each one's source row, a negative one read as zeros
+            src = tl.load(src_ptr + rows, mask=rows < R, other=-1)
+            if not INDEX64:
+                src = src.to(tl.int32)
+            x_at, in_mask = x_ptr + src * s_r + cols * s_c, mask & (src >= 0)
         else:
-            u = tl.load(x_ptr + b * s_b + rows * s_r + cols * s_c, mask=mask, other=0)
+            x_at, in_mask = x_ptr + b * s_b + rows * s_r + cols * s_c, mask
+        if IN_BF16:  # bf16 bits in an int16 view: the high half of the float32 bits
+            u = tl.load(x_at, mask=in_mask, other=0).to(tl.int32) << 16
+        else:
+            u = tl.load(x_at, mask=in_mask, other=0)
         mag = u & 0x7FFFFFFF
         sign = u ^ mag  # 0 or INT32_MIN
         # tl.reduce with the standard max combiner rather than tl.max: tl.max is itself a jit function, bound
@@ -180,7 +189,8 @@ def cast_kernel(device_type: str):
 
 
 def compile_ahead(*, along_rows: bool, in_bf16: bool = True, out_bf16: bool = True, write_bytes: bool = False,
-                  index64: bool = False, both: bool = False, tile: tuple[int, int, int] = (32, 128, 4), arch: int = 90):
+                  index64: bool = False, both: bool = False, gather: bool = False,
+                  tile: tuple[int, int, int] = (32, 128, 4), arch: int = 90):
     """Compile the CUDA kernel for compute capability ``arch`` with no GPU present (Triton ships ptxas):
     the CPU tier's check that the compiled variants build, and a look at their code. Arguments as the
     launcher specialises them: contiguous last stride (1), 16-divisible pointers, sizes and strides."""
@@ -192,14 +202,15 @@ def compile_ahead(*, along_rows: bool, in_bf16: bool = True, out_bf16: bool = Tr
     ints = ("R", "C", "s_b", "s_r") + _SETTINGS
     signature = {"x_ptr": "*i16" if in_bf16 else "*i32", "out_ptr": "*i16" if out_bf16 else "*i32",
                  "scale_ptr": "*u8", "code_ptr": "*u8", "thr_ptr": "*i32", "out2_ptr": "*i16" if out_bf16 else "*i32",
+                 "src_ptr": "*i64",
                  "s_c": "constexpr",
                  **{name: "i64" if index64 and name in ("s_b", "s_r") else "i32" for name in ints},
                  **{name: "constexpr" for name in ("IN_BF16", "OUT_BF16", "WRITE_BYTES", "ALONG_ROWS", "INDEX64",
-                                                   "BR", "BC", "BOTH")}}
+                                                   "BR", "BC", "BOTH", "GATHER")}}
     constexprs = {"s_c": 1, "IN_BF16": in_bf16, "OUT_BF16": out_bf16, "WRITE_BYTES": write_bytes,
-                  "ALONG_ROWS": along_rows, "INDEX64": index64, "BR": br, "BC": bc, "BOTH": both}
+                  "ALONG_ROWS": along_rows, "INDEX64": index64, "BR": br, "BC": bc, "BOTH": both, "GATHER": gather}
     aligned = [["tt.divisibility", 16]]
     attrs = {(fn.arg_names.index(name),): aligned for name in ("x_ptr", "out_ptr", "scale_ptr", "code_ptr", "thr_ptr",
-                                                                "out2_ptr", "R", "C", "s_b", "s_r")}
+                                                                "out2_ptr", "src_ptr", "R", "C", "s_b", "s_r")}
     source = ASTSource(fn, {name: signature[name] for name in fn.arg_names}, constexprs=constexprs, attrs=attrs)
     return triton.compile(source, target=GPUTarget("cuda", arch, 32), options={"num_warps": warps})

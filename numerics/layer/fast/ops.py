@@ -26,7 +26,8 @@ Linear dequantizes to the operand's dtype (``MXTensor.dequantize``), the grouped
 taken as they are (FINDINGS L1), and a dim that must hold whole blocks but does not raises ``BadInput``. Besides
 the casts, torchao's group padding is replaced too (``pad_groups``): ``numerics.layer.fast.padding`` pads token
 groups to 32 rows in torchao's layout on the device, with no host synchronisation, where torchao reads the group
-sizes on the host.
+sizes on the host; the casts of a padded operand read its unpadded rows by the layout's row map, so the padded copy is
+not written (only the identity cast and a dW in high precision, which take the padded operand itself, make it).
 
 Public: ``linear(x, weight, op=MXFP8)``, ``grouped_mm(x, w_t, offs, op=MXFP8, *, pad_groups)``.
 """
@@ -46,29 +47,37 @@ def _flavour(op: OpRecipe) -> str:
     return "torchao" if op.elements in TORCHAO_ELEMENTS else "spec"
 
 
-def _cast(t: torch.Tensor, dim: int, op: OpRecipe, out_dtype: torch.dtype) -> torch.Tensor:
+def _cast(t: torch.Tensor, dim: int, op: OpRecipe, out_dtype: torch.dtype, rows=None) -> torch.Tensor:
     """``t`` as the GEMM sees it: cast to ``op``'s MX elements along ``dim`` by its scale rule, dequantized; with
     ``op.cast == "identity"`` (the null control) ``t`` itself in ``out_dtype``, in its own layout, as a BF16 GEMM
-    takes it."""
+    takes it. ``rows``: cast ``t``'s rows gathered by this map (``padding.row_map``; not with the identity)."""
     if op.cast == "identity":
         return t.to(out_dtype)
     return mx_dequantize(t, elem=op.elements, mode=op.scale_calculation_mode.lower(), dim=dim, flavour=_flavour(op),
-                         out_dtype=out_dtype)
+                         out_dtype=out_dtype, rows=rows)
 
 
-def _cast_both(t: torch.Tensor, op: OpRecipe, out_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+def _cast_both(t: torch.Tensor, op: OpRecipe, out_dtype: torch.dtype, rows=None) -> tuple[torch.Tensor, torch.Tensor]:
     """``(_cast(t, -1, ...), _cast(t, -2, ...))`` in one launch over ``t``, for an operand one step casts both ways."""
     if op.cast == "identity":
         return t.to(out_dtype), t.to(out_dtype)
     return mx_dequantize_both(t, elem=op.elements, mode=op.scale_calculation_mode.lower(), flavour=_flavour(op),
-                              out_dtype=out_dtype)
+                              out_dtype=out_dtype, rows=rows)
 
 
-def _layouts(t: torch.Tensor, op: OpRecipe, out_dtype: torch.dtype, along_last: bool, along_rows: bool):
+def _layouts(t: torch.Tensor, op: OpRecipe, out_dtype: torch.dtype, along_last: bool, along_rows: bool, rows=None):
     """``(t cast along -1, t cast along -2)``, each only where asked (else None); in one launch when both are."""
     if along_last and along_rows:
-        return _cast_both(t, op, out_dtype)
-    return (_cast(t, -1, op, out_dtype) if along_last else None, _cast(t, -2, op, out_dtype) if along_rows else None)
+        return _cast_both(t, op, out_dtype, rows)
+    return (_cast(t, -1, op, out_dtype, rows) if along_last else None,
+            _cast(t, -2, op, out_dtype, rows) if along_rows else None)
+
+
+def _padded(t: torch.Tensor, src, blank, gather, fold: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``(operand, rows)`` for casting ``t`` in the padded layout: ``t`` and the map its casts gather by (``fold``:
+    the padding folded into the casts' loads, the padded copy never written), or ``t`` padded (the identity cast
+    returns its operand; dW in high precision multiplies it)."""
+    return (t, gather) if fold else (padding.pad(t, src, blank), None)
 
 
 class _Linear(torch.autograd.Function):
@@ -116,33 +125,42 @@ def linear(x: torch.Tensor, weight: torch.Tensor, op: OpRecipe = MXFP8) -> torch
     return _Linear.apply(x, weight, op, grad and x.requires_grad, grad and weight.requires_grad)
 
 
+def _folds(op: OpRecipe, *, keeps_padded: bool) -> bool:
+    """Whether an operand's padding goes into its casts: not for the identity cast or an operand dW in high
+    precision multiplies as it is (``keeps_padded``), which need the padded copy itself."""
+    return op.cast != "identity" and not keeps_padded
+
+
 class _GroupedMM(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, w_t, offs, op: OpRecipe, pad_groups: bool, want_dx: bool, want_dw: bool):
-        xp, offs_p, dest, src, blank = x, offs, None, None, None
+        xp, rows, offs_p, dest, src, blank, gather = x, None, offs, None, None, None, None
         if pad_groups:  # torchao's padded layout, computed on the device once for forward and backward
             dest, _, offs_p = padding.destinations(offs, x.shape[0])
             src, blank = padding.sources(offs, dest, offs_p, padding.padded_rows(x.shape[0], offs.shape[0]))
-            xp = padding.pad(x, src, blank)
+            gather = padding.row_map(src, blank)
+            xp, rows = _padded(x, src, blank, gather, _folds(op, keeps_padded=want_dw and op.wgrad_with_hp))
         # each operand read once: the layouts backward will take are cast with the forward's and kept for it (only
         # those of the gradients asked for)
-        a, x_m = _layouts(xp, op, torch.bfloat16, True, want_dw and not op.wgrad_with_hp)  # along K; along M
+        a, x_m = _layouts(xp, op, torch.bfloat16, True, want_dw and not op.wgrad_with_hp, rows)  # along K; along M
         w = w_t.transpose(-2, -1)  # [E, N, K]
         b, w_n = _layouts(w, op, torch.bfloat16, True, want_dx)  # along K; along N, [E, K, N] in memory
         out = torch._grouped_mm(a, b.transpose(-2, -1), offs=offs_p, out_dtype=torch.bfloat16)
         if pad_groups:
             out = padding.unpad(out, dest)
-        ctx.save_for_backward(xp if want_dw and op.wgrad_with_hp else x_m, w_n, offs_p, dest, src, blank)
+        ctx.save_for_backward(xp if want_dw and op.wgrad_with_hp else x_m, w_n, offs_p, dest, src, blank, gather)
         ctx.op = op
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        x_m, w_n, offs_p, dest, src, blank = ctx.saved_tensors
+        x_m, w_n, offs_p, dest, src, blank, gather = ctx.saved_tensors
         op = ctx.op
         want_dx, want_dw = w_n is not None, x_m is not None
-        g = grad_out if dest is None else padding.pad(grad_out, src, blank)
-        g_n, g_m = _layouts(g, op, torch.bfloat16, want_dx, want_dw and not op.wgrad_with_hp)
+        g, rows = grad_out, None
+        if dest is not None:
+            g, rows = _padded(grad_out, src, blank, gather, _folds(op, keeps_padded=want_dw and op.wgrad_with_hp))
+        g_n, g_m = _layouts(g, op, torch.bfloat16, want_dx, want_dw and not op.wgrad_with_hp, rows)
         grad_x = grad_w = None
         if want_dx:  # dX = dY @ w, both along N
             grad_x = torch._grouped_mm(g_n, w_n, offs=offs_p, out_dtype=torch.bfloat16)

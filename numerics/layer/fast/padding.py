@@ -15,7 +15,10 @@ The layout: group e (``sizes[e] = offs[e] - offs[e-1]`` rows) is rounded up to a
 from row ``starts[e]`` on, and every other row of the buffer is zero. The buffer has ``padded_rows(M, E)`` rows,
 an upper bound known from the shapes alone (each group gains fewer than 32 rows).
 
-Public: ``padded_rows``, ``destinations``, ``sources``, ``pad``, ``unpad``.
+A cast of a padded operand need not have the padded copy: ``row_map`` gives the rows it holds as one map (a
+negative row: zeros), which the fast cast gathers by in its loads (``numerics.layer.fast.cast``, ``rows``).
+
+Public: ``padded_rows``, ``destinations``, ``sources``, ``row_map``, ``pad``, ``unpad``.
 """
 
 from __future__ import annotations
@@ -67,6 +70,11 @@ def sources(offs: torch.Tensor, dest: torch.Tensor, ends: torch.Tensor, rows: in
     k = torch.arange(rows - tokens, device=offs.device)
     group = torch.searchsorted(ends - offs, k, right=True).clamp_(max=offs.numel() - 1)
     return src, offs.index_select(0, group) + k
+
+
+def row_map(src: torch.Tensor, blank: torch.Tensor) -> torch.Tensor:
+    """The padded layout as one map (``sources``'s two): each padded row's routed row, -1 where it holds none."""
+    return src.index_fill(0, blank, -1)
 
 
 def pad(x: torch.Tensor, src: torch.Tensor, blank: torch.Tensor) -> torch.Tensor:

@@ -209,6 +209,63 @@ def test_fast_cast_both_layouts_on_every_family_and_a_planted_ulp_fails(flavour)
             _check_both(t, "e4m3", "rceil", flavour, torch.bfloat16, cast=planted)
 
 
+def _gathered(x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """The operand a row map stands for, written out: row i is x[rows[i]], zeros where rows[i] < 0."""
+    if x.shape[0] == 0:  # nothing to gather: every row is a zero row
+        return x.new_zeros(rows.numel(), x.shape[1])
+    return x.index_select(0, rows.clamp(min=0)).masked_fill_((rows < 0)[:, None], 0)
+
+
+def _check_gathered(x, rows, *, cast=None) -> None:
+    """The property: a cast that gathers ``x``'s rows by ``rows`` in its loads is the cast of the gathered copy (held
+    to torchao and the oracle above), values, scale and element bytes, in each layout and in both at once."""
+    cast = cast or fast.mx_dequantize
+    padded = _gathered(x, rows)
+    for dim in (-1, -2):
+        got = cast(x, dim=dim, rows=rows, return_bytes=True)
+        want = fast.mx_dequantize(padded, dim=dim, return_bytes=True)
+        for what, g, w in zip(("values", "scale bytes", "element bytes"), got, want):
+            assert g.shape == w.shape and g.stride() == w.stride(), (what, dim, g.stride(), w.stride())
+            assert_bits_equal(w, g, what=f"gathered cast, dim {dim}: {what}", canonical_nan=True)
+    for dim, g in zip((-1, -2), fast.mx_dequantize_both(x, rows=rows)):
+        assert_bits_equal(fast.mx_dequantize(padded, dim=dim), g, what=f"gathered, both layouts: dim {dim}",
+                          canonical_nan=True)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", tuple(DTYPES))
+@pytest.mark.parametrize("layout", ("contiguous", "transposed"))
+def test_fast_cast_gathering_rows_is_the_cast_of_the_gathered_copy(device, dtype, layout):
+    """The grouped GEMM's padding folded into the cast: rows out of order, repeated, and zero rows (negative) inside
+    blocks along dim -2, on every family and the findings' blocks."""
+    x = torch.from_numpy(_families_tensor()).to(device=device, dtype=DTYPES[dtype])  # [32, 128]
+    if layout == "transposed":
+        x = x.t().contiguous().t()
+    gen = torch.Generator().manual_seed(0)
+    rows = torch.randint(-8, x.shape[0], (96,), generator=gen).to(device)  # ~20 % negative: zero rows
+    _check_gathered(x, rows)
+
+
+def test_fast_cast_gathers_zeros_only_from_no_rows_and_refuses_a_bad_map():
+    """Every row blank over an x of no rows (a grouped GEMM no token was routed to), no row at all, and the map's
+    contract; the control: a cast that ignores the map's negative rows (reads x's last row there) fails."""
+    _check_gathered(torch.zeros(0, 64, dtype=torch.bfloat16), torch.full((64,), -1))
+    assert fast.mx_dequantize(torch.ones(8, 64), rows=torch.zeros(0, dtype=torch.int64), dim=-2).shape == (0, 64)
+    with pytest.raises(BadInput, match="rows must be a 1-D int64 tensor"):
+        fast.mx_dequantize(torch.ones(8, 64), rows=torch.zeros(32, dtype=torch.int32))
+    with pytest.raises(BadInput, match="rows gathers the rows of a 2-D x"):
+        fast.mx_dequantize(torch.ones(2, 8, 64), rows=torch.zeros(32, dtype=torch.int64))
+    with pytest.raises(BadInput, match="not a multiple of the MX block size"):
+        fast.mx_dequantize(torch.ones(8, 64), rows=torch.zeros(40, dtype=torch.int64), dim=-2)
+
+    def wraps_negative_rows(x, *, rows, **kwargs):
+        return fast.mx_dequantize(x, rows=torch.where(rows < 0, rows + x.shape[0], rows), **kwargs)
+
+    x = torch.from_numpy(_families_tensor()).to(torch.bfloat16)
+    with pytest.raises(AssertionError, match="differ bitwise"):
+        _check_gathered(x, torch.arange(-8, 24), cast=wraps_negative_rows)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dim", (-1, -2))
 @pytest.mark.parametrize("mode", mx.MODES)
@@ -304,7 +361,9 @@ def test_fast_cast_torchao_rceil_rounds_alike_on_cpu_and_cuda():
     ({"along_rows": False, "in_bf16": False, "out_bf16": False, "write_bytes": True}, None),
     ({"along_rows": True, "index64": True, "write_bytes": True, "tile": (64, 64, 4)}, None),
     ({"along_rows": False, "both": True, "tile": (64, 64, 4)}, 1),  # both layouts: still only the transposed store
-], ids=("dim-1", "dim-2", "fp32-bytes", "dim-2-index64-bytes", "both"))
+    ({"along_rows": False, "both": True, "gather": True, "tile": (64, 64, 4)}, 1),  # a padded operand's casts
+    ({"along_rows": True, "gather": True, "index64": True, "tile": (64, 64, 4)}, 1),
+], ids=("dim-1", "dim-2", "fp32-bytes", "dim-2-index64-bytes", "both", "both-gather", "dim-2-gather-index64"))
 def test_fast_kernel_compiles_for_hopper_without_a_gpu(variant, tile_moves):
     """Triton compiles (ptxas included) what the interpreter runs: CI catches a kernel that would not build
     on the GPU. The tile is read once and moved between register layouts only where it must be."""

@@ -136,9 +136,7 @@ class _GroupedMM(torch.autograd.Function):
     def forward(ctx, x, w_t, offs, op: OpRecipe, pad_groups: bool, want_dx: bool, want_dw: bool):
         xp, rows, offs_p, dest, src, blank, gather = x, None, offs, None, None, None, None
         if pad_groups:  # torchao's padded layout, computed on the device once for forward and backward
-            dest, _, offs_p = padding.destinations(offs, x.shape[0])
-            src, blank = padding.sources(offs, dest, offs_p, padding.padded_rows(x.shape[0], offs.shape[0]))
-            gather = padding.row_map(src, blank)
+            dest, offs_p, src, blank, gather = padding.layout(offs, x.shape[0])
             xp, rows = _padded(x, src, blank, gather, _folds(op, keeps_padded=want_dw and op.wgrad_with_hp))
         # each operand read once: the layouts backward will take are cast with the forward's and kept for it (only
         # those of the gradients asked for)

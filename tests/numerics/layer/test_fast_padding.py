@@ -127,6 +127,36 @@ def _pad_unpad(x, offs):
     return padding.unpad(padded * 2, dest), padded, starts, ends
 
 
+def test_an_moe_layers_three_grouped_gemms_compute_their_padded_layout_once(monkeypatch):
+    """w1, w3 and w2 of an MoE layer get the same ``offs``: the first computes the maps, the other two reuse them,
+    and give the bits they gave when each computed its own. The controls: a new offs tensor with the same values, or
+    the same one changed in place, is computed afresh (and the changed one's layout is its own)."""
+    made = []
+    compute = padding._made
+    monkeypatch.setattr(padding, "_made", lambda offs, tokens: made.append(tokens) or compute(offs, tokens))
+    g = torch.Generator().manual_seed(5)
+    sizes = (0, 45, 3, 19, 0)
+    offs = torch.tensor(sizes).cumsum(0).to(torch.int32)
+    x = torch.randn(sum(sizes), 64, generator=g).to(torch.bfloat16)
+    w1, w3 = (torch.randn(len(sizes), 64, 96, generator=g).to(torch.bfloat16) for _ in range(2))
+    w2 = torch.randn(len(sizes), 96, 64, generator=g).to(torch.bfloat16)
+
+    def layer(offs):
+        h = torch.nn.functional.silu(ops.grouped_mm(x, w1, offs, pad_groups=True))
+        return ops.grouped_mm(h * ops.grouped_mm(x, w3, offs, pad_groups=True), w2, offs, pad_groups=True)
+
+    shared = layer(offs)
+    assert made == [sum(sizes)]
+    separate = layer(offs.clone())  # control: equal values, another tensor
+    assert len(made) == 2
+    assert_bits_equal(separate, shared, what="MoE layer output, layout shared vs computed once per GEMM")
+    kept = padding.layout(offs, sum(sizes))
+    offs[1] += 1  # in place, the same tokens: one row moves from group 2 to group 1; the version counter moves on
+    assert padding.layout(offs, sum(sizes)) is not kept and len(made) == 3
+    for got, want in zip(padding.layout(offs, sum(sizes)), padding._made(offs, sum(sizes))):
+        assert torch.equal(got, want)
+
+
 def test_fast_padding_compiles_to_one_graph_that_reads_nothing_on_the_host():
     """Pad, an elementwise op on the padded rows, and unpad trace whole (no graph break) into a graph with no
     data-dependent host read, and give the eager bits. Controls: torchao's pad traces whole too (torch 2.13

@@ -103,7 +103,9 @@ def layout(offs: torch.Tensor, tokens: int) -> Layout:
     """The padded layout of ``tokens`` routed rows grouped by ``offs``. In eager mode it is kept with ``offs`` and
     given again for the same ``offs`` object (unchanged since: its version counter) and ``tokens``; a compiled
     graph computes it where it is used (dynamo does not trace the cache)."""
-    if torch.compiler.is_compiling():  # (reading offs' version there would trace a data-dependent value)
+    # not kept while compiling (reading offs' version there would trace a data-dependent value), nor for an inference
+    # tensor (it has no version counter)
+    if torch.compiler.is_compiling() or offs.is_inference():
         return _made(offs, tokens)
     key, ident = (tokens, offs._version), id(offs)
     kept = _LAYOUTS.get(ident)

@@ -1,14 +1,15 @@
 """Microbenchmark of the fast MX cast and the ops built on it: ``python -m numerics.layer.fast.bench``.
 
 Casts (E4M3, RCEIL, BF16 in and out) of 16384x2048, 16384x1408 and 8192x7168 along both dims: torchao's
-eager ``to_mx`` + dequantize, the same under ``torch.compile``, and the fast kernel; each beside its
-memory floor, (bytes read + bytes written) / the device's measured copy bandwidth. Then linear and
-grouped GEMM forward + backward at the 16B expert shape (16384 x 2048 -> 1408 over 8 experts, even
-groups): fast, torchao emulated and BF16, with the floor of their cast traffic. Device times are
-CUDA-event medians of ``--iters`` (default 50) after ``--warmup`` runs, each timed with the GPU queue
-pre-filled (``torch.cuda._sleep``) so the Python launch cost is not counted; ``wall`` columns time the
-same loop back to back from the host, launch cost included. Every figure is measured ``--repeats`` times (default
-3), each a warm-up and timing of its own, taken round the row's variants (repeat 1 of each, then repeat 2, ...):
+eager ``to_mx`` + dequantize, the same under ``torch.compile``, and the fast kernel; and the fast kernel's both
+layouts in one launch (dim ``both``, what the ops cast). Each beside its memory floor, (bytes read + bytes
+written) / the device's measured copy bandwidth. Then linear and grouped GEMM forward + backward at the 16B expert
+shape (16384 x 2048 -> 1408 over 8 experts, even groups): fast, torchao emulated and BF16, with the floor of their
+cast traffic. Device times are CUDA-event medians of ``--iters`` (default 50) after ``--warmup`` runs, each timed
+with the GPU queue pre-filled (``torch.cuda._sleep``) so the Python launch cost is not counted; ``wall`` columns
+time the same loop back to back from the host, launch cost included. Every figure is measured ``--repeats`` times
+(default 3), each a warm-up and timing of its own, taken round the row's variants (repeat 1 of each, then repeat
+2, ...):
 the JSON holds each figure's median (the plain key, e.g. ``fast_ms``), its range (``fast_ms_range``: min, max) and
 every repeat (``fast_ms_each``); a ratio such as ``fast_over_bf16`` is the ratio of the medians, its range that of
 the per-repeat ratios. The tile sweep is measured once. Nothing asserts a time.
@@ -50,7 +51,7 @@ from numerics.cli import ArgumentParser, CLIError, run_main
 from numerics.errors import BadInput
 from numerics.files import atomic_write, check_writable
 from numerics.layer.fast import ops
-from numerics.layer.fast.cast import _cast, available, mx_dequantize
+from numerics.layer.fast.cast import _cast, available, mx_dequantize, mx_dequantize_both
 
 CAST_SHAPES = ((16384, 2048), (16384, 1408), (8192, 7168))  # 16B activations, 16B experts, V3 activations
 OP_SHAPE = (16384, 2048, 1408, 8)  # M tokens, K = dim, N = expert hidden, E experts (configs.sixteen_b grouped)
@@ -182,6 +183,13 @@ def _cast_rows(shapes, device, measure, bandwidth, compile_: bool, sweep, progre
             rows.append(row)
             progress(f"cast {m}x{k} dim {dim}: fast {row['fast_ms']:.3f} ms ({_span(row, 'fast_ms')}), "
                      f"floor {floor:.3f} ms")
+        # both layouts in one launch (the ops' casts): 2 bytes read from memory (the floor takes the second
+        # pass's read of a tile just read as served by L2) and 4 written per element, against the two single casts' 8
+        row = {"shape": [m, k], "dim": "both", "floor_ms": 6 * x.numel() / bandwidth}
+        _repeated(row, {"fast": lambda t=x: mx_dequantize_both(t)}, measure, repeats)
+        rows.append(row)
+        progress(f"cast {m}x{k} both dims: fast {row['fast_ms']:.3f} ms ({_span(row, 'fast_ms')}), "
+                 f"floor {row['floor_ms']:.3f} ms")
     return rows
 
 
@@ -277,9 +285,9 @@ def format_report(r: dict) -> str:
              f"{'cast e4m3 rceil bf16':<24} {'floor ms':>9} {'eager ms':>9} {'compiled ms':>12} {'fast ms':>8} "
              f"{'fast range':>13} {'fast/floor':>10}"]
     for c in r["casts"]:
-        comp = c.get("torchao_compiled_ms", float("nan"))
-        lines.append(f"{c['shape'][0]:>6}x{c['shape'][1]:<6} dim {c['dim']:>2}    {c['floor_ms']:>9.3f} "
-                     f"{c['torchao_eager_ms']:>9.3f} {comp:>12.3f} {c['fast_ms']:>8.3f} {_span(c, 'fast_ms'):>13} "
+        comp, eager = c.get("torchao_compiled_ms", float("nan")), c.get("torchao_eager_ms", float("nan"))
+        lines.append(f"{c['shape'][0]:>6}x{c['shape'][1]:<6} dim {c['dim']:>4}  {c['floor_ms']:>9.3f} "
+                     f"{eager:>9.3f} {comp:>12.3f} {c['fast_ms']:>8.3f} {_span(c, 'fast_ms'):>13} "
                      f"{c['fast_ms'] / c['floor_ms']:>9.1f}x")
     swept = [c for c in r["casts"] if "sweep_ms" in c]
     if swept:

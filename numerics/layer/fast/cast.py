@@ -13,7 +13,14 @@ is the transpose's (``out.transpose(-2, -1).is_contiguous()``), what torchao's `
 then ``to_mx`` then ``.t()`` leaves for the GEMM. Scale bytes come shaped like the blocks (``[..., R, C/32]``
 or ``[..., R/32, C]``, the latter transposed in memory the same way); element bytes like the result.
 
-Public: ``mx_dequantize``, ``available``, ``FLAVOURS``, ``TORCHAO_ELEMENTS``.
+``mx_dequantize_both`` gives both layouts in one launch over the operand: what ``dim=-1`` and ``dim=-2`` give, bit
+for bit, for an operand the GEMMs take blocked both ways (forward and backward).
+
+Both take ``rows``: the operand is then ``x``'s rows gathered by it (row ``i`` is ``x[rows[i]]``, zeros where
+``rows[i] < 0``), the gather done by the cast's own loads: the grouped GEMM's padded operands are cast from the
+unpadded rows, the padded copy never written (``numerics.layer.fast.padding.row_map``).
+
+Public: ``mx_dequantize``, ``mx_dequantize_both``, ``available``, ``FLAVOURS``, ``TORCHAO_ELEMENTS``.
 """
 
 from __future__ import annotations
@@ -102,18 +109,54 @@ def mx_dequantize(
     flavour: str = "torchao",
     out_dtype: torch.dtype = torch.bfloat16,
     return_bytes: bool = False,
+    rows: torch.Tensor | None = None,
 ):
     """MX-quantize ``x`` (BF16 or FP32) in blocks of 32 along ``dim`` (-1 or -2) and dequantize to ``out_dtype``.
 
     Returns the dequantized tensor, or ``(dequantized, scale_bytes, element_bytes)`` (uint8) when
     ``return_bytes``. Any strides are accepted; nothing is copied first. Without ``return_bytes`` the
     cast is one opaque op to ``torch.compile`` (``mxval::fast_mx_dequantize``), so compiled models keep
-    their graphs whole around it.
+    their graphs whole around it. ``rows``: cast ``x``'s rows gathered by this map (module docstring).
     """
-    along_rows = _validate(x, elem, mode, dim, flavour, out_dtype)
+    along_rows = _validate(_operand(x, rows), elem, mode, dim, flavour, out_dtype)
     if return_bytes or not torch.compiler.is_compiling():  # eager: skip the custom op's dispatch cost
-        return _cast(x, elem, mode, along_rows, flavour, out_dtype, return_bytes=return_bytes)
-    return _dequantize_op(x, elem, mode, -2 if along_rows else -1, flavour, out_dtype)
+        return _cast(x, elem, mode, along_rows, flavour, out_dtype, return_bytes=return_bytes, rows=rows)
+    return _dequantize_op(x, elem, mode, -2 if along_rows else -1, flavour, out_dtype, rows)
+
+
+def mx_dequantize_both(
+    x: torch.Tensor,
+    *,
+    elem: str = "e4m3",
+    mode: str = "rceil",
+    flavour: str = "torchao",
+    out_dtype: torch.dtype = torch.bfloat16,
+    rows: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(mx_dequantize(x, dim=-1, ...), mx_dequantize(x, dim=-2, ...))`` from one launch of the kernel over
+    ``x``: the same values in the same layouts, each tile read twice in a row by one program (the second read, of
+    a tile just read, can come from L2). ``x`` needs at least two dims, the last two multiples of 32. One opaque
+    op to ``torch.compile`` (``mxval::fast_mx_dequantize_both``). ``rows``: as for ``mx_dequantize``."""
+    operand = _operand(x, rows)
+    _validate(operand, elem, mode, -1, flavour, out_dtype)
+    if x.ndim < 2:
+        raise BadInput(f"mx_dequantize_both needs at least two dims, got shape {tuple(x.shape)}")
+    _validate(operand, elem, mode, -2, flavour, out_dtype)
+    if not torch.compiler.is_compiling():
+        return _cast_both(x, elem, mode, flavour, out_dtype, rows=rows)
+    return _dequantize_both_op(x, elem, mode, flavour, out_dtype, rows)
+
+
+def _operand(x: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:
+    """What the cast quantizes: ``x``, or with ``rows`` a stand-in of the gathered operand's shape (no memory)."""
+    if rows is None:
+        return x
+    if not isinstance(x, torch.Tensor) or x.ndim != 2:
+        raise BadInput(f"rows gathers the rows of a 2-D x, got shape {tuple(getattr(x, 'shape', ()))}")
+    if not isinstance(rows, torch.Tensor) or rows.dtype != torch.int64 or rows.ndim != 1 or rows.device != x.device:
+        raise BadInput(f"rows must be a 1-D int64 tensor on x's device ({x.device}), got "
+                       f"{rows.dtype if isinstance(rows, torch.Tensor) else type(rows).__name__}")
+    return x.new_empty(1, 1).expand(rows.numel(), x.shape[1])
 
 
 def _validate(x, elem, mode, dim, flavour, out_dtype) -> bool:
@@ -148,53 +191,89 @@ def _empty_result(x: torch.Tensor, along_rows: bool, dtype: torch.dtype) -> torc
     return torch.empty(x.shape, dtype=dtype, device=x.device)
 
 
-def _cast(x, elem, mode, along_rows, flavour, out_dtype, *, return_bytes: bool, config=None):
+def _cast(x, elem, mode, along_rows, flavour, out_dtype, *, return_bytes: bool, config=None, rows=None):
     """``config`` = (BR, BC, num_warps) overrides the tile choice (the benchmark's sweep)."""
     reason = available(x.device)
     if reason:
         raise FastUnavailable(reason)
-    out = _empty_result(x, along_rows, out_dtype)
+    src = rows  # the gather map; ``rows`` counts the operand's rows below
+    operand = _operand(x, src)
+    out = _empty_result(operand, along_rows, out_dtype)
     x3, out3 = _as_3d(x), _as_3d(out, output=True)
-    batch, rows, cols = x3.shape
+    batch, rows, cols = _as_3d(operand).shape
     block_major = (lambda t: t.transpose(-2, -1)) if along_rows else (lambda t: t)
     scales = codes = None
     if return_bytes:
-        codes = _empty_result(x, along_rows, torch.uint8)
+        codes = _empty_result(operand, along_rows, torch.uint8)
         shape = (batch, cols, rows // BLOCK) if along_rows else (batch, rows, cols // BLOCK)
         scales = block_major(torch.empty(shape, dtype=torch.uint8, device=x.device))  # shaped like the blocks
-    if x3.numel():
+    if out3.numel():
         _run(x3, block_major(out3), block_major(scales) if return_bytes else None,
              block_major(_as_3d(codes, output=True)) if return_bytes else None,
-             along_rows=along_rows, elem=elem, mode=mode, torchao=flavour == "torchao", config=config)
+             along_rows=along_rows, elem=elem, mode=mode, torchao=flavour == "torchao", config=config, src=src)
     if not return_bytes:
         return out
-    scale_shape = (*x.shape[:-2], rows // BLOCK, cols) if along_rows else (*x.shape[:-1], cols // BLOCK)
+    scale_shape = ((*operand.shape[:-2], rows // BLOCK, cols) if along_rows else
+                   (*operand.shape[:-1], cols // BLOCK))
     return out, scales.reshape(scale_shape), codes
+
+
+def _cast_both(x, elem, mode, flavour, out_dtype, *, config=None, rows=None):
+    reason = available(x.device)
+    if reason:
+        raise FastUnavailable(reason)
+    operand = _operand(x, rows)
+    along_cols, along_rows = _empty_result(operand, False, out_dtype), _empty_result(operand, True, out_dtype)
+    if along_cols.numel():
+        _run(_as_3d(x), _as_3d(along_cols, output=True), None, None, along_rows=False, elem=elem, mode=mode,
+             torchao=flavour == "torchao", config=config,
+             second=_as_3d(along_rows, output=True).transpose(-2, -1), src=rows)
+    return along_cols, along_rows
 
 
 # One opaque op for torch.compile (its fake gives the result's shape and strides), in mxval's own namespace:
 # registered when this module is imported, since a model being compiled may call it first.
 @torch.library.custom_op("mxval::fast_mx_dequantize", mutates_args=(),
-                         schema="(Tensor x, str elem, str mode, int dim, str flavour, ScalarType out_dtype) -> Tensor")
-def _dequantize_op(x, elem, mode, dim, flavour, out_dtype):
-    return _cast(x, elem, mode, dim == -2, flavour, out_dtype, return_bytes=False)
+                         schema="(Tensor x, str elem, str mode, int dim, str flavour, ScalarType out_dtype, "
+                                "Tensor? rows) -> Tensor")
+def _dequantize_op(x, elem, mode, dim, flavour, out_dtype, rows):
+    return _cast(x, elem, mode, dim == -2, flavour, out_dtype, return_bytes=False, rows=rows)
 
 
 @_dequantize_op.register_fake
-def _(x, elem, mode, dim, flavour, out_dtype):
-    return _empty_result(x, dim == -2, out_dtype)
+def _(x, elem, mode, dim, flavour, out_dtype, rows):
+    return _empty_result(_operand(x, rows), dim == -2, out_dtype)
+
+
+@torch.library.custom_op("mxval::fast_mx_dequantize_both", mutates_args=(),
+                         schema="(Tensor x, str elem, str mode, str flavour, ScalarType out_dtype, Tensor? rows) -> "
+                                "(Tensor, Tensor)")
+def _dequantize_both_op(x, elem, mode, flavour, out_dtype, rows):
+    return _cast_both(x, elem, mode, flavour, out_dtype, rows=rows)
+
+
+@_dequantize_both_op.register_fake
+def _(x, elem, mode, flavour, out_dtype, rows):
+    operand = _operand(x, rows)
+    return _empty_result(operand, False, out_dtype), _empty_result(operand, True, out_dtype)
 
 
 def _run(x3, store, scale_store, codes_store, *, along_rows: bool, elem: str, mode: str, torchao: bool,
-         config=None) -> None:
+         config=None, second=None, src=None) -> None:
+    """One launch of the kernel over x3 [B, R, C]; ``second`` (a [B, C, R] contiguous store) asks for the blocks
+    along R too, in the same launch (``store`` then takes the blocks along C); ``src`` (int64 [R'], with B = 1)
+    makes the operand x3's rows gathered by it, R' rows (negative: zeros)."""
     from numerics.layer.fast.kernel import MODE_IDS, cast_kernel
 
     fmt = ELEMENTS[elem]
     device_type = x3.device.type
     batch, rows, cols = x3.shape
+    if src is not None:
+        rows = src.numel()
     thresholds = (rceil_thresholds(x3.device, elem) if torchao and mode == "rceil" else
                   exact_thresholds(x3.device, elem))
-    br, bc, warps = config or _launch_config(device_type, along_rows, rows, cols)
+    both = second is not None
+    br, bc, warps = config or _launch_config(device_type, along_rows or both, rows, cols)
     grid = (triton_cdiv(rows, br), triton_cdiv(cols, bc), batch)
     x_bits = x3.view(torch.int16 if x3.dtype == torch.bfloat16 else torch.int32)
     out_bits = store.view(torch.int16 if store.dtype == torch.bfloat16 else torch.int32)
@@ -208,10 +287,13 @@ def _run(x3, store, scale_store, codes_store, *, along_rows: bool, elem: str, mo
         kernel[grid](
             x_bits, out_bits, store if scale_store is None else scale_store,  # unused pointers when not writing bytes
             store if codes_store is None else codes_store, thresholds,
+            out_bits if second is None else second.view(out_bits.dtype),
+            thresholds if src is None else src,  # an unused pointer when not gathering
             rows, cols, *x3.stride(),
             MODE_IDS[mode], int(torchao), fmt.mbits, fmt.emax, fmt.bias, max_bits, fmt.nan_code, fmt.width,
             IN_BF16=x3.dtype == torch.bfloat16, OUT_BF16=store.dtype == torch.bfloat16,
-            WRITE_BYTES=scale_store is not None, ALONG_ROWS=along_rows, INDEX64=index64, BR=br, BC=bc,
+            WRITE_BYTES=scale_store is not None, ALONG_ROWS=along_rows, INDEX64=index64, BR=br, BC=bc, BOTH=both,
+            GATHER=src is not None,
             num_warps=warps,
         )
 

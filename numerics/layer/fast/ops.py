@@ -5,9 +5,12 @@ and the same ops for those it has not (E5M2 or E2M1 elements: the convergence pr
 controls; the identity cast: its null control).
 
 Only torchao's cast work (``to_mx``, the transposing copies before it, and the dequantize after it) is
-replaced, by one ``mx_dequantize`` per operand; the GEMMs are the same ops (``torch.mm``,
-``torch._grouped_mm``) on operands of the same dtype, shape and strides, which is what makes cuBLAS
-pick the same kernel and return the same bits. Where torchao quantizes along which dim:
+replaced: each operand is read once by the fast kernel, which writes every layout the step's GEMMs take of it
+(``mx_dequantize_both`` for x, W and dY; one layout where dW is computed in high precision). The layouts backward
+takes of x and W are cast in forward and kept for it in place of x and W: more saved memory than torchao's ops,
+which keep x and W and cast them again (the null control's identity cast keeps x and W themselves). The GEMMs are
+the same ops (``torch.mm``, ``torch._grouped_mm``) on operands of the same dtype, shape and strides, which is what
+makes cuBLAS pick the same kernel and return the same bits. Where torchao quantizes along which dim:
 
 =========  ===========================  ====================================  ======================
 GEMM       linear                       grouped (w_t [E, K, N], w = w_t^T)    operand layout seen
@@ -23,7 +26,8 @@ Linear dequantizes to the operand's dtype (``MXTensor.dequantize``), the grouped
 taken as they are (FINDINGS L1), and a dim that must hold whole blocks but does not raises ``BadInput``. Besides
 the casts, torchao's group padding is replaced too (``pad_groups``): ``numerics.layer.fast.padding`` pads token
 groups to 32 rows in torchao's layout on the device, with no host synchronisation, where torchao reads the group
-sizes on the host.
+sizes on the host; the casts of a padded operand read its unpadded rows by the layout's row map, so the padded copy is
+not written (only the identity cast and a dW in high precision, which take the padded operand itself, make it).
 
 Public: ``linear(x, weight, op=MXFP8)``, ``grouped_mm(x, w_t, offs, op=MXFP8, *, pad_groups)``.
 """
@@ -34,47 +38,76 @@ import torch
 
 from numerics.errors import BadInput
 from numerics.layer.fast import padding
-from numerics.layer.fast.cast import TORCHAO_ELEMENTS, mx_dequantize
+from numerics.layer.fast.cast import TORCHAO_ELEMENTS, mx_dequantize, mx_dequantize_both
 from numerics.layer.op_recipe import MXFP8, OpRecipe
 
 
-def _cast(t: torch.Tensor, dim: int, op: OpRecipe, out_dtype: torch.dtype) -> torch.Tensor:
+def _flavour(op: OpRecipe) -> str:
+    """torchao's casts where torchao has the element (its ops take E4M3; E5M2 through its to_mx), else the spec's."""
+    return "torchao" if op.elements in TORCHAO_ELEMENTS else "spec"
+
+
+def _cast(t: torch.Tensor, dim: int, op: OpRecipe, out_dtype: torch.dtype, rows=None) -> torch.Tensor:
     """``t`` as the GEMM sees it: cast to ``op``'s MX elements along ``dim`` by its scale rule, dequantized; with
     ``op.cast == "identity"`` (the null control) ``t`` itself in ``out_dtype``, in its own layout, as a BF16 GEMM
-    takes it."""
+    takes it. ``rows``: cast ``t``'s rows gathered by this map (``padding.row_map``; not with the identity)."""
     if op.cast == "identity":
         return t.to(out_dtype)
-    # torchao's casts where torchao has the element (its ops take E4M3; E5M2 through its to_mx), else the spec's
-    flavour = "torchao" if op.elements in TORCHAO_ELEMENTS else "spec"
-    return mx_dequantize(t, elem=op.elements, mode=op.scale_calculation_mode.lower(), dim=dim, flavour=flavour,
-                         out_dtype=out_dtype)
+    return mx_dequantize(t, elem=op.elements, mode=op.scale_calculation_mode.lower(), dim=dim, flavour=_flavour(op),
+                         out_dtype=out_dtype, rows=rows)
+
+
+def _cast_both(t: torch.Tensor, op: OpRecipe, out_dtype: torch.dtype, rows=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(_cast(t, -1, ...), _cast(t, -2, ...))`` in one launch over ``t``, for an operand one step casts both ways."""
+    if op.cast == "identity":
+        return t.to(out_dtype), t.to(out_dtype)
+    return mx_dequantize_both(t, elem=op.elements, mode=op.scale_calculation_mode.lower(), flavour=_flavour(op),
+                              out_dtype=out_dtype, rows=rows)
+
+
+def _layouts(t: torch.Tensor, op: OpRecipe, out_dtype: torch.dtype, along_last: bool, along_rows: bool, rows=None):
+    """``(t cast along -1, t cast along -2)``, each only where asked (else None); in one launch when both are."""
+    if along_last and along_rows:
+        return _cast_both(t, op, out_dtype, rows)
+    return (_cast(t, -1, op, out_dtype, rows) if along_last else None,
+            _cast(t, -2, op, out_dtype, rows) if along_rows else None)
+
+
+def _padded(t: torch.Tensor, src, blank, gather, fold: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``(operand, rows)`` for casting ``t`` in the padded layout: ``t`` and the map its casts gather by (``fold``:
+    the padding folded into the casts' loads, the padded copy never written), or ``t`` padded (the identity cast
+    returns its operand; dW in high precision multiplies it)."""
+    return (t, gather) if fold else (padding.pad(t, src, blank), None)
 
 
 class _Linear(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, op: OpRecipe):
-        ctx.save_for_backward(x, weight)
-        ctx.op = op
+    def forward(ctx, x, weight, op: OpRecipe, want_dx: bool, want_dw: bool):
+        ctx.op, ctx.x_shape = op, x.shape
         x2 = x.reshape(-1, x.shape[-1])
-        a = _cast(x2, -1, op, x.dtype)  # [M, K] contiguous
-        b = _cast(weight, -1, op, weight.dtype).t()  # [K, N], W's layout transposed
-        return torch.mm(a, b).reshape(*x.shape[:-1], weight.shape[0])
+        # each operand read once: the layouts backward will take are cast with the forward's and kept for it (only
+        # those of the gradients asked for: an evaluation's forward casts one layout)
+        b, w_n = _layouts(weight, op, weight.dtype, True, want_dx)  # along K [N, K]; along N, [K, N] in memory
+        a, x_m = _layouts(x2, op, x.dtype, True, want_dw and not op.wgrad_with_hp)  # along K; along the tokens M
+        ctx.save_for_backward(x2 if want_dw and op.wgrad_with_hp else x_m, w_n)
+        return torch.mm(a, b.t()).reshape(*x.shape[:-1], weight.shape[0])
 
     @staticmethod
     def backward(ctx, grad_out):
-        x, weight = ctx.saved_tensors
+        x_m, w_n = ctx.saved_tensors
         op = ctx.op
+        want_dx, want_dw = w_n is not None, x_m is not None
         g2 = grad_out.reshape(-1, grad_out.shape[-1])
-        x2 = x.reshape(-1, x.shape[-1])
-        # dX = dY @ W, both along N; W's dequantized copy is [K, N] in memory, seen as [N, K]
-        grad_x = torch.mm(_cast(g2, -1, op, grad_out.dtype), _cast(weight, -2, op, weight.dtype))
-        grad_x = grad_x.reshape(*grad_out.shape[:-1], weight.shape[1])
-        if op.wgrad_with_hp:
+        g_n, g_m = _layouts(g2, op, grad_out.dtype, want_dx, want_dw and not op.wgrad_with_hp)
+        grad_x = grad_w = None
+        if want_dx:  # dX = dY @ W, both along N; W's dequantized copy is [K, N] in memory, seen as [N, K]
+            grad_x = torch.mm(g_n, w_n).reshape(*grad_out.shape[:-1], ctx.x_shape[-1])
+        if want_dw and op.wgrad_with_hp:
             # torchao multiplies its contiguous copy of dY; the same layout gives the same GEMM
-            grad_w = torch.mm(grad_out.contiguous().reshape(-1, grad_out.shape[-1]).t(), x2)
-        else:  # dW = dY^T @ x, both along the tokens M
-            grad_w = torch.mm(_cast(g2, -2, op, grad_out.dtype).t(), _cast(x2, -2, op, x.dtype))
-        return grad_x, grad_w, None
+            grad_w = torch.mm(grad_out.contiguous().reshape(-1, grad_out.shape[-1]).t(), x_m)
+        elif want_dw:  # dW = dY^T @ x, both along the tokens M
+            grad_w = torch.mm(g_m.t(), x_m)
+        return grad_x, grad_w, None, None, None
 
 
 def _check_op(op) -> None:
@@ -88,43 +121,56 @@ def linear(x: torch.Tensor, weight: torch.Tensor, op: OpRecipe = MXFP8) -> torch
     _check_op(op)
     if weight.ndim != 2 or x.ndim < 1 or x.shape[-1] != weight.shape[1]:
         raise BadInput(f"linear needs x [..., K] and weight [N, K], got {tuple(x.shape)} and {tuple(weight.shape)}")
-    return _Linear.apply(x, weight, op)
+    grad = torch.is_grad_enabled()  # off inside Function.forward: asked here
+    return _Linear.apply(x, weight, op, grad and x.requires_grad, grad and weight.requires_grad)
+
+
+def _folds(op: OpRecipe, *, keeps_padded: bool) -> bool:
+    """Whether an operand's padding goes into its casts: not for the identity cast or an operand dW in high
+    precision multiplies as it is (``keeps_padded``), which need the padded copy itself."""
+    return op.cast != "identity" and not keeps_padded
 
 
 class _GroupedMM(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, w_t, offs, op: OpRecipe, pad_groups: bool):
-        xp, offs_p, dest = x, offs, None
+    def forward(ctx, x, w_t, offs, op: OpRecipe, pad_groups: bool, want_dx: bool, want_dw: bool):
+        xp, rows, offs_p, dest, src, blank, gather = x, None, offs, None, None, None, None
         if pad_groups:  # torchao's padded layout, computed on the device once for forward and backward
-            dest, _, offs_p = padding.destinations(offs, x.shape[0])
-            xp = padding.pad(x, dest, padding.padded_rows(x.shape[0], offs.shape[0]))
-        a = _cast(xp, -1, op, torch.bfloat16)  # [M, K] contiguous
+            dest, offs_p, src, blank, gather = padding.layout(offs, x.shape[0])
+            xp, rows = _padded(x, src, blank, gather, _folds(op, keeps_padded=want_dw and op.wgrad_with_hp))
+        # each operand read once: the layouts backward will take are cast with the forward's and kept for it (only
+        # those of the gradients asked for)
+        a, x_m = _layouts(xp, op, torch.bfloat16, True, want_dw and not op.wgrad_with_hp, rows)  # along K; along M
         w = w_t.transpose(-2, -1)  # [E, N, K]
-        b = _cast(w, -1, op, torch.bfloat16).transpose(-2, -1)  # [E, K, N], memory [E, N, K]
-        out = torch._grouped_mm(a, b, offs=offs_p, out_dtype=torch.bfloat16)
+        b, w_n = _layouts(w, op, torch.bfloat16, True, want_dx)  # along K; along N, [E, K, N] in memory
+        out = torch._grouped_mm(a, b.transpose(-2, -1), offs=offs_p, out_dtype=torch.bfloat16)
         if pad_groups:
             out = padding.unpad(out, dest)
-        ctx.save_for_backward(xp, w_t, offs_p, dest)
+        ctx.save_for_backward(xp if want_dw and op.wgrad_with_hp else x_m, w_n, offs_p, dest, src, blank, gather)
         ctx.op = op
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        xp, w_t, offs_p, dest = ctx.saved_tensors
+        x_m, w_n, offs_p, dest, src, blank, gather = ctx.saved_tensors
         op = ctx.op
-        g = grad_out if dest is None else padding.pad(grad_out, dest, xp.shape[0])
-        # dX = dY @ w, both along N; w's dequantized copy is [E, K, N] in memory, seen as [E, N, K]
-        w = w_t.transpose(-2, -1)
-        grad_x = torch._grouped_mm(_cast(g, -1, op, torch.bfloat16), _cast(w, -2, op, torch.bfloat16), offs=offs_p,
-                                   out_dtype=torch.bfloat16)
-        if op.wgrad_with_hp:
-            grad_w = torch._grouped_mm(g.contiguous().transpose(-2, -1), xp, offs=offs_p, out_dtype=torch.bfloat16)
-        else:  # dW = dY^T @ x per group, both along the tokens (blocks may span groups: FINDINGS L3)
-            grad_w = torch._grouped_mm(_cast(g, -2, op, torch.bfloat16).transpose(-2, -1),
-                                       _cast(xp, -2, op, torch.bfloat16), offs=offs_p, out_dtype=torch.bfloat16)
+        want_dx, want_dw = w_n is not None, x_m is not None
+        g, rows = grad_out, None
         if dest is not None:
-            grad_x = padding.unpad(grad_x, dest)
-        return grad_x, grad_w.transpose(-2, -1), None, None, None
+            g, rows = _padded(grad_out, src, blank, gather, _folds(op, keeps_padded=want_dw and op.wgrad_with_hp))
+        g_n, g_m = _layouts(g, op, torch.bfloat16, want_dx, want_dw and not op.wgrad_with_hp, rows)
+        grad_x = grad_w = None
+        if want_dx:  # dX = dY @ w, both along N
+            grad_x = torch._grouped_mm(g_n, w_n, offs=offs_p, out_dtype=torch.bfloat16)
+            if dest is not None:
+                grad_x = padding.unpad(grad_x, dest)
+        if want_dw and op.wgrad_with_hp:
+            grad_w = torch._grouped_mm(g.contiguous().transpose(-2, -1), x_m, offs=offs_p,
+                                       out_dtype=torch.bfloat16).transpose(-2, -1)
+        elif want_dw:  # dW = dY^T @ x per group, both along the tokens (blocks may span groups: FINDINGS L3)
+            grad_w = torch._grouped_mm(g_m.transpose(-2, -1), x_m, offs=offs_p,
+                                       out_dtype=torch.bfloat16).transpose(-2, -1)
+        return grad_x, grad_w, None, None, None, None, None
 
 
 def grouped_mm(x: torch.Tensor, w_t: torch.Tensor, offs: torch.Tensor, op: OpRecipe = MXFP8, *,
@@ -135,4 +181,5 @@ def grouped_mm(x: torch.Tensor, w_t: torch.Tensor, offs: torch.Tensor, op: OpRec
     if x.ndim != 2 or w_t.ndim != 3 or x.shape[1] != w_t.shape[1] or offs.ndim != 1 or offs.numel() != w_t.shape[0]:
         raise BadInput(f"grouped_mm needs x [M, K], w_t [E, K, N] and offs [E], got {tuple(x.shape)}, "
                        f"{tuple(w_t.shape)} and {tuple(offs.shape)}")
-    return _GroupedMM.apply(x, w_t, offs, op, pad_groups)
+    grad = torch.is_grad_enabled()  # off inside Function.forward: asked here
+    return _GroupedMM.apply(x, w_t, offs, op, pad_groups, grad and x.requires_grad, grad and w_t.requires_grad)

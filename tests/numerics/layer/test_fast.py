@@ -165,13 +165,50 @@ def test_fast_ops_take_non_contiguous_upstream_gradients(kind, device):
         _assert_same(_fwd_bwd(op, x, w, grad.contiguous()), _fwd_bwd(op, x, w, grad), f"{kind} gradient")
 
 
+@pytest.mark.parametrize("hp", (False, True))
+@pytest.mark.parametrize("frozen", ("x", "w", "both"))
+def test_fast_ops_cast_only_the_layouts_of_the_gradients_asked_for(monkeypatch, frozen, hp):
+    """An operand without a gradient (a frozen weight, an input that needs none) or a forward without autograd (an
+    evaluation) asks fewer layouts: the gradients that are asked stay torchao's bit for bit, and a forward under
+    no_grad casts each operand along the last dim only (the control: with gradients on, both ways)."""
+    g = torch.Generator().manual_seed(3)
+    x, w, grad = (_rand(shape, g, "spread", "cpu") for shape in ((64, 64), (32, 64), (64, 32)))
+    offs = torch.tensor([32, 64], dtype=torch.int32)
+    w_experts = torch.cat([w, w.flip(0)]).reshape(2, 32, 64)  # [E, N, K]
+    cases = ((ops.linear, _torchao_linear(hp), w, lambda a, b: ops.linear(a, b, OpRecipe(wgrad_with_hp=hp))),
+             (ops.grouped_mm, _torchao_grouped(offs, hp, False), w_experts,
+              lambda a, b: ops.grouped_mm(a, b.transpose(-2, -1), offs, OpRecipe(wgrad_with_hp=hp), pad_groups=False)))
+    for name, ref, weight, fast_op in cases:
+        results = []
+        for f in (ref, fast_op):
+            a = x.detach().clone().requires_grad_(frozen not in ("x", "both"))
+            b = weight.detach().clone().requires_grad_(frozen not in ("w", "both"))
+            y = f(a, b)
+            if y.requires_grad:
+                y.backward(grad)
+            results.append({"output": y.detach(), **({"dX": a.grad} if a.requires_grad else {}),
+                            **({"dW": b.grad} if b.requires_grad else {})})
+        _assert_same(results[0], results[1], f"{name.__name__}, frozen {frozen}, wgrad_with_hp={hp}")
+    calls = []
+    real = ops._cast_both
+    monkeypatch.setattr(ops, "_cast_both", lambda *a: calls.append(1) or real(*a))
+    x_, w_ = x.detach().requires_grad_(True), w.detach().requires_grad_(True)
+    with torch.no_grad():
+        ops.linear(x_, w_, OpRecipe(wgrad_with_hp=hp))
+    assert calls == []
+    ops.linear(x_, w_, OpRecipe(wgrad_with_hp=hp))
+    assert len(calls) == (1 if hp else 2)  # W both ways; x too where dW is quantized
+
+
 def _planted(cast):
-    """``ops._cast`` with one ulp added to every nonzero finite value: a cast that rounds one step off."""
+    """``ops._cast`` (or ``ops._cast_both``) with one ulp added to every nonzero finite value it gives: a cast that
+    rounds one step off."""
     def off_by_one_ulp(*args):
-        t = cast(*args)
-        bits = t.view(torch.int16) if t.dtype == torch.bfloat16 else t.view(torch.int32)
-        bits += ((bits != 0) & t.isfinite()).to(bits.dtype)
-        return t
+        out = cast(*args)
+        for t in out if isinstance(out, tuple) else (out,):
+            bits = t.view(torch.int16) if t.dtype == torch.bfloat16 else t.view(torch.int32)
+            bits += ((bits != 0) & t.isfinite()).to(bits.dtype)
+        return out
     return off_by_one_ulp
 
 
@@ -181,6 +218,7 @@ def test_fast_ops_checks_fail_on_a_planted_one_ulp_cast_error(monkeypatch, hp):
     _check_linear((64, 64, 64), hp, "spread", 7, "cpu")
     _check_grouped((32, 0, 64), (0, 64, 64), hp, False, "spread", 8, "cpu")
     monkeypatch.setattr(ops, "_cast", _planted(ops._cast))
+    monkeypatch.setattr(ops, "_cast_both", _planted(ops._cast_both))
     caught = ("output", "dX") + (() if hp else ("dW",))
     for check in (lambda: _check_linear((64, 64, 64), hp, "spread", 7, "cpu"),
                   lambda: _check_grouped((32, 0, 64), (0, 64, 64), hp, False, "spread", 8, "cpu")):
@@ -213,7 +251,7 @@ def test_fast_bench_quick_run_prints_every_figure_and_keeps_an_existing_json(tmp
     assert bench.main(argv) == 0
     result = json.loads(out.read_text())
     assert result["kind"] == bench.KIND and result["version"] == 2 and result["repeats"] == 2
-    assert {c["dim"] for c in result["casts"]} == {-1, -2} and [o["op"] for o in result["ops"]] == ["linear",
+    assert {c["dim"] for c in result["casts"]} == {-1, -2, "both"} and [o["op"] for o in result["ops"]] == ["linear",
                                                                                                      "grouped_mm"]
     assert all(c["fast_ms"] > 0 and c["floor_ms"] > 0 for c in result["casts"])
     for row, key in [(c, "fast_ms") for c in result["casts"]] + [(o, k) for o in result["ops"]

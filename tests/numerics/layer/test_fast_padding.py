@@ -54,7 +54,7 @@ def _check_against_torchao(sizes, dtype, offs_dtype, seed) -> None:
     x = _random_bits(tokens, 64, dtype, g)
     want, want_starts, want_ends = torch_pad(x, offs, 32)
     dest, starts, ends = padding.destinations(offs, tokens)
-    got = padding.pad(x, dest, padding.padded_rows(tokens, len(sizes)))
+    got = padding.pad(x, *padding.sources(offs, dest, ends, padding.padded_rows(tokens, len(sizes))))
     for name, w, o in (("padded", want, got), ("starts", want_starts, starts), ("ends", want_ends, ends)):
         assert (o.shape, o.dtype) == (w.shape, w.dtype), f"{sizes} {name}: {o.shape} {o.dtype}, not {w.shape} {w.dtype}"
         assert_bits_equal(w, o, what=f"{sizes} {dtype} offs {offs_dtype}: {name}")
@@ -85,6 +85,10 @@ def test_fast_padding_is_torchaos_padding_bit_for_bit(sizes, dtype, offs_dtype):
     dest, got_starts, got_ends = padding.destinations(offs, sum(sizes))
     assert (got_starts.tolist(), got_ends.tolist(), padding.padded_rows(sum(sizes), len(sizes))) == (starts, ends, rows)
     assert sorted(set(dest.tolist())) == dest.tolist()  # rows keep their order, none shares a destination
+    # the gather's maps: each destination holds its routed row, the blank rows are every other row, in order
+    src, blank = padding.sources(offs, dest, got_ends, rows)
+    assert src[dest].tolist() == list(range(sum(sizes)))
+    assert blank.tolist() == sorted(set(range(rows)) - set(dest.tolist()))
 
 
 @given(sizes=ls.group_sizes(max_experts=8, max_tokens=300), dtype=st.sampled_from((torch.bfloat16, torch.float32)),
@@ -119,8 +123,40 @@ def _host_reads(graphs) -> list[str]:
 
 def _pad_unpad(x, offs):
     dest, starts, ends = padding.destinations(offs, x.shape[0])
-    padded = padding.pad(x, dest, padding.padded_rows(x.shape[0], offs.shape[0]))
+    padded = padding.pad(x, *padding.sources(offs, dest, ends, padding.padded_rows(x.shape[0], offs.shape[0])))
     return padding.unpad(padded * 2, dest), padded, starts, ends
+
+
+def test_an_moe_layers_three_grouped_gemms_compute_their_padded_layout_once(monkeypatch):
+    """w1, w3 and w2 of an MoE layer get the same ``offs``: the first computes the maps, the other two reuse them,
+    and give the bits they gave when each computed its own. The controls: a new offs tensor with the same values, or
+    the same one changed in place, is computed afresh (and the changed one's layout is its own)."""
+    made = []
+    compute = padding._made
+    monkeypatch.setattr(padding, "_made", lambda offs, tokens: made.append(tokens) or compute(offs, tokens))
+    g = torch.Generator().manual_seed(5)
+    sizes = (0, 45, 3, 19, 0)
+    offs = torch.tensor(sizes).cumsum(0).to(torch.int32)
+    x = torch.randn(sum(sizes), 64, generator=g).to(torch.bfloat16)
+    w1, w3 = (torch.randn(len(sizes), 64, 96, generator=g).to(torch.bfloat16) for _ in range(2))
+    w2 = torch.randn(len(sizes), 96, 64, generator=g).to(torch.bfloat16)
+
+    def layer(offs):
+        h = torch.nn.functional.silu(ops.grouped_mm(x, w1, offs, pad_groups=True))
+        return ops.grouped_mm(h * ops.grouped_mm(x, w3, offs, pad_groups=True), w2, offs, pad_groups=True)
+
+    shared = layer(offs)
+    assert made == [sum(sizes)]
+    separate = layer(offs.clone())  # control: equal values, another tensor
+    assert len(made) == 2
+    assert_bits_equal(separate, shared, what="MoE layer output, layout shared vs computed once per GEMM")
+    kept = padding.layout(offs, sum(sizes))
+    offs[1] += 1  # in place, the same tokens: one row moves from group 2 to group 1; the version counter moves on
+    assert padding.layout(offs, sum(sizes)) is not kept and len(made) == 3
+    for got, want in zip(padding.layout(offs, sum(sizes)), padding._made(offs, sum(sizes))):
+        assert torch.equal(got, want)
+    with torch.inference_mode():  # an evaluation's offs may have no version counter: computed, not kept
+        assert_bits_equal(layer(offs.clone()), layer(offs), what="MoE layer output under inference_mode")
 
 
 def test_fast_padding_compiles_to_one_graph_that_reads_nothing_on_the_host():

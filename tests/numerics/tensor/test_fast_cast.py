@@ -18,7 +18,7 @@ import re
 import numpy as np
 import pytest
 import torch
-from hypothesis import assume, example, given
+from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 
 from numerics.assertions import assert_bits_equal
@@ -150,6 +150,122 @@ def _families_tensor() -> np.ndarray:
     return np.concatenate(rows + [special]).astype(np.float32)
 
 
+def _check_both(x: torch.Tensor, elem, mode, flavour, out_dtype, *, cast=None) -> None:
+    """The property: both layouts from one launch are the two casts along -1 and -2 (each held to its reference
+    above), bit for bit, in their memory layouts."""
+    got = (cast or fast.mx_dequantize_both)(x, elem=elem, mode=mode, flavour=flavour, out_dtype=out_dtype)
+    for dim, g in zip((-1, -2), got):
+        want = fast.mx_dequantize(x, elem=elem, mode=mode, dim=dim, flavour=flavour, out_dtype=out_dtype)
+        assert g.shape == want.shape and g.stride() == want.stride(), (dim, g.stride(), want.stride())
+        assert_bits_equal(want, g, what=f"both layouts, dim {dim}: {flavour} {elem}/{mode} {x.dtype}->{out_dtype}",
+                          canonical_nan=True)
+
+
+@st.composite
+def both_cases(draw):
+    """A tensor of 2-3 dims whose last two are multiples of 32: a block family's values for a drawn seed, with one
+    drawn block (the strategies' adversarial blocks, F1-F3 included) placed along each of the two dims; its
+    settings and memory layout. (Every value drawn one by one would exceed what Hypothesis draws for an example.)"""
+    rows, cols = 32 * draw(st.integers(1, 3)), 32 * draw(st.integers(1, 2))
+    lead = tuple(draw(st.lists(st.integers(1, 2), max_size=1)))
+    values = families.generate(draw(st.sampled_from(families.FAMILIES)), (*lead, rows, cols),
+                               seed=draw(st.integers(0, 2**16)))
+    r, c = draw(st.integers(0, rows - 1)), 32 * draw(st.integers(0, cols // 32 - 1))
+    values[..., r, c:c + 32] = draw(S.mx_blocks())
+    r, c = 32 * draw(st.integers(0, rows // 32 - 1)), draw(st.integers(0, cols - 1))
+    values[..., r:r + 32, c] = draw(S.mx_blocks())
+    elem = draw(st.sampled_from(ELEMS))
+    return (values, elem, draw(st.sampled_from(mx.MODES)), draw(st.sampled_from(FLAVOURS_OF[elem])),
+            draw(st.sampled_from(tuple(DTYPES))), draw(st.sampled_from(tuple(DTYPES))),
+            draw(st.sampled_from(("contiguous", "transposed"))))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+# a third of the profile's examples: each runs the kernel three times, and what it adds to the single casts' tests
+# (one source of arithmetic) is the second layout's indexing, which shapes, dtypes and strides vary
+@settings(max_examples=max(20, settings().max_examples // 3))
+@given(case=both_cases())
+def test_fast_cast_both_layouts_in_one_launch_are_the_two_casts(device, case):
+    values, elem, mode, flavour, dtype, out_dtype, layout = case
+    x = torch.from_numpy(values).to(device=device, dtype=DTYPES[dtype])
+    if layout == "transposed":
+        x = x.transpose(-2, -1).contiguous().transpose(-2, -1)
+    _check_both(x, elem, mode, flavour, DTYPES[out_dtype])
+
+
+@pytest.mark.parametrize("flavour", fast.FLAVOURS)
+def test_fast_cast_both_layouts_on_every_family_and_a_planted_ulp_fails(flavour):
+    """Every family (and the findings' blocks) along either dim; the control: one ulp off in either layout fails."""
+    t = torch.from_numpy(np.concatenate([_families_tensor(), np.zeros((8, 128), np.float32)]))  # [32, 128]
+    for x in (t, t.t()):
+        _check_both(x, "e4m3", "rceil", flavour, torch.bfloat16)
+    for part in (0, 1):
+        def planted(*args, part=part, **kwargs):
+            outs = fast.mx_dequantize_both(*args, **kwargs)
+            bits = outs[part].view(torch.int16)
+            bits[tuple(torch.nonzero((bits != 0) & outs[part].isfinite())[0])] += 1
+            return outs
+        with pytest.raises(AssertionError, match="differ bitwise"):
+            _check_both(t, "e4m3", "rceil", flavour, torch.bfloat16, cast=planted)
+
+
+def _gathered(x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """The operand a row map stands for, written out: row i is x[rows[i]], zeros where rows[i] < 0."""
+    if x.shape[0] == 0:  # nothing to gather: every row is a zero row
+        return x.new_zeros(rows.numel(), x.shape[1])
+    return x.index_select(0, rows.clamp(min=0)).masked_fill_((rows < 0)[:, None], 0)
+
+
+def _check_gathered(x, rows, *, cast=None) -> None:
+    """The property: a cast that gathers ``x``'s rows by ``rows`` in its loads is the cast of the gathered copy (held
+    to torchao and the oracle above), values, scale and element bytes, in each layout and in both at once."""
+    cast = cast or fast.mx_dequantize
+    padded = _gathered(x, rows)
+    for dim in (-1, -2):
+        got = cast(x, dim=dim, rows=rows, return_bytes=True)
+        want = fast.mx_dequantize(padded, dim=dim, return_bytes=True)
+        for what, g, w in zip(("values", "scale bytes", "element bytes"), got, want):
+            assert g.shape == w.shape and g.stride() == w.stride(), (what, dim, g.stride(), w.stride())
+            assert_bits_equal(w, g, what=f"gathered cast, dim {dim}: {what}", canonical_nan=True)
+    for dim, g in zip((-1, -2), fast.mx_dequantize_both(x, rows=rows)):
+        assert_bits_equal(fast.mx_dequantize(padded, dim=dim), g, what=f"gathered, both layouts: dim {dim}",
+                          canonical_nan=True)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", tuple(DTYPES))
+@pytest.mark.parametrize("layout", ("contiguous", "transposed"))
+def test_fast_cast_gathering_rows_is_the_cast_of_the_gathered_copy(device, dtype, layout):
+    """The grouped GEMM's padding folded into the cast: rows out of order, repeated, and zero rows (negative) inside
+    blocks along dim -2, on every family and the findings' blocks."""
+    x = torch.from_numpy(_families_tensor()).to(device=device, dtype=DTYPES[dtype])  # [32, 128]
+    if layout == "transposed":
+        x = x.t().contiguous().t()
+    gen = torch.Generator().manual_seed(0)
+    rows = torch.randint(-8, x.shape[0], (96,), generator=gen).to(device)  # ~20 % negative: zero rows
+    _check_gathered(x, rows)
+
+
+def test_fast_cast_gathers_zeros_only_from_no_rows_and_refuses_a_bad_map():
+    """Every row blank over an x of no rows (a grouped GEMM no token was routed to), no row at all, and the map's
+    contract; the control: a cast that ignores the map's negative rows (reads x's last row there) fails."""
+    _check_gathered(torch.zeros(0, 64, dtype=torch.bfloat16), torch.full((64,), -1))
+    assert fast.mx_dequantize(torch.ones(8, 64), rows=torch.zeros(0, dtype=torch.int64), dim=-2).shape == (0, 64)
+    with pytest.raises(BadInput, match="rows must be a 1-D int64 tensor"):
+        fast.mx_dequantize(torch.ones(8, 64), rows=torch.zeros(32, dtype=torch.int32))
+    with pytest.raises(BadInput, match="rows gathers the rows of a 2-D x"):
+        fast.mx_dequantize(torch.ones(2, 8, 64), rows=torch.zeros(32, dtype=torch.int64))
+    with pytest.raises(BadInput, match="not a multiple of the MX block size"):
+        fast.mx_dequantize(torch.ones(8, 64), rows=torch.zeros(40, dtype=torch.int64), dim=-2)
+
+    def wraps_negative_rows(x, *, rows, **kwargs):
+        return fast.mx_dequantize(x, rows=torch.where(rows < 0, rows + x.shape[0], rows), **kwargs)
+
+    x = torch.from_numpy(_families_tensor()).to(torch.bfloat16)
+    with pytest.raises(AssertionError, match="differ bitwise"):
+        _check_gathered(x, torch.arange(-8, 24), cast=wraps_negative_rows)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dim", (-1, -2))
 @pytest.mark.parametrize("mode", mx.MODES)
@@ -244,7 +360,10 @@ def test_fast_cast_torchao_rceil_rounds_alike_on_cpu_and_cuda():
     ({"along_rows": True, "tile": (64, 64, 4)}, 1),  # along dim -2: the one move is the transposed store
     ({"along_rows": False, "in_bf16": False, "out_bf16": False, "write_bytes": True}, None),
     ({"along_rows": True, "index64": True, "write_bytes": True, "tile": (64, 64, 4)}, None),
-], ids=("dim-1", "dim-2", "fp32-bytes", "dim-2-index64-bytes"))
+    ({"along_rows": False, "both": True, "tile": (64, 64, 4)}, 1),  # both layouts: still only the transposed store
+    ({"along_rows": False, "both": True, "gather": True, "tile": (64, 64, 4)}, 1),  # a padded operand's casts
+    ({"along_rows": True, "gather": True, "index64": True, "tile": (64, 64, 4)}, 1),
+], ids=("dim-1", "dim-2", "fp32-bytes", "dim-2-index64-bytes", "both", "both-gather", "dim-2-gather-index64"))
 def test_fast_kernel_compiles_for_hopper_without_a_gpu(variant, tile_moves):
     """Triton compiles (ptxas included) what the interpreter runs: CI catches a kernel that would not build
     on the GPU. The tile is read once and moved between register layouts only where it must be."""
@@ -254,8 +373,10 @@ def test_fast_kernel_compiles_for_hopper_without_a_gpu(variant, tile_moves):
     assert kernel.asm["cubin"], "no cubin"
     if tile_moves is not None:
         br, bc, _ = variant.get("tile", (32, 128, 4))
-        shape = f"tensor<{br // 32}x32x{bc}x" if variant["along_rows"] else f"tensor<{br}x{bc // 32}x32x"
-        moves = [line for line in kernel.asm["ttgir"].splitlines() if "ttg.convert_layout" in line and shape in line]
+        shapes = ([f"tensor<{br // 32}x32x{bc}x"] if variant["along_rows"] or variant.get("both") else []) + \
+            ([f"tensor<{br}x{bc // 32}x32x"] if not variant["along_rows"] else [])
+        moves = [line for line in kernel.asm["ttgir"].splitlines()
+                 if "ttg.convert_layout" in line and any(shape in line for shape in shapes)]
         assert len(moves) == tile_moves, "\n".join(moves)
 
 
@@ -301,6 +422,13 @@ def test_fast_cast_rejects_bad_settings_with_a_library_error(kwargs, match):
         fast.mx_dequantize(torch.zeros(2, 64, 64), **kwargs)
     with pytest.raises(BadInput, match="bfloat16 or float32"):
         fast.mx_dequantize(torch.zeros(64, dtype=torch.float16))
+
+
+@pytest.mark.parametrize(("shape", "match"), [((64,), "at least two dims"), ((48, 64), "dim 0 has size 48"),
+                                            ((64, 40), "dim 1 has size 40")])
+def test_fast_cast_both_layouts_need_two_dims_of_whole_blocks(shape, match):
+    with pytest.raises(BadInput, match=match):
+        fast.mx_dequantize_both(torch.zeros(shape, dtype=torch.bfloat16))
 
 
 def test_fast_cast_empty_tensor_gives_empty_results():

@@ -1,0 +1,41 @@
+"""Tile sweep of the both-layouts fast cast (branch `dual`) against the two single casts, on one GPU.
+
+Run from a tree that has ``numerics.layer.fast.cast._cast_both``:  python3 dev/gpu/both_sweep.py
+For each 16B cast shape: the single casts (dim -1, dim -2) at their default tiles, then the both-layouts
+cast at each tile of ``TILES``, each checked bit for bit against the singles; device ms (median of the
+bench's timer) and the both/singles ratio. A development probe: nothing here is a product figure.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from numerics.layer.fast.bench import CAST_SHAPES, _timer
+from numerics.layer.fast.cast import _cast, _cast_both
+
+TILES = ((64, 64, 4), (64, 64, 8), (32, 128, 4), (32, 128, 8), (128, 64, 8), (64, 128, 8), (128, 128, 8))
+
+
+def main() -> None:
+    dev = torch.device("cuda")
+    measure = _timer(dev, iters=50, warmup=5)
+    print(torch.cuda.get_device_name(dev), torch.__version__)
+    for m, k in CAST_SHAPES:
+        x = torch.randn(m, k, device=dev).to(torch.bfloat16)
+        one = {d: (lambda d=d, x=x: _cast(x, "e4m3", "rceil", d == -2, "torchao", torch.bfloat16, return_bytes=False))
+               for d in (-1, -2)}
+        ref = (one[-1](), one[-2]())
+        singles = {d: measure(fn)["ms"] for d, fn in one.items()}
+        total = singles[-1] + singles[-2]
+        print(f"{m}x{k}: dim -1 {singles[-1]:.4f} ms, dim -2 {singles[-2]:.4f} ms, sum {total:.4f} ms")
+        for tile in TILES:
+            fn = lambda t=tile, x=x: _cast_both(x, "e4m3", "rceil", "torchao", torch.bfloat16, config=t)  # noqa: E731
+            got = fn()
+            same = all(torch.equal(a.view(torch.int16), b.view(torch.int16)) for a, b in zip(got, ref))
+            ms = measure(fn)["ms"]
+            print(f"  both {'x'.join(map(str, tile)):>10}: {ms:.4f} ms  both/sum {ms / total:.2f}  "
+                  f"{'bit-identical' if same else 'DIFFERS'}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -20,7 +20,8 @@ the fork removes, ``1 - (fork / independent)^2`` (the projection assumed 70 %). 
 were made on (``hardware``, None where they name no one model; the reference's from its golden sidecar), and the
 lines say so when they differ: a run is computed differently on another model (docs/protocol.md, the fork
 design), so only the spreads compare. GPU-hours: every piece in the folder's ``pace.jsonl`` (wall seconds over
-the runs sharing its GPU). ``deterministic_pace``: how many times longer a step of the deterministic trunk took than
+the runs sharing its GPU); ``trunk_s`` and ``continuation_s`` are a run's pieces summed, averaged over the runs, so
+a trunk made again on a fresh machine counts every time it was made. ``deterministic_pace``: how many times longer a step of the deterministic trunk took than
 a step of a continuation (the median tokens per second of each, from their logs, over the pieces that had their GPU
 alone): what a fork design's trunks cost beyond their steps (``convergence.curves.decision.designs.part_cost_s``).
 """

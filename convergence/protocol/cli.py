@@ -320,10 +320,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                                  else runs_hardware_tag(plan, args.out))
     command = plan.command("OUT", gpus=gpus, per_gpu=per_gpu, stop_after_minutes=args.stop_after_minutes)
     if plan.pilot:
-        from convergence.protocol.pilot import pilot_lines, pilot_result
+        from convergence.protocol.pilot import pilot_lines, pilot_note, pilot_result
 
         result = pilot_result(plan, args.out) | {"environment": _environment()}
-        files = write_results(plan, args.out, {"pilot": result}, command, hardware)
+        files = write_results(plan, args.out, {"pilot": result}, command, hardware, {"pilot": pilot_note(result)})
         print("\n".join(pilot_lines(result)))
         print(f"pilot complete: {len(files)} result files in {args.out / 'results'} (record.sh lists them in golden/)")
         return 0

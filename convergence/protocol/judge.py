@@ -170,8 +170,6 @@ def null_identity(twin: Path, null: Path) -> dict:
 
 
 def _note(name: str, r: dict) -> str:
-    if r.get("kind") == "fork pilot":
-        return _pilot_note(r)
     sens = r.get("sensitivity") or {}
     hw = f"; interval half-width {sens['half_width']:.3%}" if sens else ""
     if sens.get("intervals_reach") is not None:  # the margin the runs resolve, whatever the one set
@@ -182,24 +180,11 @@ def _note(name: str, r: dict) -> str:
     return f"{name}: {r.get('verdict')}: {r.get('reason')}{hw}{tail}"
 
 
-def _pilot_note(r: dict) -> str:
-    """A fork pilot's result (``convergence.protocol.pilot``) in one line."""
-    fw, ref = r["final_window"], r.get("independent") or {}
-    if fw.get("spread") is None:
-        return f"fork pilot: {len(r['continuations'])} continuations, no final-window spread"
-    lo, hi = fw["interval_95"]
-    line = (f"fork pilot: {len(r['continuations'])} BF16 continuations from step {r['fork_step']}, final-window "
-            f"within-trunk spread {fw['spread']:.3%} (95 % interval {lo:.3%} to {hi:.3%})")
-    if ref.get("final_window") and r.get("explained") is not None:
-        on = f" on {ref['hardware']}" if ref.get("hardware") else ""
-        line += (f"; independent runs{on} {ref['final_window']['spread']:.3%}: the fork removes "
-                 f"{r['explained']:.0%} of the variance")
-    return line
-
-
-def write_results(plan: ProtocolPlan, out: Path, verdicts: dict[str, dict], command: str, hardware: str) -> list[Path]:
+def write_results(plan: ProtocolPlan, out: Path, verdicts: dict[str, dict], command: str, hardware: str,
+                  notes: dict[str, str] | None = None) -> list[Path]:
     """OUT/results/: the verdicts, their figures, every run's curve and the MXFP8 runs' probes, each with a
-    golden-style sidecar (sha256, command, hardware, commit, versions, note), and record.sh, which lists them in
+    golden-style sidecar (sha256, command, hardware, commit, versions, note: ``notes[name]`` where the caller
+    gives one, as for a pilot's result, else the verdict's own line), and record.sh, which lists them in
     golden/ once copied there. Curves and probes are gzip-compressed (``.jsonl.gz``, read as they are by every
     loader and by ``golden check``): a proxy run's metrics are ~0.6 MB, its gzip ~0.14 MB, and the 64 runs of
     a whole plan would otherwise add ~40 MB to golden/. A run already compacted is copied as it is
@@ -234,7 +219,7 @@ def write_results(plan: ProtocolPlan, out: Path, verdicts: dict[str, dict], comm
     trained = runs_environment(plan, out, envs)
     for name, r in verdicts.items():
         path = part / f"{plan.prefix}_{name}__{hardware}.json"
-        emit(path, json.dumps(r, indent=1, default=str) + "\n", command, _note(name, r),
+        emit(path, json.dumps(r, indent=1, default=str) + "\n", command, (notes or {}).get(name) or _note(name, r),
              judged if trained is None else trained | {"judged_with": judged},
              commit=(judged or {}).get("mxval_commit"))
         if "series" in r:  # a comparison (the null control's identity and a pilot's spreads have no curves)

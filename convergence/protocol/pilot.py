@@ -1,7 +1,8 @@
 """A fork pilot's result: how far BF16 continuations of one trunk spread, at each evaluation after the fork and
 over the final window, beside the spread of independent runs.
 
-Public: ``pilot_result(plan, out, reference=K16) -> dict``, ``pilot_lines(r)``, ``K16``.
+Public: ``pilot_result(plan, out, reference=K16) -> dict``, ``pilot_lines(r)``, ``pilot_note(r)``,
+``K16``.
 
 The pilot (``python -m convergence protocol --design fork --pilot N --fork-step S``): a BF16 trunk to step S and N
 BF16 continuations of it, rows permuted by 1..N from S on. A continuation's level at an evaluation is its
@@ -19,10 +20,12 @@ mean) at the same evaluations and over its final window, and ``explained``, the 
 the fork removes, ``1 - (fork / independent)^2`` (the projection assumed 70 %). Each names the GPU model its runs
 were made on (``hardware``, None where they name no one model; the reference's from its golden sidecar), and the
 lines say so when they differ: a run is computed differently on another model (docs/protocol.md, the fork
-design), so only the spreads compare. GPU-hours: every piece in the folder's ``pace.jsonl`` (wall seconds over
-the runs sharing its GPU). ``deterministic_pace``: how many times longer a step of the deterministic trunk took than
-a step of a continuation (the median tokens per second of each, from their logs, over the pieces that had their GPU
-alone): what a fork design's trunks cost beyond their steps (``convergence.curves.decision.designs.part_cost_s``).
+design), so only the spreads compare. GPU-hours: every piece in the folder's ``pace.jsonl`` (wall seconds over the
+runs sharing its GPU); ``trunk_s`` and ``continuation_s`` are a run's pieces summed, averaged over the runs, so a
+trunk made again on a fresh machine counts every time it was made. ``deterministic_pace``: how many times longer a
+step of the deterministic trunk took than a step of a continuation (the median tokens per second of each, from their
+logs, over the pieces that had their GPU alone): what a fork design's trunks cost beyond their steps
+(``convergence.curves.decision.designs.part_cost_s``).
 """
 
 from __future__ import annotations
@@ -197,3 +200,18 @@ def pilot_lines(r: dict) -> list[str]:
                  + ("" if r.get("deterministic_pace") is None else
                     f"; a step of the deterministic trunk took {r['deterministic_pace']:.2f}x a continuation's"))
     return lines
+
+
+def pilot_note(r: dict) -> str:
+    """The pilot in one line: its golden sidecar's note."""
+    fw, ref = r["final_window"], r.get("independent") or {}
+    if fw.get("spread") is None:
+        return f"fork pilot: {len(r['continuations'])} continuations, no final-window spread"
+    lo, hi = fw["interval_95"]
+    line = (f"fork pilot: {len(r['continuations'])} BF16 continuations from step {r['fork_step']}, final-window "
+            f"within-trunk spread {fw['spread']:.3%} (95 % interval {lo:.3%} to {hi:.3%})")
+    if ref.get("final_window") and r.get("explained") is not None:
+        on = f" on {ref['hardware']}" if ref.get("hardware") else ""
+        line += (f"; independent runs{on} {ref['final_window']['spread']:.3%}: the fork removes "
+                 f"{r['explained']:.0%} of the variance")
+    return line

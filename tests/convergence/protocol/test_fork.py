@@ -431,6 +431,14 @@ def test_a_trunk_trains_with_deterministic_algorithms_and_a_plain_run_without(tm
     assert not torch.are_deterministic_algorithms_enabled()
 
 
+def _proxy_pilot() -> ProtocolPlan:
+    """A fork pilot of the k16 plan's model, length, learning rate, evaluations and held-out split: the plan the k16
+    reference is read for."""
+    return ProtocolPlan(model="proxy", steps=1500, device="cuda", val_percent=20, design="fork", pilot=True,
+                        fork_step=500, replicates=8,
+                        overrides=(("lr", 3e-4), ("val_every", 250.0), ("val_batches", 290.0))).check()
+
+
 def test_pilot_names_its_gpu_model_and_says_when_the_reference_was_made_on_another(pilot):
     """The pilot's result names the GPU model of its runs (here cpu), the k16 reference the one its golden sidecar
     names (h200, read for the proxy pilot's plan); the lines add a caution when the two differ, none when they
@@ -439,10 +447,7 @@ def test_pilot_names_its_gpu_model_and_says_when_the_reference_was_made_on_anoth
 
     r = json.loads((pilot["out"] / "results" / "tiny_long_pilot__cpu.json").read_text())
     assert r["hardware"] == "cpu"
-    proxy = ProtocolPlan(model="proxy", steps=1500, device="cuda", val_percent=20, design="fork", pilot=True,
-                         fork_step=500, replicates=8,  # the k16 plan's model, length, lr, evaluations, split
-                         overrides=(("lr", 3e-4), ("val_every", 250.0), ("val_batches", 290.0))).check()
-    ref = _reference(str(K16), proxy)
+    ref = _reference(str(K16), _proxy_pilot())
     assert ref is not None and ref["hardware"] == "h200" and ref["runs"] == 32
     fake = r | {"independent": ref | {"at_step": {str(k): v for k, v in ref["at_step"].items()}}, "explained": 0.5}
     on_h100 = pilot_lines(fake | {"hardware": "h100"})
@@ -454,18 +459,14 @@ def test_pilot_names_its_gpu_model_and_says_when_the_reference_was_made_on_anoth
 def test_pilot_sidecar_notes_the_spread_and_names_its_reference_inside_the_repository(pilot):
     """A pilot's golden sidecar says its spread in words (a verdict's note would say "None: None"), and the k16
     reference it read is named relative to the repository, not by the judging machine's checkout."""
-    from convergence.protocol.judge import _pilot_note as pilot_note
-    from convergence.protocol.pilot import K16, _reference
+    from convergence.protocol.pilot import K16, _reference, pilot_note
 
     res = pilot["out"] / "results"
     r = json.loads((res / "tiny_long_pilot__cpu.json").read_text())
     note = json.loads((res / "tiny_long_pilot__cpu.json.meta.json").read_text())["note"]
     assert note == pilot_note(r) and note.startswith("fork pilot: ") and "within-trunk spread" in note
     assert "None" not in note
-    proxy = ProtocolPlan(model="proxy", steps=1500, device="cuda", val_percent=20, design="fork", pilot=True,
-                         fork_step=500, replicates=8,
-                         overrides=(("lr", 3e-4), ("val_every", 250.0), ("val_batches", 290.0))).check()
-    ref = _reference(str(K16), proxy)
+    ref = _reference(str(K16), _proxy_pilot())
     assert ref["source"] == ["golden/training/proxy_long_lr3e-4_k16_verdict__h200.json",
                              "golden/training/proxy_long_lr3e-4_k16_negative_control__h200.json"]
     fake = r | {"independent": ref, "explained": 0.5}

@@ -48,7 +48,9 @@ def compute_dtype(x: torch.Tensor) -> torch.dtype:
 def linear(x: torch.Tensor, w: torch.Tensor, op: Callable | None = None) -> torch.Tensor:
     """``x @ w.T`` in the compute dtype; ``op(x, w)``, when given (MXFP8), replaces F.linear after the casts."""
     dt = compute_dtype(x)
-    return (op or F.linear)(x.to(dt), w.to(dt))
+    # ``is None``, not ``op or F.linear``: dynamo (torch 2.11) cannot take the truth value of the partial ``op`` is,
+    # and breaking the graph there leaves a compiled model's forward eager, module by module
+    return F.linear(x.to(dt), w.to(dt)) if op is None else op(x.to(dt), w.to(dt))
 
 
 def grouped_mm(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, op: Callable | None = None) -> torch.Tensor:

@@ -134,9 +134,10 @@ def _time_variant(cfg: ModelConfig, recipe: str, kernel: str | None, *, batch: i
     warm_s = time.perf_counter() - t_warm
     dt = seconds_per_step(step, steps, device)
     mem = peak_gib(device)
+    graphs = step.compiled_graphs()
     del step
     free(device)
-    return {"step_s": dt, "build_s": t_warm - t_build, "warmup_s": warm_s, "max_mem_gib": mem}
+    return {"step_s": dt, "build_s": t_warm - t_build, "warmup_s": warm_s, "max_mem_gib": mem, "graphs": graphs}
 
 
 def bench(model: str, *, batch: int, seq: int, steps: int, warmup: int, device: torch.device, compile_: bool,
@@ -186,13 +187,15 @@ def _rows(cfg: ModelConfig, plan, done: dict, errors: dict, *, batch: int, seq: 
             continue
         each = [m["step_s"] for m in ms]
         mems = [m["max_mem_gib"] for m in ms if m["max_mem_gib"] is not None]
+        graphs = [m["graphs"] for m in ms if m.get("graphs") is not None]
         tps = batch * seq / statistics.median(each)
         peak = _peak(device)
         rows.append(head | {"repeats": len(each), "step_s": statistics.median(each), "step_s_range": _span(each),
                             "step_s_each": each, "tokens_per_s": tps, "build_s_each": [m["build_s"] for m in ms],
                             "warmup_s_each": [m["warmup_s"] for m in ms],
                             "mfu": tps * step_flops(cfg, seq) / (peak * 1e12) if peak else None,
-                            "max_mem_gib": max(mems) if mems else None})
+                            "max_mem_gib": max(mems) if mems else None,
+                            "dynamo_graphs": max(graphs) if graphs else None})
     return summarise(rows)
 
 
@@ -241,6 +244,9 @@ def format_rows(rows: list[dict], *, header: bool = True) -> str:
         mfu = f"{100 * r['mfu']:.1f}%" if r["mfu"] is not None else "n/a"
         mem = f"{r['max_mem_gib']:.1f}" if r["max_mem_gib"] is not None else "n/a"
         lines.append(f"{head} {r['repeats']:>2} {step:>22} {r['tokens_per_s']:>10,.0f} {ratio:>19} {mfu:>6} {mem:>8}")
+    lines += [f"note: {r['recipe']} {r['kernel'] or '-'} compiled ran as {r['dynamo_graphs']} dynamo graphs, not one: "
+              "parts of its step run eagerly (graph breaks or recompilations; TORCH_LOGS=graph_breaks,recompiles "
+              "says where)" for r in rows if (r.get("dynamo_graphs") or 1) > 1]
     return "\n".join(lines)
 
 

@@ -71,6 +71,7 @@ def profile_step(model: str, recipe: str, kernel: str | None, *, compile_: bool,
     progress(f"built; {warmup} warm-up steps")
     for _ in range(warmup):
         step()
+    settings["dynamo_graphs"] = step.compiled_graphs()
     step_s = seconds_per_step(step, steps, device)
     progress(f"{1e3 * step_s:.1f} ms/step unprofiled; profiling {steps} steps")
     events = _record(step, steps, device, with_stack=False)
@@ -101,6 +102,9 @@ def format_result(r: dict) -> str:
     head = (f"{r['model']} {r['recipe']}{'' if r['kernel'] is None else ' (' + r['kernel'] + ')'}"
             f"{' compiled' if r['compiled'] else ''}, {r['batch']} x {r['seq']} tokens, {r['device']}: "
             f"{r['step_ms']:.1f} ms/step unprofiled")
+    if r.get("dynamo_graphs") is not None:  # a trace kept before the count was recorded has none
+        head += (f"; {r['dynamo_graphs']} dynamo graph" + ("" if r["dynamo_graphs"] == 1 else
+                 "s, not one: parts of the step run eagerly (TORCH_LOGS=graph_breaks,recompiles says where)"))
     lines = [head, trace_mod.format_analysis(r)]
     if r["with_stacks"]:
         w = r["with_stacks"]

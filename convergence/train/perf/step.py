@@ -34,6 +34,14 @@ class TrainingStep:
     forward: Callable[[torch.Tensor], torch.Tensor]  # the model, or its compiled wrapper
     tokens: torch.Tensor  # [batch, seq + 1]
     device: torch.device
+    graphs_before: int | None = None  # dynamo's count of compiled graphs when a compiled step was built
+
+    def compiled_graphs(self) -> int | None:
+        """Graphs dynamo compiled for this step since it was built (None when eager). A compiled step traced
+        whole is 1 graph (its backward is compiled with it); more means the model breaks the graph or
+        recompiles, and those parts run eagerly or dynamo's recompile limit stops compiling them:
+        ``TORCH_LOGS=graph_breaks,recompiles`` says where."""
+        return None if self.graphs_before is None else _dynamo_graphs() - self.graphs_before
 
     def __call__(self) -> None:
         with torch.autocast(self.device.type, dtype=torch.bfloat16):
@@ -64,7 +72,14 @@ def build_step(cfg: ModelConfig, recipe: str, kernel: str | None, *, batch: int,
     forward = torch.compile(model) if compile_ else model
     tokens = torch.randint(0, cfg.vocab_size, (batch, seq + 1), device=device,
                            generator=torch.Generator(device=device).manual_seed(0))
-    return TrainingStep(model, opt, forward, tokens, device)
+    return TrainingStep(model, opt, forward, tokens, device, _dynamo_graphs() if compile_ else None)
+
+
+def _dynamo_graphs() -> int:
+    """Graphs dynamo has compiled in this process (its counters survive ``torch._dynamo.reset``)."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
 
 
 @functools.lru_cache(maxsize=1)

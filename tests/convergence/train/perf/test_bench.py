@@ -52,6 +52,23 @@ def test_bench_repeats_are_separate_measurements_taken_round_the_variants():
     assert mx["tokens_per_s"] == pytest.approx(32 / 3.3) and mx["warmup_s_each"] == [1.0] * 3
 
 
+def test_a_compiled_row_says_when_its_step_was_not_one_dynamo_graph():
+    """The row keeps the most graphs any repeat compiled, and the table says when that is not one (the control:
+    a whole compiled step and an eager step, which has no count, say nothing)."""
+    class Graphs(_StandIn):
+        def __call__(self, cfg, recipe, kernel, *, compile_, **kw):
+            return super().__call__(cfg, recipe, kernel, compile_=compile_, **kw) | {
+                "graphs": None if not compile_ else 1 if recipe == "bf16" else len(self.calls) // 4 + 2}  # 3, then 4
+
+    times = {(r, k, c): [1.0, 1.0] for r, k in (("bf16", None), ("mxfp8", "fast")) for c in (False, True)}
+    rows = bench.bench("tiny", batch=1, seq=32, steps=1, warmup=0, device=CPU, compile_=True, kernels=("fast",),
+                       repeats=2, measure=Graphs(times))
+    assert [r["dynamo_graphs"] for r in rows] == [None, None, 1, 4]
+    notes = [line for line in bench.format_rows(rows).splitlines() if line.startswith("note:")]
+    assert notes == ["note: mxfp8 fast compiled ran as 4 dynamo graphs, not one: parts of its step run eagerly "
+                     "(graph breaks or recompilations; TORCH_LOGS=graph_breaks,recompiles says where)"]
+
+
 def test_bench_hands_over_the_rows_of_each_finished_round():
     times = {("bf16", None, False): [1.0, 3.0], ("mxfp8", "emulated", False): [1.5, 3.3]}
     seen = []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from convergence.train.model import build_initialised
@@ -26,3 +27,38 @@ def test_step_builds_are_fresh_models_with_the_seed_0_weights():
     assert changed and all(torch.equal(t, reference[k]) for k, t in _state(second.model).items())
     third = build_step(cfg, "bf16", None, batch=1, seq=32, device=torch.device("cpu"), compile_=False)
     assert all(torch.equal(t, reference[k]) for k, t in _state(third.model).items())
+
+
+def _compiled_graphs(device: str, monkeypatch, *, break_linears: bool = False) -> int:
+    """The dynamo graphs of compiled fast-MXFP8 steps of the tiny model (two; one for the control), traced without
+    inductor (the graph count is dynamo's; inductor's code generation would only add minutes)."""
+    import functools
+
+    from numerics.layer import deepseek_v3
+
+    monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="aot_eager"))
+    if break_linears:  # the control: every linear breaks the graph, as `op or F.linear` did under torch 2.11
+        linear = deepseek_v3.linear
+
+        def broken(*args, **kwargs):
+            torch._dynamo.graph_break()
+            return linear(*args, **kwargs)
+        monkeypatch.setattr(deepseek_v3, "linear", broken)
+    step = build_step(get_config("tiny"), "mxfp8", "fast", batch=1, seq=32, device=torch.device(device),
+                      compile_=True)
+    for _ in range(1 if break_linears else 2):  # the second step of a whole graph must compile nothing more
+        step()
+    return step.compiled_graphs()
+
+
+# dynamo, resuming after the control's planted breaks, reads .grad of non-leaf tensors, which warns
+@pytest.mark.filterwarnings("ignore:The .grad attribute of a Tensor that is not a leaf Tensor:UserWarning")
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_the_compiled_fast_mxfp8_step_is_one_dynamo_graph(device, monkeypatch):
+    """A graph break in the model leaves the compiled step's forward eager, module by module, and the bench's
+    compiled ratio measures that instead of a compiled step (the proxy's compiled fast step was ~100 graphs
+    and 1.43x BF16 on an H100 while `linear` broke the graph under torch 2.11); the control plants a break in
+    every linear and must count more than one graph."""
+    pytest.importorskip("triton")
+    assert _compiled_graphs(device, monkeypatch) == 1
+    assert _compiled_graphs(device, monkeypatch, break_linears=True) > 1

@@ -161,9 +161,20 @@ def _operand(x: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:
 
 def _validate(x, elem, mode, dim, flavour, out_dtype) -> bool:
     """Whether blocks run along the rows (dim -2); BadInput naming what is wrong otherwise."""
-    if not isinstance(x, torch.Tensor) or x.dtype not in (torch.bfloat16, torch.float32):
-        got = x.dtype if isinstance(x, torch.Tensor) else type(x).__name__
-        raise BadInput(f"x must be a bfloat16 or float32 tensor, got {got}")
+    if not isinstance(x, torch.Tensor):
+        raise BadInput(f"x must be a bfloat16 or float32 tensor, got {type(x).__name__}")
+    if torch.compiler.is_compiling():  # dynamo traces the checks once, and warns of a cache it would skip
+        return _validated.__wrapped__(x.dtype, x.shape, elem, mode, dim, flavour, out_dtype)
+    try:
+        return _validated(x.dtype, x.shape, elem, mode, dim, flavour, out_dtype)
+    except TypeError:  # an unhashable argument: checked without the cache, which names what is wrong
+        return _validated.__wrapped__(x.dtype, x.shape, elem, mode, dim, flavour, out_dtype)
+
+
+@functools.lru_cache(maxsize=4096)  # a step validates the same few shapes again and again (BadInput: not cached)
+def _validated(dtype, shape, elem, mode, dim, flavour, out_dtype) -> bool:
+    if dtype not in (torch.bfloat16, torch.float32):
+        raise BadInput(f"x must be a bfloat16 or float32 tensor, got {dtype}")
     _choice("elem", elem, tuple(ELEMENTS))
     _choice("mode", mode, MODES)
     _choice("flavour", flavour, FLAVOURS)
@@ -171,15 +182,15 @@ def _validate(x, elem, mode, dim, flavour, out_dtype) -> bool:
         raise BadInput(f"flavour 'torchao' reproduces torchao's to_mx for {', '.join(TORCHAO_ELEMENTS)} only; "
                        f"{elem} takes flavour 'spec'")
     _choice("out_dtype", out_dtype, (torch.bfloat16, torch.float32))
-    if x.ndim == 0:
+    if len(shape) == 0:
         raise BadInput("x must have at least one dimension, got a scalar")
-    if dim not in (-1, x.ndim - 1) and (x.ndim < 2 or dim not in (-2, x.ndim - 2)):
-        raise BadInput(f"dim={dim} is not supported for shape {tuple(x.shape)}: blocks run along the last "
+    if dim not in (-1, len(shape) - 1) and (len(shape) < 2 or dim not in (-2, len(shape) - 2)):
+        raise BadInput(f"dim={dim} is not supported for shape {tuple(shape)}: blocks run along the last "
                        "dim (-1) or the second-to-last (-2)")
-    along_rows = dim in (-2, x.ndim - 2) and x.ndim >= 2
-    axis = x.ndim - 2 if along_rows else x.ndim - 1
-    if x.shape[axis] % BLOCK:
-        raise BadInput(f"shape {tuple(x.shape)}: dim {axis} has size {x.shape[axis]}, not a multiple of the "
+    along_rows = dim in (-2, len(shape) - 2) and len(shape) >= 2
+    axis = len(shape) - 2 if along_rows else len(shape) - 1
+    if shape[axis] % BLOCK:
+        raise BadInput(f"shape {tuple(shape)}: dim {axis} has size {shape[axis]}, not a multiple of the "
                        f"MX block size {BLOCK}")
     return along_rows
 
@@ -263,39 +274,50 @@ def _run(x3, store, scale_store, codes_store, *, along_rows: bool, elem: str, mo
     """One launch of the kernel over x3 [B, R, C]; ``second`` (a [B, C, R] contiguous store) asks for the blocks
     along R too, in the same launch (``store`` then takes the blocks along C); ``src`` (int64 [R'], with B = 1)
     makes the operand x3's rows gathered by it, R' rows (negative: zeros)."""
-    from numerics.layer.fast.kernel import MODE_IDS, cast_kernel
+    from numerics.layer.fast.kernel import cast_kernel
 
-    fmt = ELEMENTS[elem]
     device_type = x3.device.type
-    batch, rows, cols = x3.shape
-    if src is not None:
-        rows = src.numel()
-    thresholds = (rceil_thresholds(x3.device, elem) if torchao and mode == "rceil" else
-                  exact_thresholds(x3.device, elem))
-    both = second is not None
-    br, bc, warps = config or _launch_config(device_type, along_rows or both, rows, cols)
-    grid = (triton_cdiv(rows, br), triton_cdiv(cols, bc), batch)
+    thresholds, grid, scalars, options = _launch(  # positional: the cache's key is quicker built so
+        x3.device, x3.dtype, x3.shape, x3.stride(), store.dtype, store.numel(), None if src is None else src.numel(),
+        along_rows, elem, mode, torchao, config, second is not None, scale_store is not None)
     x_bits = x3.view(torch.int16 if x3.dtype == torch.bfloat16 else torch.int32)
     out_bits = store.view(torch.int16 if store.dtype == torch.bfloat16 else torch.int32)
-    reach = sum((n - 1) * abs(s) for n, s in zip(x3.shape, x3.stride())) + 1
-    index64 = max(reach, store.numel()) >= 2**31
-    kernel = cast_kernel(device_type)
-    max_bits = int(np.float32(fmt.max_normal).view(np.uint32))
     # the interpreter computes with NumPy, which warns where IEEE overflows to Inf (scale 2^127 blocks)
     quiet = np.errstate(over="ignore") if device_type != "cuda" else contextlib.nullcontext()
     with quiet:
-        kernel[grid](
+        cast_kernel(device_type)[grid](
             x_bits, out_bits, store if scale_store is None else scale_store,  # unused pointers when not writing bytes
             store if codes_store is None else codes_store, thresholds,
             out_bits if second is None else second.view(out_bits.dtype),
             thresholds if src is None else src,  # an unused pointer when not gathering
-            rows, cols, *x3.stride(),
-            MODE_IDS[mode], int(torchao), fmt.mbits, fmt.emax, fmt.bias, max_bits, fmt.nan_code, fmt.width,
-            IN_BF16=x3.dtype == torch.bfloat16, OUT_BF16=store.dtype == torch.bfloat16,
-            WRITE_BYTES=scale_store is not None, ALONG_ROWS=along_rows, INDEX64=index64, BR=br, BC=bc, BOTH=both,
-            GATHER=src is not None,
-            num_warps=warps,
-        )
+            *scalars, **options)
+
+
+@functools.lru_cache(maxsize=4096)
+def _launch(device, x_dtype, shape, strides, out_dtype, out_numel, gathered, along_rows, elem, mode, torchao, config,
+            both, write_bytes):
+    """What a launch takes besides its tensors: the thresholds table, the grid, the scalar arguments and the
+    compile-time options. A step casts the same few operands again and again, so this is computed once for each
+    (the host's cost of a cast is mostly Python: on an H100, dev/gpu/launch_probe.py measured 64.5 us a cast of
+    both layouts, 19.0 of them Triton's launch, before this cache and the cached checks)."""
+    fmt = ELEMENTS[elem]
+    batch, rows, cols = shape
+    if gathered is not None:
+        rows = gathered
+    thresholds = (rceil_thresholds(device, elem) if torchao and mode == "rceil" else exact_thresholds(device, elem))
+    br, bc, warps = config or _launch_config(device.type, along_rows or both, rows, cols)
+    grid = (triton_cdiv(rows, br), triton_cdiv(cols, bc), batch)
+    reach = sum((n - 1) * abs(s) for n, s in zip(shape, strides)) + 1
+    index64 = max(reach, out_numel) >= 2**31
+    max_bits = int(np.float32(fmt.max_normal).view(np.uint32))
+    from numerics.layer.fast.kernel import MODE_IDS
+
+    scalars = (rows, cols, *strides, MODE_IDS[mode], int(torchao), fmt.mbits, fmt.emax, fmt.bias, max_bits,
+               fmt.nan_code, fmt.width)
+    options = dict(IN_BF16=x_dtype == torch.bfloat16, OUT_BF16=out_dtype == torch.bfloat16, WRITE_BYTES=write_bytes,
+                   ALONG_ROWS=along_rows, INDEX64=index64, BR=br, BC=bc, BOTH=both, GATHER=gathered is not None,
+                   num_warps=warps)
+    return thresholds, grid, scalars, options
 
 
 def triton_cdiv(a: int, b: int) -> int:

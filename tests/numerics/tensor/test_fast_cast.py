@@ -449,3 +449,43 @@ def test_fast_available_says_what_works_where_it_cannot_run(monkeypatch):
     assert reason and "Triton" in reason and "pip install" in reason and "emulated" in reason
     with pytest.raises(fast.FastUnavailable, match="emulated"):
         fast.mx_dequantize(torch.zeros(32, 32))
+
+
+def _stale_casts(cast, device) -> list[str]:
+    """The casts that differ from the same cast made with the launch cache emptied first, of operands that differ
+    from the ones before them in one fact only (strides, dtype, layout, output dtype, a gather, mode, element)."""
+    x = torch.randn(96, 64, device=device).mul_(2.0 ** torch.randint(-20, 20, (96, 64), device=device))
+    rows = torch.tensor([3, -1, 0, 5] * 8, device=device)
+    operands = {"x": dict(x=x), "strides": dict(x=x.t().contiguous().t()), "bf16": dict(x=x.bfloat16()),
+                "dim -2": dict(x=x, dim=-2), "fp32 out": dict(x=x, out_dtype=torch.float32),
+                "gather": dict(x=x, rows=rows), "fewer rows": dict(x=x, rows=rows[:32].flip(0)),
+                "floor": dict(x=x, mode="floor"), "e5m2": dict(x=x, elem="e5m2")}
+    stale = []
+    for name, kwargs in operands.items():
+        warm = cast.mx_dequantize(**kwargs)
+        cast._launch.cache_clear()
+        cold = cast.mx_dequantize(**kwargs)
+        bits = torch.int32 if warm.dtype == torch.float32 else torch.int16  # NaNs compare as bits
+        if not torch.equal(cold.view(bits), warm.view(bits)):
+            stale.append(name)
+    return stale
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_the_launch_cache_keys_every_fact_a_launch_depends_on(device, monkeypatch):
+    """A cast's launch arguments are computed once per operand shape, strides, dtypes and options, and reused: an
+    operand that differs from the ones cast before in any one of those gets its own. The control keys the cache
+    without the strides: the operand that differs only in its strides is then cast with another's arguments."""
+    from numerics.layer.fast import cast
+
+    assert _stale_casts(cast, device) == []
+    real, memo = cast._launch.__wrapped__, {}
+
+    def without_strides(device_, x_dtype, shape, strides, *rest):
+        key = (device_, x_dtype, shape, *rest)
+        if key not in memo:
+            memo[key] = real(device_, x_dtype, shape, strides, *rest)
+        return memo[key]
+    without_strides.cache_clear = memo.clear
+    monkeypatch.setattr(cast, "_launch", without_strides)
+    assert _stale_casts(cast, device) == ["strides"]

@@ -48,8 +48,8 @@ def compute_dtype(x: torch.Tensor) -> torch.dtype:
 def linear(x: torch.Tensor, w: torch.Tensor, op: Callable | None = None) -> torch.Tensor:
     """``x @ w.T`` in the compute dtype; ``op(x, w)``, when given (MXFP8), replaces F.linear after the casts."""
     dt = compute_dtype(x)
-    # ``is None``, not ``op or F.linear``: dynamo (torch 2.11) cannot take the truth value of the partial ``op`` is,
-    # and breaking the graph there leaves a compiled model's forward eager, module by module
+    # ``is None``, not ``op or F.linear``: dynamo (torch 2.11) cannot take the truth value of a functools.partial,
+    # which the MXFP8 recipes pass as ``op``, and the graph break there leaves a compiled model's forward eager
     return F.linear(x.to(dt), w.to(dt)) if op is None else op(x.to(dt), w.to(dt))
 
 

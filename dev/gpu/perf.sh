@@ -112,7 +112,8 @@ if p.exists():
         ratio = r.get("ratio_to_bf16_range") or [float("nan")] * 2
         print(f"  {r['recipe']} {r['kernel'] or '-'} compiled={r['compiled']}: {1e3 * r['step_s']:.1f} ms "
               f"({1e3 * r['step_s_range'][0]:.1f}-{1e3 * r['step_s_range'][1]:.1f}), x bf16 "
-              f"{r.get('ratio_to_bf16', float('nan')):.2f} ({ratio[0]:.2f}-{ratio[1]:.2f})")
+              f"{r.get('ratio_to_bf16', float('nan')):.2f} ({ratio[0]:.2f}-{ratio[1]:.2f})"
+              + (f", {r['dynamo_graphs']} dynamo graph(s)" if r.get("dynamo_graphs") is not None else ""))
 else:
     print("bench: none")
 EOF

@@ -38,7 +38,7 @@ from pathlib import Path
 import torch
 
 from convergence.train.model import Transformer
-from convergence.train.perf.step import build_step, free, peak_gib, seconds_per_step, sync
+from convergence.train.perf.step import build_step, free, graphs_note, peak_gib, seconds_per_step, sync
 from numerics.errors import BadInput
 from numerics.layer import mxfp8
 from numerics.layer.configs import ModelConfig, get_config, param_count
@@ -244,9 +244,8 @@ def format_rows(rows: list[dict], *, header: bool = True) -> str:
         mfu = f"{100 * r['mfu']:.1f}%" if r["mfu"] is not None else "n/a"
         mem = f"{r['max_mem_gib']:.1f}" if r["max_mem_gib"] is not None else "n/a"
         lines.append(f"{head} {r['repeats']:>2} {step:>22} {r['tokens_per_s']:>10,.0f} {ratio:>19} {mfu:>6} {mem:>8}")
-    lines += [f"note: {r['recipe']} {r['kernel'] or '-'} compiled ran as {r['dynamo_graphs']} dynamo graphs, not one: "
-              "parts of its step run eagerly (graph breaks or recompilations; TORCH_LOGS=graph_breaks,recompiles "
-              "says where)" for r in rows if (r.get("dynamo_graphs") or 1) > 1]
+    lines += [f"note: {r['recipe']} {r['kernel'] or '-'} compiled ran as {graphs_note(r['dynamo_graphs'])}"
+              for r in rows if (r.get("dynamo_graphs") or 1) > 1]
     return "\n".join(lines)
 
 

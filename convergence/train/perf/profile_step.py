@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 
 from convergence.train.perf import trace as trace_mod
-from convergence.train.perf.step import build_step, seconds_per_step, sync
+from convergence.train.perf.step import build_step, graphs_note, seconds_per_step, sync
 from numerics.errors import BadInput
 from numerics.layer.configs import get_config
 
@@ -103,8 +103,7 @@ def format_result(r: dict) -> str:
             f"{' compiled' if r['compiled'] else ''}, {r['batch']} x {r['seq']} tokens, {r['device']}: "
             f"{r['step_ms']:.1f} ms/step unprofiled")
     if r.get("dynamo_graphs") is not None:  # a trace kept before the count was recorded has none
-        head += (f"; {r['dynamo_graphs']} dynamo graph" + ("" if r["dynamo_graphs"] == 1 else
-                 "s, not one: parts of the step run eagerly (TORCH_LOGS=graph_breaks,recompiles says where)"))
+        head += f"; {graphs_note(r['dynamo_graphs'])}"
     lines = [head, trace_mod.format_analysis(r)]
     if r["with_stacks"]:
         w = r["with_stacks"]

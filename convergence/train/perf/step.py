@@ -1,7 +1,7 @@
 """The training step that ``bench`` times and ``profile_step`` profiles: one implementation of both.
 
 Public: ``TrainingStep``, ``build_step(cfg, recipe, kernel, *, batch, seq, device, compile_)``,
-``seconds_per_step(step, steps, device)``, ``peak_gib(device)``, ``free(device)``.
+``seconds_per_step(step, steps, device)``, ``peak_gib(device)``, ``free(device)``, ``graphs_note(graphs)``.
 
 A step is the model with seed 0's initial weights (drawn once per process on the CPU and copied into each fresh
 model: the same values as ``build_initialised(cfg, 0)``, without drawing a billion normals again for every
@@ -73,6 +73,14 @@ def build_step(cfg: ModelConfig, recipe: str, kernel: str | None, *, batch: int,
     tokens = torch.randint(0, cfg.vocab_size, (batch, seq + 1), device=device,
                            generator=torch.Generator(device=device).manual_seed(0))
     return TrainingStep(model, opt, forward, tokens, device, _dynamo_graphs() if compile_ else None)
+
+
+def graphs_note(graphs: int) -> str:
+    """What a compiled step's count of dynamo graphs (``TrainingStep.compiled_graphs``) tells, for a report line."""
+    if graphs == 1:
+        return "1 dynamo graph"
+    return (f"{graphs} dynamo graphs, not one: parts of its step run eagerly (graph breaks or recompilations; "
+            "TORCH_LOGS=graph_breaks,recompiles says where)")
 
 
 def _dynamo_graphs() -> int:

@@ -163,12 +163,13 @@ def _validate(x, elem, mode, dim, flavour, out_dtype) -> bool:
     """Whether blocks run along the rows (dim -2); BadInput naming what is wrong otherwise."""
     if not isinstance(x, torch.Tensor):
         raise BadInput(f"x must be a bfloat16 or float32 tensor, got {type(x).__name__}")
+    args = (x.dtype, x.shape, elem, mode, dim, flavour, out_dtype)
     if torch.compiler.is_compiling():  # dynamo traces the checks once, and warns of a cache it would skip
-        return _validated.__wrapped__(x.dtype, x.shape, elem, mode, dim, flavour, out_dtype)
+        return _validated.__wrapped__(*args)
     try:
-        return _validated(x.dtype, x.shape, elem, mode, dim, flavour, out_dtype)
+        return _validated(*args)
     except TypeError:  # an unhashable argument: checked without the cache, which names what is wrong
-        return _validated.__wrapped__(x.dtype, x.shape, elem, mode, dim, flavour, out_dtype)
+        return _validated.__wrapped__(*args)
 
 
 @functools.lru_cache(maxsize=4096)  # a step validates the same few shapes again and again (BadInput: not cached)

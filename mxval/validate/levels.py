@@ -362,6 +362,7 @@ def protocol_checks(verdicts: dict[str, dict], pp) -> list[Check]:
     """The candidate's check and one per control (by its own check: detected, covers 0, identical); a control
     that misses makes the candidate inconclusive."""
     from convergence.curves.compare import resolution
+    from convergence.protocol.plan import COVERS_ZERO
 
     r = verdicts["verdict"]
     controls, untrusted = [], []
@@ -374,7 +375,8 @@ def protocol_checks(verdicts: dict[str, dict], pp) -> list[Check]:
             untrusted.append(name.replace("_", " "))
         runs = c["protocol"].get("judged_runs") or [c["protocol"]["judged_run"]]
         who = ", ".join(runs[:3]) + ("..." if len(runs) > 3 else "")
-        controls.append(Check(f"{name.replace('_', ' ')} ({who}) is {expected.replace('_', ' ')}",
+        must = "covers zero" if expected == COVERS_ZERO else f"is {expected.replace('_', ' ')}"
+        controls.append(Check(f"{name.replace('_', ' ')} ({who}) {must}",
                               "pass" if ok else "inconclusive", f"{_control_said(name, c)} ({shows})"))
     status = VERDICT_STATUS[r["verdict"]]
     detail = f"{r['reason']}; {resolution(r)}"
@@ -392,6 +394,7 @@ def curves_summary(verdicts: dict[str, dict]) -> str:
     candidate's verdict (its test, the estimate, interval and p-values, what the runs resolve) and each control's
     outcome."""
     from convergence.curves.compare import resolution
+    from convergence.protocol.plan import COVERS_ZERO
 
     r = verdicts["verdict"]
     said = f"{r['verdict']}: {r['reason']}; {resolution(r)}"

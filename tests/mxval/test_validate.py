@@ -60,8 +60,9 @@ def test_validate_quick_run_end_to_end(tmp_path):
     curves = levels["curves"]["numbers"]
     assert curves["baselines"] == 3 and curves["noise_model"] == "replicates"
     assert curves["half_width"] > 0 and "resolves +-" in levels["curves"]["summary"]  # what this size can resolve
-    assert {c["name"].split(" (")[0] for c in levels["curves"]["checks"]} >= {"positive control", "negative control",
-                                                                              "null control"}
+    # each control's name says what it must come out as, in words
+    assert {c["name"].split(" (")[0]: c["name"].split(") ")[-1] for c in levels["curves"]["checks"][1:]} == {
+        "positive control": "is not equivalent", "negative control": "covers zero", "null control": "is identical"}
     # the declared test's numbers, and each control by its own check: the null control's identity on this CPU
     assert (curves["test"], curves["endpoint"], curves["interval_level"]) == ("equivalence", "final", 0.9)
     assert 0 <= curves["p_no_difference"] <= 1 and 0 <= curves["p_test"] <= 1 and curves["resolves"] > 0

@@ -394,7 +394,6 @@ def curves_summary(verdicts: dict[str, dict]) -> str:
     candidate's verdict (its test, the estimate, interval and p-values, what the runs resolve) and each control's
     outcome."""
     from convergence.curves.compare import resolution
-    from convergence.protocol.plan import COVERS_ZERO
 
     r = verdicts["verdict"]
     said = f"{r['verdict']}: {r['reason']}; {resolution(r)}"

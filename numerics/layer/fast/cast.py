@@ -90,11 +90,11 @@ def _as_3d(t: torch.Tensor, *, output: bool = False) -> torch.Tensor:
 
 
 def _launch_config(device_type: str, along_rows: bool, rows: int, cols: int) -> tuple[int, int, int]:
-    """(BR, BC, num_warps). On CPU the interpreter pays per program, so tiles are large. On a GPU a tile
-    holds 4096 elements (8 KiB of BF16 in, 8 KiB out) for 4 warps, 32 per thread: 32 x 128 along the
-    last dim (256-byte rows in and out); 64 x 64 along dim -2, so the load (along a row) and the
-    transposed store (along a column) both move 128 contiguous bytes. Not yet tuned on a GPU: the
-    benchmark's --sweep times the alternatives."""
+    """(BR, BC, num_warps). On CPU the interpreter pays per program, so tiles are large. On a GPU a thread
+    holds 32 elements: 32 x 128 with 4 warps along the last dim (256-byte rows in and out); 64 x 32 with 2 warps
+    along dim -2 and for both layouts, where each block's 32 rows are reduced across the tile's warps and fewer
+    warps wait less on each other (on an H200 0.75x the time of 64 x 64 x 4, bit-identical: dev/gpu/both_sweep.py,
+    docs/studies/bench.md)."""
     if device_type != "cuda":
         return (128, 128, 1)
     return (64, 32, 2) if along_rows else (32, 128, 4)

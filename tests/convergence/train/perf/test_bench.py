@@ -102,14 +102,41 @@ def test_bench_tiny_cpu_run_writes_version_2_rows_of_independent_repeats(tmp_pat
     assert "per-repeat ratios" in capsys.readouterr().out
 
 
-def test_bench_load_report_reads_the_recorded_version_1_file():
-    doc = bench.load_report(GOLDEN)
+# A first-format (version 1) result as the bench wrote it before repeats: one measurement per row. Its rows (less
+# the environment) are the first golden/training/bench_proxy__h200.json (one H200, torch 2.11.0, before the fast
+# path's padding and casts were reworked).
+FIRST_FORMAT = {
+    "kind": "convergence-bench", "version": 1, "model": "proxy", "batch": 4, "seq": 2048, "device": "cuda",
+    "flops_per_token": 3356706816.0, "copy_gbps": 3749.7268809821057, "cast_bytes_per_step": 36174299136,
+    "cast_floor_ms": 9.647182390661328, "quantized_modules": 57,
+    "rows": [
+        {"recipe": "bf16", "kernel": None, "compiled": False, "step_s": 0.09817279815673828,
+         "tokens_per_s": 83444.70315413666, "warmup_s": 0.8301470960000188, "mfu": 0.2830716562269704,
+         "max_mem_gib": 22.8047456741333, "ratio_to_bf16": 1.0},
+        {"recipe": "mxfp8", "kernel": "fast", "compiled": False, "step_s": 0.13601498413085938,
+         "tokens_per_s": 60228.65827869755, "warmup_s": 0.879253747000007, "mfu": 0.20431525797133793,
+         "max_mem_gib": 23.87137222290039, "ratio_to_bf16": 1.3854650848772179},
+    ],
+}
+
+
+def test_bench_load_report_reads_the_first_format_as_one_repeat(tmp_path):
+    (tmp_path / "v1.json").write_text(json.dumps(FIRST_FORMAT))
+    doc = bench.load_report(tmp_path / "v1.json")
     assert doc["version"] == 2 and doc["read_from_version"] == 1
     fast = next(r for r in doc["rows"] if r["kernel"] == "fast" and not r["compiled"])
-    raw = next(r for r in json.loads(GOLDEN.read_text())["rows"] if r["kernel"] == "fast" and not r["compiled"])
+    raw = FIRST_FORMAT["rows"][1]
     assert fast["repeats"] == 1 and fast["step_s_each"] == [raw["step_s"]] == fast["step_s_range"][:1]
     assert fast["ratio_to_bf16_range"] == [raw["ratio_to_bf16"]] * 2
     assert "1.39 (1.39-1.39)" in bench.format_rows(doc["rows"])
+
+
+def test_bench_load_report_reads_the_recorded_golden_file():
+    """golden/training/bench_proxy__h200.json, whichever version it was recorded in: every row with its repeats."""
+    doc = bench.load_report(GOLDEN)
+    assert doc["version"] == 2 and {(r["recipe"], r["kernel"], r["compiled"]) for r in doc["rows"]} >= {
+        ("bf16", None, False), ("mxfp8", "fast", False), ("bf16", None, True), ("mxfp8", "fast", True)}
+    assert all(len(r["step_s_each"]) == r["repeats"] >= 1 and r["step_s"] > 0 for r in doc["rows"])
 
 
 @pytest.mark.parametrize(("edit", "words"), [
@@ -119,6 +146,6 @@ def test_bench_load_report_reads_the_recorded_version_1_file():
 ])
 def test_bench_load_report_refuses_what_it_cannot_read(edit, words, tmp_path):
     bad = tmp_path / "bad.json"
-    bad.write_text(json.dumps(edit(json.loads(GOLDEN.read_text()))))
+    bad.write_text(json.dumps(edit(FIRST_FORMAT)))
     with pytest.raises(BadInput, match=words):
         bench.load_report(bad)

@@ -90,6 +90,9 @@ for name in ("bf16", "fast"):
           f"{g.get('kernel_ms', float('nan')):.1f} ms, idle {g.get('idle_ms', float('nan')):.1f} ms; launches "
           f"{g.get('launches', float('nan')):.0f}, syncs {g.get('syncs', float('nan')):.0f}; GPU ms by group "
           + ", ".join(f"{k} {v['gpu_ms']:.1f}" for k, v in r["groups"].items() if v["gpu_ms"] is not None))
+    if g.get("idle_before_caller"):
+        print("  GPU idle before work launched by: " + "; ".join(
+            f"{c['caller']} {c['ms']:.1f} ms" for c in g["idle_before_caller"][:3]))
     w = r.get("with_stacks")
     if w and w["groups"]["padding"]["gpu_ms"] is not None:  # only a step with Python stacks tells padding apart
         print(f"  with stacks (one step): GPU ms by group "

@@ -17,7 +17,8 @@ the first step's start to the later of the last step's end and the last device e
   ``.tolist()`` and ``.cpu()`` of a CUDA tensor each end in one), their wait, device-to-host copies, and host-to-
   device copies from pageable memory (CUDA makes the host wait for those);
 * each idle gap charged to the group of the device work that ended it (``idle_before``: what the GPU waited to be
-  given; the last gap of the window, after all GPU work, has its own key);
+  given; the last gap of the window, after all GPU work, has its own key), and to the host frames that launched
+  that work (``idle_before_caller``, as synchronisations are named: where a step's host falls behind its GPU);
 * what the time belongs to (``GROUPS``): a kernel by its own name when that names a library kernel, else by the
   host frames around its launch (``group_of``); the top kernels and the top host events by self time, each with
   its group; the synchronisations by the host frames that made them.
@@ -213,10 +214,12 @@ def _device_figures(result: dict, host: list[_Host], in_steps: list[_Host], devi
     launches = {h.corr: h for h in host if h.cat in ("cuda_runtime", "cuda_driver") and h.corr is not None}
     kernel_table: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0.0, 0])
     first_at: dict[float, str] = {}  # a start time -> the group of the first device work starting there
+    first_by: dict[float, str] = {}  # ... and the host frames of its launch
     for e in device:
         corr = (e.get("args") or {}).get("correlation")
         g = group_of(_frames(launches[corr]) if corr in launches else [], e["name"] if e["cat"] == "kernel" else None)
         first_at.setdefault(max(e["ts"], t0), g)
+        first_by.setdefault(max(e["ts"], t0), _caller(launches[corr]) if corr in launches else "(launch not traced)")
         groups[g]["gpu_ms"] += e["dur"] / per
         if e["cat"] == "kernel":
             groups[g]["kernels"] += 1 / steps
@@ -226,8 +229,12 @@ def _device_figures(result: dict, host: list[_Host], in_steps: list[_Host], devi
     edges = [t0] + [x for iv in busy for x in iv] + [t_end]
     spans = [(a, b) for a, b in zip(edges[::2], edges[1::2]) if b > a]
     waited: dict[str, float] = defaultdict(float)  # each gap charged to the work that ended it
+    waited_by: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])  # ... and to its launch's frames: us, gaps
     for a, b in spans:
         waited[first_at.get(b, "after the last GPU work")] += (b - a) / per
+        by = waited_by[first_by.get(b, "after the last GPU work")]
+        by[0] += b - a
+        by[1] += 1
     gaps = [b - a for a, b in spans]
     syncs = [h for h in in_steps if h.cat in ("cuda_runtime", "cuda_driver") and _SUFFIX.sub("", h.name) in SYNC_CALLS]
     callers: dict[str, int] = defaultdict(int)
@@ -241,6 +248,8 @@ def _device_figures(result: dict, host: list[_Host], in_steps: list[_Host], devi
         "busy_ms": sum(b - a for a, b in busy) / per,
         "idle_ms": sum(gaps) / per,
         "idle_before": dict(sorted(waited.items(), key=lambda kv: -kv[1])),
+        "idle_before_caller": [{"caller": c[:200], "ms": us / per, "gaps": n / steps}
+                               for c, (us, n) in sorted(waited_by.items(), key=lambda kv: -kv[1][0])[:top]],
         "idle_gaps": {label: {"count": sum(lo <= x < hi for x in gaps) / steps,
                               "ms": sum(x for x in gaps if lo <= x < hi) / per} for lo, hi, label in GAPS},
         "launches": sum(e["cat"] == "kernel" for e in device) / steps,
@@ -274,6 +283,9 @@ def format_analysis(r: dict, *, top: int = 8) -> str:
                   f"synchronisations {g['syncs']:.0f} (waiting {_ms(g['sync_wait_ms'])} ms), "
                   f"device-to-host copies {g['d2h_copies']:.0f}, "
                   f"pageable host-to-device {g['pageable_h2d_copies']:.0f}"]
+        if g.get("idle_before_caller"):  # a result recorded before it was counted has none
+            lines.insert(3, "  idle before work launched by: " + "; ".join(
+                f"{c['caller']} {c['ms']:.2f} ms ({c['gaps']:.0f} gaps)" for c in g["idle_before_caller"][:3]))
     lines += ["", f"{'group':<10} {'GPU ms':>8} {'kernels':>8} {'host self ms':>13}"]
     for name, v in r["groups"].items():
         kernels = "n/a" if v["kernels"] is None else f"{v['kernels']:.0f}"

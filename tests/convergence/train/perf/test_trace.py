@@ -58,6 +58,14 @@ def test_trace_gpu_figures_are_exact_on_a_planted_trace():
     assert g["idle_before"] == pytest.approx({"optimizer": 570 / 2e3, "padding": 179 / 2e3, "cast": 160 / 2e3,
                                               "after the last GPU work": 70 / 2e3, "gemm": 20 / 2e3})
     assert list(g["idle_before"])[0] == "optimizer"  # largest first
+    # ... and to the host frames of the launch that ended it (the cast's launch has no operator around it)
+    by = g["idle_before_caller"]
+    assert [c["caller"] for c in by] == ["aten::_fused_adamw_ < Optimizer.step#AdamW.step", f"{PAD} < aten::copy_",
+                                         "(no enclosing operator)", "after the last GPU work", "aten::mm"]
+    assert [c["ms"] for c in by] == pytest.approx([570 / 2e3, 179 / 2e3, 160 / 2e3, 70 / 2e3, 20 / 2e3])
+    assert [c["gaps"] for c in by] == [0.5] * 5  # one gap each in two steps
+    assert "idle before work launched by: aten::_fused_adamw_ < Optimizer.step#AdamW.step 0.28 ms" in \
+        format_analysis(r)
     assert g["launches"] == 2.0 and g["launch_call_ms"] == pytest.approx((8 + 5 + 10 + 10) / 2e3)
     assert g["syncs"] == 0.5 and g["sync_wait_ms"] == pytest.approx(8 / 2e3)
     assert g["d2h_copies"] == 0.5 and g["pageable_h2d_copies"] == 0.0

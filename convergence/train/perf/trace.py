@@ -213,13 +213,12 @@ def _device_figures(result: dict, host: list[_Host], in_steps: list[_Host], devi
     per = 1e3 * steps
     launches = {h.corr: h for h in host if h.cat in ("cuda_runtime", "cuda_driver") and h.corr is not None}
     kernel_table: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0.0, 0])
-    first_at: dict[float, str] = {}  # a start time -> the group of the first device work starting there
-    first_by: dict[float, str] = {}  # ... and the host frames of its launch
+    # a start time -> the group of the first device work starting there, and its launch (None: not traced)
+    first_at: dict[float, tuple[str, _Host | None]] = {}
     for e in device:
         corr = (e.get("args") or {}).get("correlation")
         g = group_of(_frames(launches[corr]) if corr in launches else [], e["name"] if e["cat"] == "kernel" else None)
-        first_at.setdefault(max(e["ts"], t0), g)
-        first_by.setdefault(max(e["ts"], t0), _caller(launches[corr]) if corr in launches else "(launch not traced)")
+        first_at.setdefault(max(e["ts"], t0), (g, launches.get(corr)))
         groups[g]["gpu_ms"] += e["dur"] / per
         if e["cat"] == "kernel":
             groups[g]["kernels"] += 1 / steps
@@ -231,8 +230,13 @@ def _device_figures(result: dict, host: list[_Host], in_steps: list[_Host], devi
     waited: dict[str, float] = defaultdict(float)  # each gap charged to the work that ended it
     waited_by: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])  # ... and to its launch's frames: us, gaps
     for a, b in spans:
-        waited[first_at.get(b, "after the last GPU work")] += (b - a) / per
-        by = waited_by[first_by.get(b, "after the last GPU work")]
+        if b in first_at:
+            g, launch = first_at[b]
+            caller = _caller(launch) if launch is not None else "(launch not traced)"
+        else:
+            g = caller = "after the last GPU work"
+        waited[g] += (b - a) / per
+        by = waited_by[caller]  # the frames of a gap's launch only: a trace holds thousands of launches
         by[0] += b - a
         by[1] += 1
     gaps = [b - a for a, b in spans]

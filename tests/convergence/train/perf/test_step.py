@@ -87,9 +87,8 @@ def _compiled_graphs(device: str) -> tuple[int, int]:
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 def test_the_compiled_fast_mxfp8_step_is_one_dynamo_graph(device):
     """A graph break in the model leaves the compiled step's forward eager, module by module, and the bench's
-    compiled ratio measures that instead of a compiled step (the proxy's compiled fast step was ~100 graphs
-    and 1.43x BF16 on an H100 while `linear` broke the graph under torch 2.11); the control plants a break in
-    every linear and must count more than one graph."""
+    compiled ratio then measures that instead of a compiled step; the control plants a break in every linear and
+    must count more than one graph."""
     pytest.importorskip("triton")
     whole, broken = _compiled_graphs(device)
     assert whole == 1 and broken > 1

@@ -1,9 +1,10 @@
-"""Tile sweep of the both-layouts fast cast (branch `dual`) against the two single casts, on one GPU.
+"""Tile sweep of the fast cast on one GPU: along the last dim, along dim -2, and both layouts in one launch.
 
 Run from a tree that has ``numerics.layer.fast.cast._cast_both``:  python3 dev/gpu/both_sweep.py
-For each 16B cast shape: the single casts (dim -1, dim -2) at their default tiles, then the both-layouts
-cast at each tile of ``TILES``, each checked bit for bit against the singles; device ms (median of the
-bench's timer) and the both/singles ratio. A development probe: nothing here is a product figure.
+For each 16B cast shape: the single casts (dim -1, dim -2) at their default tiles, each of them at the tiles of
+``DIM1_TILES`` and ``DIM2_TILES``, then the both-layouts cast at each tile of ``TILES``, each checked bit for bit
+against the defaults; device ms (median of the bench's timer) and the ratio to the default (for both layouts: to
+the two single casts' sum). A development probe: nothing here is a product figure.
 """
 
 from __future__ import annotations
@@ -13,13 +14,11 @@ import torch
 from numerics.layer.fast.bench import CAST_SHAPES, _timer
 from numerics.layer.fast.cast import _cast, _cast_both
 
-TILES = ((64, 64, 4), (64, 64, 8), (32, 128, 4), (32, 128, 8), (128, 64, 8), (64, 128, 8), (128, 128, 8),
-         (128, 64, 4), (128, 32, 4), (256, 32, 4), (64, 32, 2), (64, 64, 2))
-# the single cast along dim -2 (the transposed store), whose tiles were never swept on a GPU; compiled for sm90,
-# 64x64x4 takes 128 registers a thread and its store goes through shared memory two bytes at a time, 128x64x4
-# 192 registers and 16-byte shared stores
-DIM2_TILES = ((64, 64, 4), (128, 64, 4), (128, 64, 8), (128, 32, 4), (256, 32, 4), (256, 64, 8), (64, 32, 2),
-              (64, 64, 2), (32, 64, 2), (32, 128, 4))
+TILES = ((64, 64, 4), (64, 32, 2), (32, 32, 1), (32, 64, 1), (64, 32, 1), (32, 32, 2))  # BR: a multiple of 32
+# along dim -2 (the transposed store): on an H200 fewer warps a tile were faster (docs/studies/bench.md)
+DIM2_TILES = ((64, 64, 4), (64, 32, 2), (32, 64, 1), (32, 128, 1), (32, 32, 1), (64, 64, 1), (32, 128, 2))
+# along the last dim (default 32 x 128 x 4): never swept with fewer warps
+DIM1_TILES = ((32, 128, 4), (16, 128, 2), (8, 128, 1), (16, 64, 1), (32, 64, 2), (32, 128, 2), (16, 256, 2))
 
 
 def main() -> None:
@@ -34,6 +33,13 @@ def main() -> None:
         singles = {d: measure(fn)["ms"] for d, fn in one.items()}
         total = singles[-1] + singles[-2]
         print(f"{m}x{k}: dim -1 {singles[-1]:.4f} ms, dim -2 {singles[-2]:.4f} ms, sum {total:.4f} ms")
+        for tile in DIM1_TILES:
+            fn = lambda t=tile, x=x: _cast(x, "e4m3", "rceil", False, "torchao", torch.bfloat16,  # noqa: E731
+                                           return_bytes=False, config=t)
+            same = torch.equal(fn().view(torch.int16), ref[0].view(torch.int16))
+            ms = measure(fn)["ms"]
+            print(f"  dim -1 {'x'.join(map(str, tile)):>10}: {ms:.4f} ms  /default {ms / singles[-1]:.2f}  "
+                  f"{'bit-identical' if same else 'DIFFERS'}", flush=True)
         for tile in DIM2_TILES:
             fn = lambda t=tile, x=x: _cast(x, "e4m3", "rceil", True, "torchao", torch.bfloat16,  # noqa: E731
                                            return_bytes=False, config=t)

@@ -89,14 +89,17 @@ def _as_3d(t: torch.Tensor, *, output: bool = False) -> torch.Tensor:
     return t.view(-1, *t.shape[-2:]) if output else t.reshape(-1, *t.shape[-2:])
 
 
-def _launch_config(device_type: str, along_rows: bool, rows: int, cols: int) -> tuple[int, int, int]:
-    """(BR, BC, num_warps). On CPU the interpreter pays per program, so tiles are large. On a GPU a thread
-    holds 32 elements: 32 x 128 with 4 warps along the last dim (256-byte rows in and out); 64 x 32 with 2 warps
-    along dim -2 and for both layouts, where each block's 32 rows are reduced across the tile's warps (measured on
-    an H200: 0.75x the time of 64 x 64 x 4, bit-identical; dev/gpu/both_sweep.py, docs/studies/bench.md)."""
+def _launch_config(device_type: str, along_rows: bool, both: bool, rows: int, cols: int) -> tuple[int, int, int]:
+    """(BR, BC, num_warps). On CPU the interpreter pays per program, so tiles are large. On a GPU the tiles
+    along dim -2 and for both layouts are one warp's, which reduces each block's 32 rows inside the warp (on an
+    H200: 32 x 64 along dim -2 at 0.77x the time of 64 x 32 x 2, both layouts 32 x 32 at 0.93x, bit-identical:
+    dev/gpu/both_sweep.py, docs/studies/bench.md); along the last dim 32 x 128 with 4 warps (256-byte rows in
+    and out)."""
     if device_type != "cuda":
         return (128, 128, 1)
-    return (64, 32, 2) if along_rows else (32, 128, 4)
+    if both:
+        return (32, 32, 1)
+    return (32, 64, 1) if along_rows else (32, 128, 4)
 
 
 def mx_dequantize(
@@ -305,7 +308,7 @@ def _launch(device, x_dtype, shape, strides, out_dtype, out_numel, gathered, alo
     if gathered is not None:
         rows = gathered
     thresholds = (rceil_thresholds(device, elem) if torchao and mode == "rceil" else exact_thresholds(device, elem))
-    br, bc, warps = config or _launch_config(device.type, along_rows or both, rows, cols)
+    br, bc, warps = config or _launch_config(device.type, along_rows, both, rows, cols)
     grid = (triton_cdiv(rows, br), triton_cdiv(cols, bc), batch)
     reach = sum((n - 1) * abs(s) for n, s in zip(shape, strides)) + 1
     index64 = max(reach, out_numel) >= 2**31

@@ -358,12 +358,15 @@ def test_fast_cast_torchao_rceil_rounds_alike_on_cpu_and_cuda():
 @pytest.mark.parametrize(("variant", "tile_moves"), [
     ({"along_rows": False}, 0),  # training: BF16 in and out, blocks along the last dim
     ({"along_rows": True, "tile": (64, 64, 4)}, 1),  # along dim -2: the one move is the transposed store
+    ({"along_rows": True, "tile": (32, 64, 1)}, 1),  # the default tiles: one warp each along dim -2 and for both
+    ({"along_rows": False, "both": True, "tile": (32, 32, 1)}, 1),
     ({"along_rows": False, "in_bf16": False, "out_bf16": False, "write_bytes": True}, None),
     ({"along_rows": True, "index64": True, "write_bytes": True, "tile": (64, 64, 4)}, None),
     ({"along_rows": False, "both": True, "tile": (64, 64, 4)}, 1),  # both layouts: still only the transposed store
     ({"along_rows": False, "both": True, "gather": True, "tile": (64, 64, 4)}, 1),  # a padded operand's casts
     ({"along_rows": True, "gather": True, "index64": True, "tile": (64, 64, 4)}, 1),
-], ids=("dim-1", "dim-2", "fp32-bytes", "dim-2-index64-bytes", "both", "both-gather", "dim-2-gather-index64"))
+], ids=("dim-1", "dim-2", "dim-2-one-warp", "both-one-warp", "fp32-bytes", "dim-2-index64-bytes", "both",
+        "both-gather", "dim-2-gather-index64"))
 def test_fast_kernel_compiles_for_hopper_without_a_gpu(variant, tile_moves):
     """Triton compiles (ptxas included) what the interpreter runs: CI catches a kernel that would not build
     on the GPU. The tile is read once and moved between register layouts only where it must be."""

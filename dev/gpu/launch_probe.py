@@ -10,6 +10,11 @@ kernels take a few microseconds; the launches take longer), the queue drained be
   direct          the compiled kernel called with those arguments, no binding or lookup (``compiled[grid]``)
   torch.empty     one allocation of the result, for scale
 
+and, compiled (``torch.compile`` of a function of the cast of both layouts, one call of it):
+  triton op       ``mx_dequantize_both``: the kernel launched from inductor's code
+  opaque op       the CPU's custom op called instead (``mxval::fast_mx_dequantize_both``): Python between
+  one kernel      ``t * 2``, for scale: the compiled call's own cost (guards, wrapper, one launch)
+
 Usage (on the GPU machine, from a tree's root, after ``source dev/gpu/env.sh``):
     python3 dev/gpu/launch_probe.py [--calls N] [--json FILE]
 Without a CUDA GPU it says so and exits 2.
@@ -100,10 +105,19 @@ def main(argv=None) -> int:
     for r in rows:
         print(f"{r['cast']:<14}{r['wrapper_and_launch_us']:>16.1f}{r['triton_launch_us']:>10.1f}"
               f"{r['direct_launch_us']:>10.1f}{r['torch_empty_us']:>13.1f}")
+    compiled = {}
+    if hasattr(fast_cast, "_dequantize_both_cuda_op"):  # trees whose compiled casts are triton ops
+        opaque = fast_cast._dequantize_both_op
+        for name, fn in (("triton op", lambda t: fast_cast.mx_dequantize_both(t)),
+                         ("opaque op", lambda t: opaque(t, "e4m3", "rceil", "torchao", torch.bfloat16, None)),
+                         ("one kernel", lambda t: t * 2)):
+            run = torch.compile(fn, fullgraph=True)
+            compiled[name] = _per_call_us(lambda run=run: run(x), args.calls)
+        print("compiled, both layouts: " + ", ".join(f"{k} {v:.1f} us" for k, v in compiled.items()))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "calls": args.calls,
-                       "rows": rows}, f, indent=1)
+                       "rows": rows, "compiled_us": compiled}, f, indent=1)
     return 0
 
 

@@ -117,13 +117,18 @@ def mx_dequantize(
 
     Returns the dequantized tensor, or ``(dequantized, scale_bytes, element_bytes)`` (uint8) when
     ``return_bytes``. Any strides are accepted; nothing is copied first. Without ``return_bytes`` the
-    cast is one opaque op to ``torch.compile`` (``mxval::fast_mx_dequantize``), so compiled models keep
-    their graphs whole around it. ``rows``: cast ``x``'s rows gathered by this map (module docstring).
+    cast keeps a compiled model's graph whole: on CUDA ``torch.compile`` launches the kernel from its graph
+    (``mxval::fast_mx_dequantize_cuda``, a triton op), on CPU it is one opaque op
+    (``mxval::fast_mx_dequantize``). ``rows``: cast ``x``'s rows gathered by this map (module docstring).
     """
     along_rows = _validate(_operand(x, rows), elem, mode, dim, flavour, out_dtype)
     if return_bytes or not torch.compiler.is_compiling():  # eager: skip the custom op's dispatch cost
         return _cast(x, elem, mode, along_rows, flavour, out_dtype, return_bytes=return_bytes, rows=rows)
-    return _dequantize_op(x, elem, mode, -2 if along_rows else -1, flavour, out_dtype, rows)
+    dim = -2 if along_rows else -1
+    if x.device.type == "cuda" and _TRITON:  # without Triton the opaque op says the fast path is unavailable
+        return _dequantize_cuda_op(x, _compiled_table(x.device, elem, flavour, mode), elem, mode, dim, flavour,
+                                   out_dtype, rows)
+    return _dequantize_op(x, elem, mode, dim, flavour, out_dtype, rows)
 
 
 def mx_dequantize_both(
@@ -137,8 +142,9 @@ def mx_dequantize_both(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(mx_dequantize(x, dim=-1, ...), mx_dequantize(x, dim=-2, ...))`` from one launch of the kernel over
     ``x``: the same values in the same layouts, each tile read twice in a row by one program (the second read, of
-    a tile just read, can come from L2). ``x`` needs at least two dims, the last two multiples of 32. One opaque
-    op to ``torch.compile`` (``mxval::fast_mx_dequantize_both``). ``rows``: as for ``mx_dequantize``."""
+    a tile just read, can come from L2). ``x`` needs at least two dims, the last two multiples of 32. Compiled
+    as ``mx_dequantize`` is (``mxval::fast_mx_dequantize_both_cuda``, ``mxval::fast_mx_dequantize_both``).
+    ``rows``: as for ``mx_dequantize``."""
     operand = _operand(x, rows)
     _validate(operand, elem, mode, -1, flavour, out_dtype)
     if x.ndim < 2:
@@ -146,6 +152,9 @@ def mx_dequantize_both(
     _validate(operand, elem, mode, -2, flavour, out_dtype)
     if not torch.compiler.is_compiling():
         return _cast_both(x, elem, mode, flavour, out_dtype, rows=rows)
+    if x.device.type == "cuda" and _TRITON:
+        return _dequantize_both_cuda_op(x, _compiled_table(x.device, elem, flavour, mode), elem, mode, flavour,
+                                        out_dtype, rows)
     return _dequantize_both_op(x, elem, mode, flavour, out_dtype, rows)
 
 
@@ -205,8 +214,9 @@ def _empty_result(x: torch.Tensor, along_rows: bool, dtype: torch.dtype) -> torc
     return torch.empty(x.shape, dtype=dtype, device=x.device)
 
 
-def _cast(x, elem, mode, along_rows, flavour, out_dtype, *, return_bytes: bool, config=None, rows=None):
-    """``config`` = (BR, BC, num_warps) overrides the tile choice (the benchmark's sweep)."""
+def _cast(x, elem, mode, along_rows, flavour, out_dtype, *, return_bytes: bool, config=None, rows=None, thr=None):
+    """``config`` = (BR, BC, num_warps) overrides the tile choice (the benchmark's sweep). ``thr``: the thresholds
+    table, given by the compiled path's triton ops, which then launch through ``wrap_triton``."""
     reason = available(x.device)
     if reason:
         raise FastUnavailable(reason)
@@ -224,7 +234,8 @@ def _cast(x, elem, mode, along_rows, flavour, out_dtype, *, return_bytes: bool, 
     if out3.numel():
         _run(x3, block_major(out3), block_major(scales) if return_bytes else None,
              block_major(_as_3d(codes, output=True)) if return_bytes else None,
-             along_rows=along_rows, elem=elem, mode=mode, torchao=flavour == "torchao", config=config, src=src)
+             along_rows=along_rows, elem=elem, mode=mode, torchao=flavour == "torchao", config=config, src=src,
+             thr=thr)
     if not return_bytes:
         return out
     scale_shape = ((*operand.shape[:-2], rows // BLOCK, cols) if along_rows else
@@ -232,7 +243,7 @@ def _cast(x, elem, mode, along_rows, flavour, out_dtype, *, return_bytes: bool, 
     return out, scales.reshape(scale_shape), codes
 
 
-def _cast_both(x, elem, mode, flavour, out_dtype, *, config=None, rows=None):
+def _cast_both(x, elem, mode, flavour, out_dtype, *, config=None, rows=None, thr=None):
     reason = available(x.device)
     if reason:
         raise FastUnavailable(reason)
@@ -241,12 +252,56 @@ def _cast_both(x, elem, mode, flavour, out_dtype, *, config=None, rows=None):
     if along_cols.numel():
         _run(_as_3d(x), _as_3d(along_cols, output=True), None, None, along_rows=False, elem=elem, mode=mode,
              torchao=flavour == "torchao", config=config,
-             second=_as_3d(along_rows, output=True).transpose(-2, -1), src=rows)
+             second=_as_3d(along_rows, output=True).transpose(-2, -1), src=rows, thr=thr)
     return along_cols, along_rows
 
 
-# One opaque op for torch.compile (its fake gives the result's shape and strides), in mxval's own namespace:
-# registered when this module is imported, since a model being compiled may call it first.
+# Under torch.compile on CUDA the cast is a triton op: inductor traces its body to the kernel's launch and launches
+# the kernel from its compiled graph, no Python of this module between (on an H100 the opaque op below cost the
+# compiled proxy step 3-11 ms of host time the GPU did not hide: docs/studies/bench.md). The thresholds table is
+# the op's input, a constant of the compiled graph: dynamo runs ``_compiled_table`` once while tracing (a real
+# tensor read inside the traced op is refused by its fake tensors). Dynamo names such a constant after its
+# function's code, so each table has a function of its own (two tables from one function in a graph clash).
+try:  # without Triton the fast path is unavailable (``available`` says so) and no triton op is registered
+    import triton  # noqa: F401
+
+    _TRITON = True
+except ImportError:
+    _TRITON = False
+
+
+def _table_function(elem: str, rceil: bool):
+    def table(device: torch.device) -> torch.Tensor:
+        return _table(device, elem, rceil)
+
+    name = f"_mx_table_{elem}_{'rceil' if rceil else 'exact'}"
+    table.__code__ = table.__code__.replace(co_name=name)
+    table.__name__ = table.__qualname__ = name
+    return torch.compiler.assume_constant_result(table)
+
+
+def _compiled_table(device: torch.device, elem: str, flavour: str, mode: str) -> torch.Tensor:
+    return _TABLE_FUNCTIONS[elem, flavour == "torchao" and mode == "rceil"](device)
+
+
+if _TRITON:
+    _TABLE_FUNCTIONS = {(elem, rceil): _table_function(elem, rceil) for elem in ELEMENTS for rceil in (False, True)}
+
+    @torch.library.triton_op("mxval::fast_mx_dequantize_cuda", mutates_args=())
+    def _dequantize_cuda_op(x: torch.Tensor, thr: torch.Tensor, elem: str, mode: str, dim: int, flavour: str,
+                            out_dtype: torch.dtype, rows: torch.Tensor | None) -> torch.Tensor:
+        return _cast(x, elem, mode, dim == -2, flavour, out_dtype, return_bytes=False, rows=rows, thr=thr)
+
+    @torch.library.triton_op("mxval::fast_mx_dequantize_both_cuda", mutates_args=())
+    def _dequantize_both_cuda_op(x: torch.Tensor, thr: torch.Tensor, elem: str, mode: str, flavour: str,
+                                 out_dtype: torch.dtype, rows: torch.Tensor | None
+                                 ) -> tuple[torch.Tensor, torch.Tensor]:
+        return _cast_both(x, elem, mode, flavour, out_dtype, rows=rows, thr=thr)
+
+
+# On CPU (Triton's interpreter, which cannot run on fake tensors) one opaque op for torch.compile (its fake gives
+# the result's shape and strides), in mxval's own namespace: registered when this module is imported, since a
+# model being compiled may call it first.
 @torch.library.custom_op("mxval::fast_mx_dequantize", mutates_args=(),
                          schema="(Tensor x, str elem, str mode, int dim, str flavour, ScalarType out_dtype, "
                                 "Tensor? rows) -> Tensor")
@@ -273,33 +328,47 @@ def _(x, elem, mode, flavour, out_dtype, rows):
 
 
 def _run(x3, store, scale_store, codes_store, *, along_rows: bool, elem: str, mode: str, torchao: bool,
-         config=None, second=None, src=None) -> None:
+         config=None, second=None, src=None, thr=None) -> None:
     """One launch of the kernel over x3 [B, R, C]; ``second`` (a [B, C, R] contiguous store) asks for the blocks
     along R too, in the same launch (``store`` then takes the blocks along C); ``src`` (int64 [R'], with B = 1)
-    makes the operand x3's rows gathered by it, R' rows (negative: zeros)."""
+    makes the operand x3's rows gathered by it, R' rows (negative: zeros). Pointers not used are None. With
+    ``thr`` given (inside the compiled path's op) the launch goes through ``wrap_triton``, so that inductor
+    launches the kernel itself from its compiled graph."""
     from numerics.layer.fast.kernel import cast_kernel
 
     device_type = x3.device.type
-    thresholds, grid, scalars, options = _launch(  # positional: the cache's key is quicker built so
-        x3.device, x3.dtype, x3.shape, x3.stride(), store.dtype, store.numel(), None if src is None else src.numel(),
-        along_rows, elem, mode, torchao, config, second is not None, scale_store is not None)
-    x_bits = x3.view(torch.int16 if x3.dtype == torch.bfloat16 else torch.int32)
-    out_bits = store.view(torch.int16 if store.dtype == torch.bfloat16 else torch.int32)
+    grid, scalars, options = _launch_settings(
+        x3.device.type, x3.dtype, x3.shape, x3.stride(), store.dtype, store.numel(),
+        None if src is None else src.numel(), along_rows, elem, mode, torchao, config, second is not None,
+        scale_store is not None)
+    if thr is None:
+        kernel, thr = cast_kernel(device_type), _table(x3.device, elem, torchao and mode == "rceil")
+    else:
+        kernel = torch.library.wrap_triton(cast_kernel(device_type))
     # the interpreter computes with NumPy, which warns where IEEE overflows to Inf (scale 2^127 blocks)
     quiet = np.errstate(over="ignore") if device_type != "cuda" else contextlib.nullcontext()
     with quiet:
-        cast_kernel(device_type)[grid](
-            x_bits, out_bits, store if scale_store is None else scale_store,  # unused pointers when not writing bytes
-            store if codes_store is None else codes_store, thresholds,
-            out_bits if second is None else second.view(out_bits.dtype),
-            thresholds if src is None else src,  # an unused pointer when not gathering
-            *scalars, **options)
+        kernel[grid](x3, store, scale_store, codes_store, thr, second, src, *scalars, **options)
+
+
+@functools.lru_cache(maxsize=64)  # looked up on every eager launch
+def _table(device: torch.device, elem: str, rceil: bool) -> torch.Tensor:
+    """The kernel's thresholds table: torchao's RCEIL steps (calibrated once per device), or the exact rule's."""
+    return rceil_thresholds(device, elem) if rceil else exact_thresholds(device, elem)
+
+
+def _launch_settings(*key):
+    """``_launch``'s grid, scalars and options; uncached for a key that does not hash (a traced shape's SymInts)."""
+    try:
+        return _launch(*key)
+    except TypeError:
+        return _launch.__wrapped__(*key)
 
 
 @functools.lru_cache(maxsize=4096)
-def _launch(device, x_dtype, shape, strides, out_dtype, out_numel, gathered, along_rows, elem, mode, torchao, config,
-            both, write_bytes):
-    """What a launch takes besides its tensors: the thresholds table, the grid, the scalar arguments and the
+def _launch(device_type, x_dtype, shape, strides, out_dtype, out_numel, gathered, along_rows, elem, mode, torchao,
+            config, both, write_bytes):
+    """What a launch takes besides its tensors and the thresholds table: the grid, the scalar arguments and the
     compile-time options. A step casts the same few operands again and again, so this is computed once for each
     (the host's cost of a cast is mostly Python: on an H100, dev/gpu/launch_probe.py measured 64.5 us a cast of
     both layouts without this cache and the cached checks, 53.7 us with them, 19.0 of it Triton's launch)."""
@@ -307,8 +376,7 @@ def _launch(device, x_dtype, shape, strides, out_dtype, out_numel, gathered, alo
     batch, rows, cols = shape
     if gathered is not None:
         rows = gathered
-    thresholds = (rceil_thresholds(device, elem) if torchao and mode == "rceil" else exact_thresholds(device, elem))
-    br, bc, warps = config or _launch_config(device.type, along_rows, both, rows, cols)
+    br, bc, warps = config or _launch_config(device_type, along_rows, both, rows, cols)
     grid = (triton_cdiv(rows, br), triton_cdiv(cols, bc), batch)
     reach = sum((n - 1) * abs(s) for n, s in zip(shape, strides)) + 1
     index64 = max(reach, out_numel) >= 2**31
@@ -320,7 +388,7 @@ def _launch(device, x_dtype, shape, strides, out_dtype, out_numel, gathered, alo
     options = dict(IN_BF16=x_dtype == torch.bfloat16, OUT_BF16=out_dtype == torch.bfloat16, WRITE_BYTES=write_bytes,
                    ALONG_ROWS=along_rows, INDEX64=index64, BR=br, BC=bc, BOTH=both, GATHER=gathered is not None,
                    num_warps=warps)
-    return thresholds, grid, scalars, options
+    return grid, scalars, options
 
 
 def triton_cdiv(a: int, b: int) -> int:

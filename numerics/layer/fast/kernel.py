@@ -85,10 +85,10 @@ def _mx_cast(
             x_at, in_mask = x_ptr + src * s_r + cols * s_c, mask & (src >= 0)
         else:
             x_at, in_mask = x_ptr + b * s_b + rows * s_r + cols * s_c, mask
-        if IN_BF16:  # bf16 bits in an int16 view: the high half of the float32 bits
-            u = tl.load(x_at, mask=in_mask, other=0).to(tl.int32) << 16
+        if IN_BF16:  # bf16 bits: the high half of the float32 bits
+            u = tl.load(x_at, mask=in_mask, other=0).to(tl.int16, bitcast=True).to(tl.int32) << 16
         else:
-            u = tl.load(x_at, mask=in_mask, other=0)
+            u = tl.load(x_at, mask=in_mask, other=0).to(tl.int32, bitcast=True)
         mag = u & 0x7FFFFFFF
         sign = u ^ mag  # 0 or INT32_MIN
         # tl.reduce with the standard max combiner rather than tl.max: tl.max is itself a jit function, bound
@@ -146,12 +146,15 @@ def _mx_cast(
             off = b * R * C + cols * R + rows
         else:
             off = b * R * C + rows * C + cols
-        dest = out2_ptr if p == 1 else out_ptr
+        if p == 1:  # a branch, not a conditional expression: out2_ptr is None unless BOTH
+            dest = out2_ptr
+        else:
+            dest = out_ptr
         if OUT_BF16:  # round half to even on the bits (sign-magnitude: the carry never reaches the sign)
             o = tl.where(bad3, 0x7FC0, (d + 0x7FFF + ((d >> 16) & 1)) >> 16)
-            tl.store(dest + off, o.to(tl.int16), mask=mask)
+            tl.store(dest + off, o.to(tl.int16).to(dest.dtype.element_ty, bitcast=True), mask=mask)
         else:
-            tl.store(dest + off, tl.where(bad3, 0x7FC00000, d), mask=mask)
+            tl.store(dest + off, tl.where(bad3, 0x7FC00000, d).to(dest.dtype.element_ty, bitcast=True), mask=mask)
         if WRITE_BYTES:
             if ALONG_ROWS:  # per-block offsets and masks, 2D like the block values
                 blk2 = tl.reshape(blk, (BR // 32, 1))
@@ -200,17 +203,21 @@ def compile_ahead(*, along_rows: bool, in_bf16: bool = True, out_bf16: bool = Tr
     fn = triton.JITFunction(_mx_cast, do_not_specialize=_SETTINGS)
     br, bc, warps = tile
     ints = ("R", "C", "s_b", "s_r") + _SETTINGS
-    signature = {"x_ptr": "*i16" if in_bf16 else "*i32", "out_ptr": "*i16" if out_bf16 else "*i32",
-                 "scale_ptr": "*u8", "code_ptr": "*u8", "thr_ptr": "*i32", "out2_ptr": "*i16" if out_bf16 else "*i32",
-                 "src_ptr": "*i64",
-                 "s_c": "constexpr",
+    unused = ({"scale_ptr", "code_ptr"} if not write_bytes else set()) | ({"out2_ptr"} if not both else set()) | (
+        {"src_ptr"} if not gather else set())  # passed as None, as the launch does
+    value = "*bf16" if out_bf16 else "*fp32"
+    signature = {"x_ptr": "*bf16" if in_bf16 else "*fp32", "out_ptr": value, "scale_ptr": "*u8", "code_ptr": "*u8",
+                 "thr_ptr": "*i32", "out2_ptr": value, "src_ptr": "*i64", "s_c": "constexpr",
                  **{name: "i64" if index64 and name in ("s_b", "s_r") else "i32" for name in ints},
                  **{name: "constexpr" for name in ("IN_BF16", "OUT_BF16", "WRITE_BYTES", "ALONG_ROWS", "INDEX64",
-                                                   "BR", "BC", "BOTH", "GATHER")}}
+                                                   "BR", "BC", "BOTH", "GATHER")},
+                 **{name: "constexpr" for name in unused}}
     constexprs = {"s_c": 1, "IN_BF16": in_bf16, "OUT_BF16": out_bf16, "WRITE_BYTES": write_bytes,
-                  "ALONG_ROWS": along_rows, "INDEX64": index64, "BR": br, "BC": bc, "BOTH": both, "GATHER": gather}
+                  "ALONG_ROWS": along_rows, "INDEX64": index64, "BR": br, "BC": bc, "BOTH": both, "GATHER": gather,
+                  **{name: None for name in unused}}
     aligned = [["tt.divisibility", 16]]
     attrs = {(fn.arg_names.index(name),): aligned for name in ("x_ptr", "out_ptr", "scale_ptr", "code_ptr", "thr_ptr",
-                                                                "out2_ptr", "src_ptr", "R", "C", "s_b", "s_r")}
+                                                                "out2_ptr", "src_ptr", "R", "C", "s_b", "s_r")
+             if name not in unused}
     source = ASTSource(fn, {name: signature[name] for name in fn.arg_names}, constexprs=constexprs, attrs=attrs)
     return triton.compile(source, target=GPUTarget("cuda", arch, 32), options={"num_warps": warps})

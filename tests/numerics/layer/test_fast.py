@@ -345,6 +345,45 @@ def test_fast_ops_under_torch_compile_give_the_eager_bits(device, backend):
                                                       x, w, grad), f"torch.compile({backend})")
 
 
+def _inductor_kernels(code: str) -> list[str]:
+    """The Triton kernels an inductor wrapper defines: the names given to ``async_compile.triton``."""
+    import re
+
+    return re.findall(r"async_compile\.triton\(\s*'([^']+)'", code)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cast", ("both", "dim-2", "gathered"))
+def test_compiled_cuda_casts_are_the_kernel_launched_by_inductor(cast):
+    """Under torch.compile on CUDA a cast is the kernel itself in inductor's code (a triton op): no op dispatch,
+    no Python of the cast module, no copy of its operand or results, and the eager bits. Control: the CPU's
+    opaque op, called the same way on CUDA, shows up in the code as the op call this test rejects."""
+    from torch._inductor.utils import run_and_get_code
+
+    from numerics.layer.fast import cast as C
+
+    torch._dynamo.reset()
+    g = torch.Generator().manual_seed(11)
+    x = _rand((128, 96), g, "spread", "cuda")
+    rows = torch.tensor([5, -1, 7, 0] * 16, device="cuda")
+    run = {"both": lambda t: C.mx_dequantize_both(t),
+           "dim-2": lambda t: C.mx_dequantize(t, dim=-2),
+           "gathered": lambda t: C.mx_dequantize_both(t, rows=rows)}[cast]
+    got, codes = run_and_get_code(torch.compile(run, fullgraph=True), x)
+    code = "\n".join(codes)
+    assert _inductor_kernels(code) and set(_inductor_kernels(code)) == {"_mx_cast"}, _inductor_kernels(code)
+    assert "torch.ops.mxval" not in code and "clone" not in code
+    expected = run(x)
+    pairs = zip(*(r if isinstance(r, tuple) else (r,) for r in (expected, got)))
+    for e, o in pairs:
+        assert e.stride() == o.stride() and torch.equal(o.view(torch.int16), e.view(torch.int16)), cast
+
+    torch._dynamo.reset()
+    _, codes = run_and_get_code(torch.compile(lambda t: C._dequantize_both_op(t, "e4m3", "rceil", "torchao",
+                                                                              torch.bfloat16, None)), x)
+    assert "torch.ops.mxval.fast_mx_dequantize_both" in "\n".join(codes)
+
+
 def _torchao_mx(t: torch.Tensor, elem) -> torch.Tensor:
     """torchao's own cast (to_mx, RCEIL) and dequantize along the last dim: the reference for E5M2 operands."""
     from torchao.prototype.mx_formats.config import ScaleCalculationMode

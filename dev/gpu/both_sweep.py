@@ -33,20 +33,14 @@ def main() -> None:
         singles = {d: measure(fn)["ms"] for d, fn in one.items()}
         total = singles[-1] + singles[-2]
         print(f"{m}x{k}: dim -1 {singles[-1]:.4f} ms, dim -2 {singles[-2]:.4f} ms, sum {total:.4f} ms")
-        for tile in DIM1_TILES:
-            fn = lambda t=tile, x=x: _cast(x, "e4m3", "rceil", False, "torchao", torch.bfloat16,  # noqa: E731
-                                           return_bytes=False, config=t)
-            same = torch.equal(fn().view(torch.int16), ref[0].view(torch.int16))
-            ms = measure(fn)["ms"]
-            print(f"  dim -1 {'x'.join(map(str, tile)):>10}: {ms:.4f} ms  /default {ms / singles[-1]:.2f}  "
-                  f"{'bit-identical' if same else 'DIFFERS'}", flush=True)
-        for tile in DIM2_TILES:
-            fn = lambda t=tile, x=x: _cast(x, "e4m3", "rceil", True, "torchao", torch.bfloat16,  # noqa: E731
-                                           return_bytes=False, config=t)
-            same = torch.equal(fn().view(torch.int16), ref[1].view(torch.int16))
-            ms = measure(fn)["ms"]
-            print(f"  dim -2 {'x'.join(map(str, tile)):>10}: {ms:.4f} ms  /default {ms / singles[-2]:.2f}  "
-                  f"{'bit-identical' if same else 'DIFFERS'}", flush=True)
+        for dim, tiles in ((-1, DIM1_TILES), (-2, DIM2_TILES)):
+            for tile in tiles:
+                fn = lambda t=tile, x=x, d=dim: _cast(x, "e4m3", "rceil", d == -2, "torchao",  # noqa: E731
+                                                      torch.bfloat16, return_bytes=False, config=t)
+                same = torch.equal(fn().view(torch.int16), ref[dim == -2].view(torch.int16))
+                ms = measure(fn)["ms"]
+                print(f"  dim {dim} {'x'.join(map(str, tile)):>10}: {ms:.4f} ms  /default {ms / singles[dim]:.2f}  "
+                      f"{'bit-identical' if same else 'DIFFERS'}", flush=True)
         for tile in TILES:
             fn = lambda t=tile, x=x: _cast_both(x, "e4m3", "rceil", "torchao", torch.bfloat16, config=t)  # noqa: E731
             got = fn()

@@ -280,16 +280,16 @@ def format_analysis(r: dict, *, top: int = 8) -> str:
     if g is not None:
         lines += [f"  GPU kernels {_ms(g['kernel_ms'])} ms, busy {_ms(g['busy_ms'])} ms, idle {_ms(g['idle_ms'])} ms "
                   f"({100 * (g['idle_share'] or 0):.0f} % of the wall: host-side time no GPU work covers)",
-                  "  idle before: " + ", ".join(f"{k} {v:.2f} ms" for k, v in g["idle_before"].items()),
-                  "  idle gaps: " + ", ".join(f"{k} {v['count']:.0f} ({v['ms']:.2f} ms)"
+                  "  idle before: " + ", ".join(f"{k} {v:.2f} ms" for k, v in g["idle_before"].items())]
+        if g.get("idle_before_caller"):  # a result recorded before it was counted has none
+            lines.append("  idle before work launched by: " + "; ".join(
+                f"{c['caller']} {c['ms']:.2f} ms ({c['gaps']:.0f} gaps)" for c in g["idle_before_caller"][:3]))
+        lines += ["  idle gaps: " + ", ".join(f"{k} {v['count']:.0f} ({v['ms']:.2f} ms)"
                                               for k, v in g["idle_gaps"].items()),
                   f"  launches {g['launches']:.0f} (launch calls {_ms(g['launch_call_ms'])} ms of host time), "
                   f"synchronisations {g['syncs']:.0f} (waiting {_ms(g['sync_wait_ms'])} ms), "
                   f"device-to-host copies {g['d2h_copies']:.0f}, "
                   f"pageable host-to-device {g['pageable_h2d_copies']:.0f}"]
-        if g.get("idle_before_caller"):  # a result recorded before it was counted has none
-            lines.insert(3, "  idle before work launched by: " + "; ".join(
-                f"{c['caller']} {c['ms']:.2f} ms ({c['gaps']:.0f} gaps)" for c in g["idle_before_caller"][:3]))
     lines += ["", f"{'group':<10} {'GPU ms':>8} {'kernels':>8} {'host self ms':>13}"]
     for name, v in r["groups"].items():
         kernels = "n/a" if v["kernels"] is None else f"{v['kernels']:.0f}"

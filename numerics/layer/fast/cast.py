@@ -177,10 +177,16 @@ def _validate(x, elem, mode, dim, flavour, out_dtype) -> bool:
     args = (x.dtype, x.shape, elem, mode, dim, flavour, out_dtype)
     if torch.compiler.is_compiling():  # dynamo traces the checks once, and warns of a cache it would skip
         return _validated.__wrapped__(*args)
+    return _cached(_validated, *args)  # an unhashable argument is checked uncached, which names what is wrong
+
+
+def _cached(fn, *args):
+    """``fn(*args)`` through its ``functools`` cache, or uncached where the arguments do not hash (a wrong type, a
+    traced shape's SymInts)."""
     try:
-        return _validated(*args)
-    except TypeError:  # an unhashable argument: checked without the cache, which names what is wrong
-        return _validated.__wrapped__(*args)
+        return fn(*args)
+    except TypeError:
+        return fn.__wrapped__(*args)
 
 
 @functools.lru_cache(maxsize=4096)  # a step validates the same few shapes again and again (BadInput: not cached)
@@ -337,8 +343,8 @@ def _run(x3, store, scale_store, codes_store, *, along_rows: bool, elem: str, mo
     from numerics.layer.fast.kernel import cast_kernel
 
     device_type = x3.device.type
-    grid, scalars, options = _launch_settings(
-        x3.device.type, x3.dtype, x3.shape, x3.stride(), store.dtype, store.numel(),
+    grid, scalars, options = _cached(
+        _launch, x3.device.type, x3.dtype, x3.shape, x3.stride(), store.dtype, store.numel(),
         None if src is None else src.numel(), along_rows, elem, mode, torchao, config, second is not None,
         scale_store is not None)
     if thr is None:
@@ -355,14 +361,6 @@ def _run(x3, store, scale_store, codes_store, *, along_rows: bool, elem: str, mo
 def _table(device: torch.device, elem: str, rceil: bool) -> torch.Tensor:
     """The kernel's thresholds table: torchao's RCEIL steps (calibrated once per device), or the exact rule's."""
     return rceil_thresholds(device, elem) if rceil else exact_thresholds(device, elem)
-
-
-def _launch_settings(*key):
-    """``_launch``'s grid, scalars and options; uncached for a key that does not hash (a traced shape's SymInts)."""
-    try:
-        return _launch(*key)
-    except TypeError:
-        return _launch.__wrapped__(*key)
 
 
 @functools.lru_cache(maxsize=4096)

@@ -230,13 +230,24 @@ def exit_process(code: int) -> NoReturn:
     sys.exit(code)
 
 
+_OWN_PACKAGES = frozenset({"numerics", "convergence", "golden", "mxval"})
+
+
 def _importing(target: str) -> Callable[[Sequence[str] | None], int]:
     """The ``main`` of ``module`` or ``module:function``, imported when called: inside ``run_main``, so a Ctrl-C
     while its libraries load is "interrupted" too, and an error there one line."""
 
     def command(argv: Sequence[str] | None) -> int:
         module, _, function = target.partition(":")
-        return getattr(importlib.import_module(module), function or "main")(argv)
+        try:
+            loaded = importlib.import_module(module)
+        except ModuleNotFoundError as exc:  # a library it needs, not one of ours: say so, not a traceback
+            missing = (exc.name or "").partition(".")[0]
+            if not missing or missing in _OWN_PACKAGES:
+                raise
+            raise CLIError(f"{missing} is not installed, and {module} needs it: pip install -e . in the "
+                           f"repository (README's quickstart)") from exc
+        return getattr(loaded, function or "main")(argv)
 
     return command
 

@@ -127,3 +127,18 @@ def test_a_command_without_its_subcommand_prints_usage_to_stderr_and_exits_2(cap
         assert main(argv) == code
         cap = capsys.readouterr()
         assert getattr(cap, stream).startswith("usage: ") and not getattr(cap, "out" if stream == "err" else "err")
+
+
+def test_a_subcommand_whose_library_is_missing_says_which_in_one_line(tmp_path, monkeypatch, capsys):
+    """A subcommand whose module imports a library that is not installed: one line naming the library, exit 2;
+    the control: a missing module of mxval's own packages is a bug in mxval and keeps its traceback."""
+    from numerics.cli import run_command
+
+    (tmp_path / "needs_missing_lib.py").write_text("import a_library_nobody_installed\n")
+    (tmp_path / "numerics_broken_probe.py").write_text("import numerics.no_such_module\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert run_command("needs_missing_lib", []) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "a_library_nobody_installed is not installed" in err
+    with pytest.raises(ModuleNotFoundError, match="numerics.no_such_module"):
+        run_command("numerics_broken_probe", [])

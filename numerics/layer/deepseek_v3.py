@@ -2,7 +2,8 @@
 
 Public: ``RMSNorm``, ``Linear``, ``rope_frequencies``, ``apply_rope``, ``Attention`` (MLA), ``FeedForward``,
 ``GroupedLinear``, ``GroupedExperts``, ``Router``, ``LocalDispatch``, ``MoE``, and the functions they compute
-with: ``compute_dtype``, ``linear``, ``grouped_mm``, ``weighted_slot_sum``.
+with: ``compute_dtype``, ``linear``, ``grouped_mm``, ``weighted_slot_sum``; ``SharedInputOp`` and
+``shared_input_casts`` (below).
 
 Module names follow torchtitan's DeepSeek-V3 (``attention.wq``, ``feed_forward.w1``, ``moe.router.gate``,
 ``moe.shared_experts.w1``, ``moe.experts.w1``) so a recipe's fully-qualified-name filter reads the same here
@@ -18,7 +19,9 @@ autocast), and in MXFP8.
 The MXFP8 seam: ``Linear`` and ``GroupedLinear`` have an ``mxfp8_op`` attribute, ``None`` for plain
 precision; ``numerics.layer.recipes.apply_recipe`` puts the op of ``numerics.layer.mxfp8`` there. In FP32
 a grouped GEMM computes each expert's slice on its own (an independent reference, not
-``torch._grouped_mm``).
+``torch._grouped_mm``). Where two modules project one input (a SwiGLU's w1 and w3, attention's first two
+projections) and hold the same op that is a ``SharedInputOp`` (the fast kernel's), the input's casts are made once
+and given to both (``shared_input_casts``); every other op casts inside each call.
 
 The MoE's dispatch/combine is a second seam: ``MoE.dispatcher`` is any object with ``LocalDispatch.run``'s
 signature; expert parallelism puts ``convergence.train.ep_dispatch.EPDispatch`` there.
@@ -45,22 +48,27 @@ def compute_dtype(x: torch.Tensor) -> torch.dtype:
     return x.dtype
 
 
-def linear(x: torch.Tensor, w: torch.Tensor, op: Callable | None = None) -> torch.Tensor:
-    """``x @ w.T`` in the compute dtype; ``op(x, w)``, when given (MXFP8), replaces F.linear after the casts."""
+def linear(x: torch.Tensor, w: torch.Tensor, op: Callable | None = None, x_casts=None) -> torch.Tensor:
+    """``x @ w.T`` in the compute dtype; ``op(x, w)``, when given (MXFP8), replaces F.linear after the casts
+    (``op(x, w, x_casts=...)`` with the input's casts from ``shared_input_casts``)."""
     dt = compute_dtype(x)
     # ``is None``, not ``op or F.linear``: dynamo (torch 2.11) cannot take the truth value of a functools.partial,
     # which the MXFP8 recipes pass as ``op``, and the graph break there leaves a compiled model's forward eager
-    return F.linear(x.to(dt), w.to(dt)) if op is None else op(x.to(dt), w.to(dt))
+    if op is None:
+        return F.linear(x.to(dt), w.to(dt))
+    return op(x.to(dt), w.to(dt)) if x_casts is None else op(x.to(dt), w.to(dt), x_casts=x_casts)
 
 
-def grouped_mm(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, op: Callable | None = None) -> torch.Tensor:
+def grouped_mm(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, op: Callable | None = None,
+               x_casts=None) -> torch.Tensor:
     """x [T, in] (rows sorted by expert) times each expert's w [E, out, in]^T; ``offs``: cumulative row ends.
 
-    ``op(x, w_t, offs)``, when given (MXFP8), replaces ``torch._grouped_mm``; FP32 runs expert by expert."""
+    ``op(x, w_t, offs)``, when given (MXFP8), replaces ``torch._grouped_mm`` (``x_casts=`` as in ``linear``);
+    FP32 runs expert by expert."""
     dt = compute_dtype(x)
     x, w_t = x.to(dt), w.to(dt).transpose(-2, -1)
     if op is not None:
-        return op(x, w_t, offs)
+        return op(x, w_t, offs) if x_casts is None else op(x, w_t, offs, x_casts=x_casts)
     if dt != torch.float32:
         return torch._grouped_mm(x, w_t, offs=offs)
     ends = offs.tolist()
@@ -68,6 +76,25 @@ def grouped_mm(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, op: Callabl
     parts = [x[s:e] @ w_t[i] for i, (s, e) in enumerate(zip(starts, ends))]
     tail = x.new_zeros(x.shape[0] - (ends[-1] if ends else 0), w_t.shape[-1])
     return torch.cat(parts + [tail])
+
+
+class SharedInputOp:
+    """An ``mxfp8_op`` that can cast an input once for several modules that take it: ``input_casts(x, *more,
+    want_dw=)`` (``more``: a grouped GEMM's ``offs``) returns what each module's call then takes as ``x_casts``."""
+
+    def input_casts(self, x: torch.Tensor, *more, want_dw: bool):
+        raise NotImplementedError
+
+
+def shared_input_casts(x: torch.Tensor, modules: tuple[nn.Module, ...], *more):
+    """The casts of ``x`` for ``modules`` (each a ``Linear`` or each a ``GroupedLinear`` on x, called with
+    ``*more``), made once where all of them hold one ``SharedInputOp``; None where each casts for itself. They are
+    the tensors each module's op would make, so the modules' results and gradients keep their bits."""
+    op = modules[0].mxfp8_op
+    if not isinstance(op, SharedInputOp) or any(m.mxfp8_op is not op for m in modules[1:]):
+        return None
+    want_dw = torch.is_grad_enabled() and any(m.weight.requires_grad for m in modules)
+    return op.input_casts(x.to(compute_dtype(x)), *more, want_dw=want_dw)
 
 
 class RMSNorm(nn.Module):
@@ -89,8 +116,8 @@ class Linear(nn.Linear):
         super().__init__(in_features, out_features, bias=False)
         self.mxfp8_op: Callable | None = None
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(x, self.weight, self.mxfp8_op)
+    def forward(self, x: torch.Tensor, x_casts=None) -> torch.Tensor:
+        return linear(x, self.weight, self.mxfp8_op, x_casts)
 
 
 def _yarn_correction_dim(num_rot: float, dim: int, base: float, max_seq: int) -> float:
@@ -145,11 +172,13 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         cfg, (b, s, _) = self.cfg, x.shape
-        q = self.wq_b(self.q_norm(self.wq_a(x))) if cfg.q_lora_rank else self.wq(x)
+        casts = shared_input_casts(x, (self.wq_a if cfg.q_lora_rank else self.wq, self.wkv_a))
+        q = self.wq_b(self.q_norm(self.wq_a(x, x_casts=casts))) if cfg.q_lora_rank else self.wq(x, x_casts=casts)
         q = q.view(b, s, cfg.n_heads, cfg.qk_head_dim)
         q_nope, q_pe = q.split([cfg.qk_nope_head_dim, cfg.qk_rope_head_dim], dim=-1)
         q = torch.cat([q_nope, apply_rope(q_pe, cos, sin)], dim=-1)
-        kv, k_pe = self.wkv_a(x).split([cfg.kv_lora_rank, cfg.qk_rope_head_dim], dim=-1)
+        kv, k_pe = self.wkv_a(x, x_casts=casts).split([cfg.kv_lora_rank, cfg.qk_rope_head_dim], dim=-1)
+        del casts  # the first layout only served the two forward GEMMs
         k_pe = apply_rope(k_pe.unsqueeze(2), cos, sin)
         kv = self.wkv_b(self.kv_norm(kv)).view(b, s, cfg.n_heads, cfg.qk_nope_head_dim + cfg.v_head_dim)
         k_nope, v = kv.split([cfg.qk_nope_head_dim, cfg.v_head_dim], dim=-1)
@@ -169,7 +198,10 @@ class FeedForward(nn.Module):
         self.w1, self.w2, self.w3 = Linear(dim, hidden), Linear(hidden, dim), Linear(dim, hidden)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+        casts = shared_input_casts(x, (self.w1, self.w3))
+        h = F.silu(self.w1(x, x_casts=casts)) * self.w3(x, x_casts=casts)
+        del casts  # the first layout only served the two forward GEMMs
+        return self.w2(h)
 
 
 class GroupedLinear(nn.Module):
@@ -180,8 +212,8 @@ class GroupedLinear(nn.Module):
         self.weight = nn.Parameter(torch.empty(n_experts, out_features, in_features))
         self.mxfp8_op: Callable | None = None
 
-    def forward(self, x_sorted: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
-        return grouped_mm(x_sorted, self.weight, offs, self.mxfp8_op)
+    def forward(self, x_sorted: torch.Tensor, offs: torch.Tensor, x_casts=None) -> torch.Tensor:
+        return grouped_mm(x_sorted, self.weight, offs, self.mxfp8_op, x_casts)
 
 
 class GroupedExperts(nn.Module):
@@ -195,7 +227,10 @@ class GroupedExperts(nn.Module):
 
     def forward(self, x_sorted: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         offs = torch.cumsum(counts, 0).to(torch.int32)
-        return self.w2(F.silu(self.w1(x_sorted, offs)) * self.w3(x_sorted, offs), offs)
+        casts = shared_input_casts(x_sorted, (self.w1, self.w3), offs)
+        h = F.silu(self.w1(x_sorted, offs, x_casts=casts)) * self.w3(x_sorted, offs, x_casts=casts)
+        del casts  # the first layout only served the two forward GEMMs
+        return self.w2(h, offs)
 
 
 class Router(nn.Module):

@@ -2,9 +2,10 @@
 
 Public: ``KERNELS``, ``default_kernel(device, op)``, ``kernel_problem(kernel, device, op)``, ``linear_op(op, kernel)`` /
 ``grouped_mm_op(op, kernel)`` (the callables ``numerics.layer.recipes.apply_recipe`` puts into a module's
-``mxfp8_op``), ``torchao_linear`` / ``torchao_grouped_mm`` (the subject, called as the model calls it),
-``op_config(op, kernel)``, ``check_mx_gemm``, ``quantize_api_refusal``, ``BLOCK``. What an op computes is an
-``OpRecipe`` (``numerics.layer.op_recipe``: elements, scale rule, weight gradient's precision), taken as it is.
+``mxfp8_op``; the fast kernel's, ``FastLinear`` / ``FastGroupedMM``, can also cast an input once for two modules),
+``torchao_linear`` / ``torchao_grouped_mm`` (the subject, called as the model calls it), ``op_config(op, kernel)``,
+``check_mx_gemm``, ``quantize_api_refusal``, ``BLOCK``. What an op computes is an ``OpRecipe``
+(``numerics.layer.op_recipe``: elements, scale rule, weight gradient's precision), taken as it is.
 
 The subject is torchao 0.18's MXFP8 training path through its functional autograd ops:
 ``mxfp8_linear._to_mxfp8_then_scaled_mm`` for dense projections and ``_to_mxfp8_then_scaled_grouped_mm``
@@ -35,6 +36,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from numerics.layer.deepseek_v3 import SharedInputOp
 from numerics.layer.op_recipe import KERNELS, MXFP8, OpRecipe
 
 BLOCK = 32  # the MX block: torchao 0.18 supports only 32 for MXFP8 training
@@ -141,19 +143,56 @@ def torchao_grouped_mm(x: torch.Tensor, w_t: torch.Tensor, offs: torch.Tensor, o
     )
 
 
-def _fast_linear(x, weight, *, op: OpRecipe):
-    from numerics.layer.fast import ops as fast
+class FastLinear(SharedInputOp):
+    """The fast kernel's linear for one ``OpRecipe``: ``op(x, w)``, or ``op(x, w, x_casts=)`` with x's casts made
+    once for several linears on x by ``op.input_casts(x, want_dw=)``. One object per recipe (``linear_op``), so
+    the modules of one recipe hold the same op and share an input's casts (``deepseek_v3.shared_input_casts``)."""
 
-    check_mx_gemm(x.reshape(-1, x.shape[-1]).shape[0], weight.shape[1], weight.shape[0], what="linear",
-                  dtype=x.dtype, tokens_blocked=not op.wgrad_with_hp)
-    return fast.linear(x, weight, op)
+    def __init__(self, op: OpRecipe):
+        self.op = op
+
+    def __call__(self, x, weight, *, x_casts=None):
+        from numerics.layer.fast import ops as fast
+
+        check_mx_gemm(x.reshape(-1, x.shape[-1]).shape[0], weight.shape[1], weight.shape[0], what="linear",
+                      dtype=x.dtype, tokens_blocked=not self.op.wgrad_with_hp)
+        return fast.linear(x, weight, self.op, x_casts=x_casts)
+
+    def input_casts(self, x, *, want_dw: bool):
+        from numerics.layer.fast import ops as fast
+
+        return fast.input_casts(x, self.op, want_dw=want_dw)
+
+    def __repr__(self) -> str:
+        return f"FastLinear({self.op!r})"
 
 
-def _fast_grouped_mm(x, w_t, offs, *, op: OpRecipe):
-    from numerics.layer.fast import ops as fast
+class FastGroupedMM(SharedInputOp):
+    """The fast kernel's grouped GEMM for one ``OpRecipe``, groups padded to 32: ``op(x, w_t, offs)``, or with
+    ``x_casts=`` from ``op.input_casts(x, offs, want_dw=)``, as ``FastLinear``."""
 
-    check_mx_gemm(x.shape[0], w_t.shape[-2], w_t.shape[-1], what="grouped_mm", dtype=x.dtype, tokens_blocked=False)
-    return fast.grouped_mm(x, w_t, offs, op, pad_groups=True)
+    def __init__(self, op: OpRecipe):
+        self.op = op
+
+    def __call__(self, x, w_t, offs, *, x_casts=None):
+        from numerics.layer.fast import ops as fast
+
+        check_mx_gemm(x.shape[0], w_t.shape[-2], w_t.shape[-1], what="grouped_mm", dtype=x.dtype,
+                      tokens_blocked=False)
+        return fast.grouped_mm(x, w_t, offs, self.op, pad_groups=True, x_casts=x_casts)
+
+    def input_casts(self, x, offs, *, want_dw: bool):
+        from numerics.layer.fast import ops as fast
+
+        return fast.grouped_input_casts(x, offs, self.op, pad_groups=True, want_dw=want_dw)
+
+    def __repr__(self) -> str:
+        return f"FastGroupedMM({self.op!r})"
+
+
+@functools.cache
+def _fast_op(kind: type, op: OpRecipe):
+    return kind(op)
 
 
 def _require(op: OpRecipe, kernel: str) -> None:
@@ -166,7 +205,7 @@ def linear_op(op: OpRecipe, kernel: str) -> Callable[[torch.Tensor, torch.Tensor
     """The callable a converted ``Linear`` runs: ``op(x, w) -> x @ w.T``."""
     _require(op, kernel)
     if kernel == "fast":
-        return functools.partial(_fast_linear, op=op)
+        return _fast_op(FastLinear, op)
     return functools.partial(torchao_linear, op=op, kernel=kernel)
 
 
@@ -174,7 +213,7 @@ def grouped_mm_op(op: OpRecipe, kernel: str) -> Callable[[torch.Tensor, torch.Te
     """The callable a converted ``GroupedLinear`` runs: ``op(x, w_t, offs)``, groups padded to 32."""
     _require(op, kernel)
     if kernel == "fast":
-        return functools.partial(_fast_grouped_mm, op=op)
+        return _fast_op(FastGroupedMM, op)
     return functools.partial(torchao_grouped_mm, op=op, kernel=kernel, pad_groups=True)
 
 

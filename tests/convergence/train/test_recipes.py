@@ -135,3 +135,41 @@ def test_unknown_recipe_lists_the_valid_ones():
 def test_default_kernel_matches_the_gpu():
     want = "real" if torch.cuda.get_device_capability()[0] == 10 else "emulated"
     assert default_kernel("cuda") == want
+
+
+def test_a_fast_model_casts_each_input_of_two_projections_once_and_keeps_its_bits(monkeypatch):
+    """On the fast kernel, an input two projections take (attention's wq and wkv_a, w1 and w3 of the dense FFN, the
+    shared and the routed experts) is cast once for both: one cast fewer per pair and forward, 8 in the tiny model,
+    with the loss and every gradient unchanged bit for bit. The control: the same model whose w3 and wkv_a modules
+    hold their own op object (equal, not the same) casts each input twice."""
+    pytest.importorskip("triton", reason="the fast kernels run on CPU in Triton's interpreter: pip install '.[fast]'")
+    from numerics.layer import mxfp8
+    from numerics.layer.fast import ops
+
+    tokens = torch.randint(0, 256, (2, 33), generator=torch.Generator().manual_seed(4))
+    calls = []
+    for name in ("_cast", "_cast_both"):
+        real = getattr(ops, name)
+        monkeypatch.setattr(ops, name, lambda *a, real=real, **k: calls.append(1) or real(*a, **k))
+
+    def step(own_ops: bool):
+        m = _model()
+        apply_recipe(m, get_recipe("mxfp8"), "cpu", kernel="fast")
+        if own_ops:
+            for fqn, mod in m.named_modules():
+                if fqn.endswith((".w3", ".wkv_a")):
+                    kind = mxfp8.FastGroupedMM if isinstance(mod, GroupedLinear) else mxfp8.FastLinear
+                    mod.mxfp8_op = kind(mod.mxfp8_op.op)
+        calls.clear()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            logits = m(tokens[:, :-1])
+        loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), tokens[:, 1:].flatten())
+        loss.backward()
+        return loss.detach(), {n: p.grad for n, p in m.named_parameters()}, len(calls)
+
+    loss_own, grads_own, casts_own = step(own_ops=True)
+    loss, grads, casts = step(own_ops=False)
+    assert casts_own - casts == 8  # 3 layers' attention, 1 dense FFN, 2 MoE layers' shared and routed experts
+    assert torch.equal(loss, loss_own)
+    assert all(torch.equal(grads[n], grads_own[n]) for n in grads), [n for n in grads
+                                                                        if not torch.equal(grads[n], grads_own[n])]

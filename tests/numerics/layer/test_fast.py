@@ -479,3 +479,52 @@ def test_fast_linear_with_e2m1_elements_is_the_gemms_of_the_specs_casts(device):
     x, w, grad = (_rand(s, g, "spread", device) for s in ((64, 96), (32, 96), (64, 32)))
     got = _fwd_bwd(lambda a, b: ops.linear(a, b, OpRecipe(elements="e2m1")), x, w, grad)
     _assert_same(_linear_of_casts(lambda t: _spec_mx(t, "e2m1"), x, w, grad), got, "linear e2m1")
+
+
+@pytest.mark.parametrize("hp", (False, True))
+@pytest.mark.parametrize("kind", ("linear", "grouped"))
+def test_two_fast_ops_given_one_inputs_casts_keep_every_bit_and_cast_it_once(monkeypatch, kind, hp):
+    """Two ops on one x (a SwiGLU's w1 and w3) given x's casts made once: the outputs, both dWs and dX (the sum of
+    the two ops' contributions) are the two plain calls' bit for bit, and x is cast once instead of twice. Controls:
+    the casts of another x change the outputs (the given casts are what the GEMMs take); casts made without the
+    layout dW needs, or of another shape, are refused."""
+    g = torch.Generator().manual_seed(5)
+    op = OpRecipe(wgrad_with_hp=hp)
+    x, grad1, grad3 = (_rand(shape, g, "spread", "cpu") for shape in ((96, 64), (96, 32), (96, 32)))
+    if kind == "linear":
+        w1, w3 = _rand((32, 64), g, "spread", "cpu"), _rand((32, 64), g, "spread", "cpu")
+        call = lambda a, w, casts: ops.linear(a, w, op, x_casts=casts)  # noqa: E731
+        make = lambda a, want_dw=True: ops.input_casts(a, op, want_dw=want_dw)  # noqa: E731
+    else:
+        w1, w3 = _rand((3, 32, 64), g, "spread", "cpu"), _rand((3, 32, 64), g, "spread", "cpu")
+        offs = torch.tensor([40, 40, 96], dtype=torch.int32)  # an empty group, and groups padded to 32
+        call = lambda a, w, casts: ops.grouped_mm(a, w.transpose(-2, -1), offs, op, pad_groups=True,  # noqa: E731
+                                                  x_casts=casts)
+        make = lambda a, want_dw=True: ops.grouped_input_casts(a, offs, op, pad_groups=True,  # noqa: E731
+                                                               want_dw=want_dw)
+    calls = []
+    for name in ("_cast", "_cast_both"):
+        real = getattr(ops, name)
+        monkeypatch.setattr(ops, name, lambda *a, real=real, **k: calls.append(tuple(a[0].shape)) or real(*a, **k))
+
+    def step(shared: bool):
+        a, b1, b3 = (t.detach().clone().requires_grad_(True) for t in (x, w1, w3))
+        calls.clear()
+        casts = make(a) if shared else None
+        y1, y3 = call(a, b1, casts), call(a, b3, casts)
+        x_casts = sum(len(shape) == 2 and shape[0] >= len(x) for shape in calls)  # x, or x padded; not a weight
+        (y1 * grad1.float()).sum().add((y3 * grad3.float()).sum()).backward()
+        return {"y1": y1.detach(), "y3": y3.detach(), "dX": a.grad, "dW1": b1.grad, "dW3": b3.grad}, x_casts
+
+    separate, casts_separate = step(False)
+    shared, casts_shared = step(True)
+    _assert_same(separate, shared, f"{kind} with shared casts, wgrad_with_hp={hp}")
+    assert (casts_separate, casts_shared) == (2, 1)
+
+    other = make(x * 2)
+    assert not torch.equal(call(x, w1, other), separate["y1"])
+    with pytest.raises(BadInput, match="shape"):
+        call(x, w1, tuple(t[:32] if t is not None else None for t in make(x)))
+    if not hp:  # dW in MX needs x along the tokens
+        with pytest.raises(BadInput, match="along the tokens"):
+            call(x.detach().requires_grad_(True), w1.detach().requires_grad_(True), make(x, want_dw=False))

@@ -10,10 +10,11 @@ replaced: each operand is read once by the fast kernel, which writes every layou
 takes of x and W are cast in forward and kept for it in place of x and W: more saved memory than torchao's ops,
 which keep x and W and cast them again (the null control's identity cast keeps x and W themselves). Several ops on
 one input (a SwiGLU's w1 and w3, attention's first two projections) can take its casts made once
-(``input_casts`` / ``grouped_input_casts``, then ``x_casts=``): the same tensors each would have made, so the bits
-do not change, and each op stays its own autograd function, so the gradients reach x as separate calls'. The GEMMs are
-the same ops (``torch.mm``, ``torch._grouped_mm``) on operands of the same dtype, shape and strides, which is what
-makes cuBLAS pick the same kernel and return the same bits. Where torchao quantizes along which dim:
+(``input_casts`` / ``grouped_input_casts``, then ``x_casts=``): the same tensors each would have made, so no bit
+changes, and each op stays its own autograd function, so x's gradient sums their contributions as separate calls
+do. The GEMMs are the same ops (``torch.mm``, ``torch._grouped_mm``) on operands of the same dtype, shape and
+strides, which is what makes cuBLAS pick the same kernel and return the same bits. Where torchao quantizes along
+which dim:
 
 =========  ===========================  ====================================  ======================
 GEMM       linear                       grouped (w_t [E, K, N], w = w_t^T)    operand layout seen

@@ -143,13 +143,20 @@ def torchao_grouped_mm(x: torch.Tensor, w_t: torch.Tensor, offs: torch.Tensor, o
     )
 
 
-class FastLinear(SharedInputOp):
-    """The fast kernel's linear for one ``OpRecipe``: ``op(x, w)``, or ``op(x, w, x_casts=)`` with x's casts made
-    once for several linears on x by ``op.input_casts(x, want_dw=)``. One object per recipe (``linear_op``), so
-    the modules of one recipe hold the same op and share an input's casts (``deepseek_v3.shared_input_casts``)."""
+class _FastOp(SharedInputOp):
+    """A fast-kernel op for one ``OpRecipe``. One object per recipe (``_fast_op``), so the modules of one recipe
+    hold the same op and share an input's casts (``deepseek_v3.shared_input_casts``)."""
 
     def __init__(self, op: OpRecipe):
         self.op = op
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.op!r})"
+
+
+class FastLinear(_FastOp):
+    """The fast kernel's linear: ``op(x, w)``, or ``op(x, w, x_casts=)`` with x's casts made once for several
+    linears on x by ``op.input_casts(x, want_dw=)``."""
 
     def __call__(self, x, weight, *, x_casts=None):
         from numerics.layer.fast import ops as fast
@@ -163,16 +170,10 @@ class FastLinear(SharedInputOp):
 
         return fast.input_casts(x, self.op, want_dw=want_dw)
 
-    def __repr__(self) -> str:
-        return f"FastLinear({self.op!r})"
 
-
-class FastGroupedMM(SharedInputOp):
-    """The fast kernel's grouped GEMM for one ``OpRecipe``, groups padded to 32: ``op(x, w_t, offs)``, or with
-    ``x_casts=`` from ``op.input_casts(x, offs, want_dw=)``, as ``FastLinear``."""
-
-    def __init__(self, op: OpRecipe):
-        self.op = op
+class FastGroupedMM(_FastOp):
+    """The fast kernel's grouped GEMM, groups padded to 32: ``op(x, w_t, offs)``, or with ``x_casts=`` from
+    ``op.input_casts(x, offs, want_dw=)``, as ``FastLinear``."""
 
     def __call__(self, x, w_t, offs, *, x_casts=None):
         from numerics.layer.fast import ops as fast
@@ -185,9 +186,6 @@ class FastGroupedMM(SharedInputOp):
         from numerics.layer.fast import ops as fast
 
         return fast.grouped_input_casts(x, offs, self.op, pad_groups=True, want_dw=want_dw)
-
-    def __repr__(self) -> str:
-        return f"FastGroupedMM({self.op!r})"
 
 
 @functools.cache

@@ -172,7 +172,9 @@ class _GroupedMM(torch.autograd.Function):
         xp, rows, offs_p, dest, src, blank, gather = x, None, offs, None, None, None, None
         if pad_groups:  # torchao's padded layout, computed on the device once for forward and backward
             dest, offs_p, src, blank, gather = padding.layout(offs, x.shape[0])
-            xp, rows = _padded(x, src, blank, gather, _folds(op, keeps_padded=want_dw and op.wgrad_with_hp))
+            keeps_padded = want_dw and op.wgrad_with_hp
+            if x_casts is None or keeps_padded:  # given casts need no padded operand, unless dW multiplies it
+                xp, rows = _padded(x, src, blank, gather, _folds(op, keeps_padded=keeps_padded))
         # each operand read once: the layouts backward will take are cast with the forward's and kept for it (only
         # those of the gradients asked for)
         x_rows = want_dw and not op.wgrad_with_hp
@@ -234,5 +236,7 @@ def grouped_input_casts(x: torch.Tensor, offs: torch.Tensor, op: OpRecipe = MXFP
     xp, rows = x.detach(), None
     if pad_groups:
         lay = padding.layout(offs, x.shape[0])
-        xp, rows = _padded(xp, lay.src, lay.blank, lay.rows, _folds(op, keeps_padded=want_dw and op.wgrad_with_hp))
+        # the casts read x's rows by the map even where dW in high precision multiplies the padded copy, which
+        # each grouped GEMM then makes for itself: no third copy here
+        xp, rows = _padded(xp, lay.src, lay.blank, lay.rows, _folds(op, keeps_padded=False))
     return _layouts(xp, op, torch.bfloat16, True, want_dw and not op.wgrad_with_hp, rows)

@@ -48,7 +48,8 @@ left=$((TOTAL - 10 - SECONDS))
 if [ "$TIER" = 1 ]; then
     if [ "$left" -ge "$TIER_MIN" ]; then
         echo "one-GPU tier in the ${left} s left (log: tier.log)"
-        timeout "$left" python3 -m pytest -m gpu -p no:cacheprovider -q -rfEsx --timeout 200 > "$OUT/tier.log" 2>&1
+        timeout "$left" python3 -m pytest -m gpu -p no:cacheprovider -v -rfEsx --timeout 200 --durations=25 \
+            -o faulthandler_timeout=150 > "$OUT/tier.log" 2>&1
         echo "tier exit: $? (124: cut at the call's end, no summary to record)"; tail -3 "$OUT/tier.log"
     else
         echo "one-GPU tier not run: ${left} s left, it asks ${TIER_MIN} s"

@@ -1,7 +1,8 @@
 """The training step that ``bench`` times and ``profile_step`` profiles: one implementation of both.
 
 Public: ``TrainingStep``, ``build_step(cfg, recipe, kernel, *, batch, seq, device, compile_)``,
-``seconds_per_step(step, steps, device)``, ``peak_gib(device)``, ``free(device)``, ``graphs_note(graphs)``.
+``seconds_per_step(step, steps, device)``, ``peak_gib(device)``, ``free(device)``, ``graphs_note(graphs)``,
+``compile_cache()``.
 
 A step is the model with seed 0's initial weights (drawn once per process on the CPU and copied into each fresh
 model: the same values as ``build_initialised(cfg, 0)``, without drawing a billion normals again for every
@@ -14,6 +15,7 @@ host-device synchronisation a profile finds comes from the model and its ops. It
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import time
 from collections.abc import Callable
@@ -44,10 +46,11 @@ class TrainingStep:
         return None if self.graphs_before is None else _dynamo_graphs() - self.graphs_before
 
     def __call__(self) -> None:
-        with torch.autocast(self.device.type, dtype=torch.bfloat16):
-            logits = self.forward(self.tokens[:, :-1])
-        loss = F.cross_entropy(logits.float().flatten(0, 1), self.tokens[:, 1:].flatten())
-        loss.backward()
+        with compile_cache() if self.graphs_before is not None else contextlib.nullcontext():
+            with torch.autocast(self.device.type, dtype=torch.bfloat16):
+                logits = self.forward(self.tokens[:, :-1])
+            loss = F.cross_entropy(logits.float().flatten(0, 1), self.tokens[:, 1:].flatten())
+            loss.backward()
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
         for _, m in self.model.moe_layers():
@@ -73,6 +76,16 @@ def build_step(cfg: ModelConfig, recipe: str, kernel: str | None, *, batch: int,
     tokens = torch.randint(0, cfg.vocab_size, (batch, seq + 1), device=device,
                            generator=torch.Generator(device=device).manual_seed(0))
     return TrainingStep(model, opt, forward, tokens, device, _dynamo_graphs() if compile_ else None)
+
+
+def compile_cache():
+    """A context in which torch's AOTAutograd cache takes graphs with custom autograd functions: the fast MXFP8 ops
+    (``numerics.layer.fast.ops``) are such functions, and torch bypasses the cache for them unless asked (its opt-in
+    ``autograd_cache_allow_custom_autograd_functions``, pytorch/pytorch#149751), so every fresh build of a compiled
+    fast step traced and partitioned its forward and backward again (its warm-up took 41-45 s in every bench round
+    on an H100, BF16's 2.7 s after the first, whose graphs hit the cache). The cache key hashes the traced graph, the
+    functions' forward and backward bodies included, so a changed op misses the cache."""
+    return torch._functorch.config.patch(autograd_cache_allow_custom_autograd_functions=True)
 
 
 def graphs_note(graphs: int) -> str:

@@ -92,3 +92,88 @@ def test_the_compiled_fast_mxfp8_step_is_one_dynamo_graph(device):
     pytest.importorskip("triton")
     whole, broken = _compiled_graphs(device)
     assert whole == 1 and broken > 1
+
+
+# a child process, as above; argv: device, then "capture" (CPU: the graph a compiled step hands its backend, checked
+# for AOTAutograd's cache inside and outside the step) or "inductor" (two fresh compiled steps, the cache's counts)
+_AOT_CACHE = """
+import functools, sys
+import torch
+from torch._dynamo.utils import counters
+from torch._functorch._aot_autograd.autograd_cache import BypassAOTAutogradCache, check_cacheable
+from convergence.train.perf.step import build_step
+from numerics.layer.configs import get_config
+
+device, mode = sys.argv[1:]
+
+
+def build():
+    return build_step(get_config("tiny"), "mxfp8", "fast", batch=1, seq=32, device=torch.device(device),
+                      compile_=True)
+
+
+def cacheable(gm):
+    try:
+        check_cacheable(gm)
+        return "cacheable"
+    except BypassAOTAutogradCache as e:
+        return "bypass:" + str(e).split(".")[0].replace(" ", "_")
+
+
+if mode == "capture":
+    from numerics.layer.fast import kernel
+
+    class Launch:  # the graph is the same whatever the casts compute: skip Triton's interpreter
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: None
+    kernel.cast_kernel = lambda device_type: Launch()
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append((gm, cacheable(gm)))
+        return gm.forward
+
+    torch.compile = functools.partial(torch.compile, backend=backend)
+    build()()
+    (gm, inside), = graphs
+    print("aot", inside, cacheable(gm))
+else:
+    seen = []
+    for _ in range(2):
+        counters.clear()
+        build()()
+        seen.append(",".join(sorted(k for k in counters["aot_autograd"] if k.startswith("autograd_cache_"))))
+    print("aot", *seen)
+"""
+
+
+def _aot_cache(device: str, mode: str, tmp_path) -> list[str]:
+    import os
+    import subprocess
+    import sys
+
+    env = os.environ | {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}  # a cache of its own, empty
+    r = subprocess.run([sys.executable, "-W", "ignore", "-c", _AOT_CACHE, device, mode], capture_output=True,
+                       text=True, timeout=600, env=env)
+    lines = [line for line in r.stdout.splitlines() if line.startswith("aot ")]
+    assert r.returncode == 0 and lines, r.stderr[-3000:]
+    return lines[-1].split()[1:]
+
+
+def test_a_compiled_fast_step_is_a_graph_torch_caches_and_only_inside_the_step(tmp_path):
+    """The fast ops are custom autograd functions, which torch's AOTAutograd cache bypasses unless asked: a compiled
+    step asks (``compile_cache``), so a second build of a compiled fast step reuses the first's trace. Control: the
+    same graph checked outside the step is bypassed, naming the autograd function."""
+    pytest.importorskip("triton")
+    inside, outside = _aot_cache("cpu", "capture", tmp_path)
+    assert inside == "cacheable"
+    assert outside.startswith("bypass:") and "autograd_function_apply" in outside
+
+
+@pytest.mark.gpu
+def test_a_second_compiled_fast_step_on_cuda_is_an_aot_cache_hit(tmp_path):
+    """On a GPU, with inductor: the first build of a compiled fast step misses an empty cache and saves its trace,
+    the second hits it (without ``compile_cache`` both bypass, as the CPU test's control shows)."""
+    first, second = _aot_cache("cuda", "inductor", tmp_path)
+    assert "autograd_cache_miss" in first and "autograd_cache_saved" in first
+    assert second == "autograd_cache_hit"

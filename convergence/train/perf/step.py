@@ -85,7 +85,9 @@ def compile_cache():
     fast step traced and partitioned its forward and backward again (its warm-up took 41-45 s in every bench round
     on an H100, BF16's 2.7 s after the first, whose graphs hit the cache). The cache key hashes the traced graph, the
     functions' forward and backward bodies included, so a changed op misses the cache."""
-    return torch._functorch.config.patch(autograd_cache_allow_custom_autograd_functions=True)
+    from torch._functorch import config  # not an attribute of torch._functorch until imported
+
+    return config.patch(autograd_cache_allow_custom_autograd_functions=True)
 
 
 def graphs_note(graphs: int) -> str:

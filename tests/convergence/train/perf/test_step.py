@@ -170,6 +170,21 @@ def test_a_compiled_fast_step_is_a_graph_torch_caches_and_only_inside_the_step(t
     assert outside.startswith("bypass:") and "autograd_function_apply" in outside
 
 
+def test_compile_cache_works_in_a_process_that_has_not_compiled_yet():
+    """``torch._functorch.config`` is not an attribute of torch until something imports it (dynamo does): the
+    context must import it itself, or a caller that enters it before compiling anything fails."""
+    import subprocess
+    import sys
+
+    code = ("from convergence.train.perf.step import compile_cache\n"
+            "with compile_cache():\n    from torch._functorch import config\n"
+            "    print(config.autograd_cache_allow_custom_autograd_functions)\n"
+            "print(config.autograd_cache_allow_custom_autograd_functions)")
+    r = subprocess.run([sys.executable, "-W", "ignore", "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split() == ["True", "False"]  # on inside, torch's default again outside
+
+
 @pytest.mark.gpu
 def test_a_second_compiled_fast_step_on_cuda_is_an_aot_cache_hit(tmp_path):
     """On a GPU, with inductor: the first build of a compiled fast step misses an empty cache and saves its trace,
